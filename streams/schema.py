@@ -1,0 +1,325 @@
+"""Versioned entry schemas of the run's streams, and their one encode/decode pair.
+
+An entry is a flat map of stream fields so that `redis-cli XRANGE` shows it readably: strings as text,
+numbers in decimal, booleans as 0/1, structured values as orjson, packed arrays (token ids, logprobs) as
+raw little-endian bytes. Every entry carries `v`, the schema version; a reader refuses a version it does
+not know rather than guessing (the consumer runtime sends such entries to the dead letters).
+
+Direction and invariants are noted on each message class. Adding an optional field is compatible;
+renaming or retyping one needs a new `SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
+
+import numpy as np
+import orjson
+
+SCHEMA_VERSION = 1
+VERSION_FIELD = b"v"
+
+Verdict = Literal["proved", "rejected", "timeout", "error"]
+VERDICTS: tuple[str, ...] = typing.get_args(Verdict)
+
+
+class SchemaError(ValueError):
+    """An entry that can never be decoded by this build: missing field, unknown version, bad bytes.
+
+    Deterministic: redelivering the same bytes fails the same way, so the runtime dead-letters it at once.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One ES population member: noise seed and sign (+1, or -1 for the antithetic twin)."""
+
+    seed: int
+    sign: int = 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages. `stream` names the stream a message lives on; `dedup_id` names the idempotency marker a
+# consumer of that message sets (`{ps:R}:done:<dedup_id>`), so a second delivery of the same logical
+# input, even under another entry id, publishes nothing twice.
+
+
+@dataclass(frozen=True, slots=True)
+class WorkOrder:
+    """trainer -> generators. Generate `samples_per_theorem` attempts for each theorem under one policy."""
+
+    stream: ClassVar[str] = "work"
+
+    work_id: str
+    policy_version: int
+    algo: Literal["es", "grpo"]
+    task: str  # "lean" | "countdown"
+    theorem_ids: list[str]
+    samples_per_theorem: int = 1  # GRPO group size G; 1 for ES
+    member: Member | None = None  # ES only: the perturbation to apply around `policy_version`
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_new_tokens, ...
+    timeout_s: float = 600.0  # the generator's budget for this order; reclaim waits longer than this
+    issued_ms: int = 0
+
+    @property
+    def dedup_id(self) -> str:
+        return f"work:{self.work_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """generators -> verifiers. One proof attempt. `attempt_id` derives from the work order, so a retried
+    order republishes the same ids and verification stays exactly-once."""
+
+    stream: ClassVar[str] = "attempts"
+
+    attempt_id: str
+    work_id: str
+    theorem_id: str
+    policy_version: int
+    sample_index: int
+    proof: str
+    task: str = "lean"
+    member: Member | None = None
+    num_tokens: int = 0
+    gen_ms: float = 0.0
+    token_ids: bytes = b""  # GRPO: int32 little-endian, the sampled completion
+    logprobs: bytes = b""  # GRPO: float32 little-endian, behaviour logprob of each sampled token
+
+    @property
+    def dedup_id(self) -> str:
+        return f"attempt:{self.attempt_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reward:
+    """verifiers -> trainer. One verdict. `error` never travels here: an infrastructure failure leaves
+    the attempt pending for redelivery instead of posing as a reward of 0."""
+
+    stream: ClassVar[str] = "rewards"
+
+    attempt_id: str
+    theorem_id: str
+    policy_version: int
+    verdict: Verdict
+    reward: float
+    reason: str = ""  # rejected: lean_error | sorry | integrity; else empty
+    member: Member | None = None
+    work_id: str = ""
+    sample_index: int = 0
+    verify_ms: float = 0.0
+    sandbox_id: str = ""
+    cached: bool = False
+    detail: str = ""  # short, human-readable: the first Lean error, the forbidden token, ...
+
+    @property
+    def dedup_id(self) -> str:
+        return f"reward:{self.attempt_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyUpdate:
+    """trainer -> generators. A new policy version: an ES history entry, or GRPO weights on disk.
+
+    Weights never travel through Redis: `weights_path` names a safetensors folder and `digest` its hash.
+    """
+
+    stream: ClassVar[str] = "policy"
+
+    policy_version: int
+    algo: Literal["es", "grpo"]
+    es_step: dict[str, Any] | None = None  # {"seeds": [...], "signs": [...], "rewards": [...], "sigma", "alpha"}
+    weights_path: str = ""
+    digest: str = ""
+    created_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """any consumer -> ops. An entry given up on, with why, and its original fields byte for byte so
+    `ops dlq requeue` can put it back exactly as it was."""
+
+    stream: ClassVar[str] = "dlq"
+
+    source: str  # full key of the stream the entry came from
+    group: str
+    original_id: str
+    deliveries: int
+    reason: str
+    consumer: str = ""
+    failed_ms: int = 0
+    original: dict[bytes, bytes] = field(default_factory=dict)
+
+
+Message = WorkOrder | Attempt | Reward | PolicyUpdate | DeadLetter
+M = TypeVar("M", WorkOrder, Attempt, Reward, PolicyUpdate, DeadLetter)
+BY_STREAM: dict[str, type] = {cls.stream: cls for cls in typing.get_args(Message)}
+
+_ORIGINAL_PREFIX = b"f:"  # dead letters keep the original fields under this prefix, unchanged
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The codec: one table of (field name, encoder, decoder, required) per class, built once from its hints.
+
+
+def _enc_str(v: str) -> bytes:
+    return v.encode()
+
+
+def _dec_str(b: bytes) -> str:
+    return b.decode()
+
+
+def _enc_num(v: int | float) -> bytes:
+    return repr(v).encode()
+
+
+def _dec_int(b: bytes) -> int:
+    return int(b)
+
+
+def _dec_float(b: bytes) -> float:
+    return float(b)
+
+
+def _enc_bool(v: bool) -> bytes:
+    return b"1" if v else b"0"
+
+
+def _dec_bool(b: bytes) -> bool:
+    if b not in (b"0", b"1"):
+        raise ValueError(f"expected 0 or 1, got {b[:20]!r}")
+    return b == b"1"
+
+
+def _bytes(v: bytes) -> bytes:
+    return bytes(v)
+
+
+def _enc_member(v: Member) -> bytes:
+    return orjson.dumps([v.seed, v.sign])
+
+
+def _dec_member(b: bytes) -> Member:
+    seed, sign = orjson.loads(b)
+    if not isinstance(seed, int) or sign not in (1, -1):
+        raise ValueError(f"member must be [seed, +-1], got {b[:40]!r}")
+    return Member(seed, sign)
+
+
+def _dec_json(b: bytes) -> Any:
+    return orjson.loads(b)
+
+
+def _dec_literal(choices: tuple[str, ...]):
+    def dec(b: bytes) -> str:
+        s = b.decode()
+        if s not in choices:
+            raise ValueError(f"{s[:40]!r} is not one of {', '.join(choices)}")
+        return s
+
+    return dec
+
+
+def _codec_for(tp: Any) -> tuple[Any, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _codec_for(inner)
+    if origin is Literal:
+        return _enc_str, _dec_literal(typing.get_args(tp))
+    table = {
+        str: (_enc_str, _dec_str),
+        int: (_enc_num, _dec_int),
+        float: (_enc_num, _dec_float),
+        bool: (_enc_bool, _dec_bool),
+        bytes: (_bytes, _bytes),
+        Member: (_enc_member, _dec_member),
+    }
+    if tp in table:
+        return table[tp]
+    if origin in (list, dict) or tp in (list, dict):
+        return orjson.dumps, _dec_json
+    raise TypeError(f"no stream encoding for {tp!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    key: bytes
+    enc: Any
+    dec: Any
+    required: bool
+
+
+def _table(cls: type) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name == "original":  # DeadLetter's raw fields are handled by prefix, not by codec
+            continue
+        enc, dec = _codec_for(hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out.append(_Field(f.name, f.name.encode(), enc, dec, required))
+    return tuple(out)
+
+
+_TABLES: dict[type, tuple[_Field, ...]] = {cls: _table(cls) for cls in BY_STREAM.values()}
+_VERSION = str(SCHEMA_VERSION).encode()
+
+
+def encode(msg: Message) -> dict[bytes, bytes]:
+    """Message -> flat stream fields (None-valued optional fields are left out)."""
+    out: dict[bytes, bytes] = {VERSION_FIELD: _VERSION}
+    for f in _TABLES[type(msg)]:
+        value = getattr(msg, f.name)
+        if value is not None:
+            out[f.key] = f.enc(value)
+    if isinstance(msg, DeadLetter):
+        for k, v in msg.original.items():
+            out[_ORIGINAL_PREFIX + k] = v
+    return out
+
+
+def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
+    """Flat stream fields -> message of class `cls`; SchemaError if that cannot be done faithfully."""
+    version = fields.get(VERSION_FIELD)
+    if version is None:
+        raise SchemaError("missing schema version field 'v'")
+    if version != _VERSION:
+        raise SchemaError(f"unknown schema version {version[:20]!r} (this build reads {SCHEMA_VERSION})")
+    kwargs: dict[str, Any] = {}
+    for f in _TABLES[cls]:
+        raw = fields.get(f.key)
+        if raw is None:
+            if f.required:
+                raise SchemaError(f"{cls.__name__}: missing field {f.name!r}")
+            continue
+        try:
+            kwargs[f.name] = f.dec(raw)
+        except (ValueError, TypeError, UnicodeDecodeError, orjson.JSONDecodeError) as e:
+            raise SchemaError(f"{cls.__name__}.{f.name}: cannot decode {raw[:40]!r}: {e}") from e
+    if cls is DeadLetter:
+        n = len(_ORIGINAL_PREFIX)
+        kwargs["original"] = {k[n:]: v for k, v in fields.items() if k.startswith(_ORIGINAL_PREFIX)}
+    return cls(**kwargs)
+
+
+def pack_int32(values) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def pack_float32(values) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def unpack_int32(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<i4")
+
+
+def unpack_float32(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<f4")

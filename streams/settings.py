@@ -1,0 +1,97 @@
+"""Typed settings for every role, layered: defaults < TOML file < `PROOFSTREAM_*` env < command-line flags.
+
+Each role declares one `RoleSettings` subclass with its fields and defaults. The TOML file holds shared
+keys at top level (`run`, `redis_url`, `log_level`) and a table per role (`[verifier]`, `[trainer]`, ...).
+Unknown keys fail with a message naming them; so do values of the wrong type, wherever they came from.
+Env names are the field names upper-cased: `PROOFSTREAM_REDIS_URL`, `PROOFSTREAM_BATCH_SIZE`.
+
+This lives in `streams/` because every role imports `streams/` and nothing else that is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+ENV_PREFIX = "PROOFSTREAM_"
+CONFIG_ENV = "PROOFSTREAM_CONFIG"
+
+
+class SettingsError(ValueError):
+    """A configuration the role cannot run with; the message says which key and what to do."""
+
+
+class RoleSettings(BaseModel):
+    """Fields every role shares. Subclasses set `section`, their TOML table name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    section: ClassVar[str] = ""
+
+    run: str = "default"  # the run id; all of a run's keys share its hash tag
+    redis_url: str | None = None  # None: start a private redis-server (the embedded default)
+    log_level: str = "info"
+
+    @classmethod
+    def load(cls, *, config_path: str | Path | None = None, flags: dict[str, Any] | None = None,
+             env: dict[str, str] | None = None) -> Self:  # fmt: skip
+        """Merge the layers and validate. `flags` holds only the options the user actually gave."""
+        env = os.environ if env is None else env
+        merged: dict[str, Any] = {}
+        path = config_path or env.get(CONFIG_ENV)
+        if path:
+            merged.update(cls._from_toml(Path(path)))
+        for name in cls.model_fields:
+            value = env.get(ENV_PREFIX + name.upper())
+            if value is not None:
+                merged[name] = value
+        merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise SettingsError(f"bad {cls.section or 'role'} settings: {problems}") from e
+
+    @classmethod
+    def _from_toml(cls, path: Path) -> dict[str, Any]:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise SettingsError(f"config file {path} does not exist") from e
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"config file {path} is not valid TOML: {e}") from e
+        shared = set(RoleSettings.model_fields)
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            if isinstance(value, dict):
+                if key == cls.section:
+                    out.update(value)
+                continue  # another role's table
+            if key not in shared:
+                raise SettingsError(
+                    f"{path}: unknown top-level key {key!r}; top level takes {sorted(shared)}, "
+                    f"role settings go in a table such as [{cls.section or 'verifier'}]"
+                )
+            out[key] = value
+        return out
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One `--flag` per field. Defaults are suppressed so only given flags override the lower layers."""
+        for name, info in cls.model_fields.items():
+            flag = "--" + name.replace("_", "-")
+            if info.annotation is bool:
+                parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS, help=info.description)  # fmt: skip
+            else:
+                parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=info.description)
+        parser.add_argument("--config", dest="config", default=None, help="TOML file (also $PROOFSTREAM_CONFIG)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Self:
+        given = {k: v for k, v in vars(args).items() if k in cls.model_fields}
+        return cls.load(config_path=getattr(args, "config", None), flags=given)

@@ -1,0 +1,104 @@
+"""Publish results and ack their inputs in one Lua script: the exactly-once effect of the wire.
+
+For each input the script runs `SET done NX EX ttl` -> `XADD` each result -> `XACK`, or for a dead letter
+`XADD dlq` -> `XACK`. A duplicate delivery (same dedup id, maybe another entry id) finds the marker and only
+acks. MULTI cannot do this: it cannot make the XADD conditional on the SET.
+
+The SET comes first on purpose: under `maxmemory` with `noeviction`, Redis refuses a script at its first
+write and lets a script that has already written run to its end, so a script either does nothing or does
+all of its input's effects. One script call settles a whole batch, which is what makes the wire fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from streams.keys import Keys
+from streams.schema import DeadLetter, Message, encode
+
+_SETTLE_LUA = """
+-- KEYS[1] source stream  KEYS[2] result stream  KEYS[3] dead-letter stream  KEYS[4..] done markers
+-- ARGV[1] group  ARGV[2] marker TTL (s); then per input: kind ('r' or 'd'), entry id, number of entries
+-- to add, and for each entry: its field count (names + values) followed by the fields.
+local group, ttl = ARGV[1], ARGV[2]
+local i, k = 3, 4
+local published, duplicates, dead = 0, 0, 0
+while i <= #ARGV do
+  local kind, id, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  i = i + 3
+  local fresh, target = true, KEYS[3]
+  if kind == 'r' then
+    target = KEYS[2]
+    fresh = redis.call('SET', KEYS[k], id, 'NX', 'EX', ttl)
+    k = k + 1
+    if not fresh then duplicates = duplicates + 1 end
+  end
+  for _ = 1, n do
+    local m = tonumber(ARGV[i])
+    if fresh then
+      redis.call('XADD', target, '*', unpack(ARGV, i + 1, i + m))
+      if kind == 'r' then published = published + 1 else dead = dead + 1 end
+    end
+    i = i + 1 + m
+  end
+  redis.call('XACK', KEYS[1], group, id)
+end
+return {published, duplicates, dead}
+"""
+
+
+@dataclass(slots=True)
+class Settlement:
+    """Outcomes of a batch, waiting to be written in one script call."""
+
+    keys: Keys
+    source: str
+    output: str
+    group: str
+    ttl_s: int
+    _markers: list[str] = field(default_factory=list)
+    _argv: list[bytes | str | int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self._argv)
+
+    def results(self, entry_id: bytes, dedup_id: str, results: Sequence[Message]) -> None:
+        """`entry_id` is done; publish `results` unless `dedup_id` was already settled."""
+        self._markers.append(self.keys.done(dedup_id))
+        self._argv += [b"r", entry_id, len(results)]
+        for msg in results:
+            self._add_fields(encode(msg))
+
+    def dead(self, entry_id: bytes, letter: DeadLetter) -> None:
+        """`entry_id` is given up on: record it in the dead letters and ack it."""
+        self._argv += [b"d", entry_id, 1]
+        self._add_fields(encode(letter))
+
+    def _add_fields(self, fields: dict[bytes, bytes]) -> None:
+        self._argv.append(2 * len(fields))
+        for kv in fields.items():
+            self._argv += kv
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    published: int = 0
+    duplicates: int = 0
+    dead: int = 0
+
+
+class Settler:
+    """Holds the registered script; `redis-py` re-loads it after NOSCRIPT (e.g. a restarted Redis)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._script = redis.register_script(_SETTLE_LUA)
+
+    async def __call__(self, s: Settlement) -> Settled:
+        if not s._argv:
+            return Settled()
+        keys = [s.source, s.output, s.keys.dlq, *s._markers]
+        published, duplicates, dead = await self._script(keys=keys, args=[s.group, s.ttl_s, *s._argv])
+        return Settled(published, duplicates, dead)
