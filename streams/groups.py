@@ -46,8 +46,8 @@ async def group_states(redis: Redis, stream: str, lag_cap: int = 100_000) -> lis
             # group's last delivered id, capped so a huge backlog costs one bounded XRANGE.
             lag = len(await redis.xrange(stream, min=f"({last}", max="+", count=lag_cap))
         oldest_id = oldest_idle = None
-        if g["pending"]:
-            (row,) = await redis.xpending_range(stream, name, min="-", max="+", count=1)
+        # XINFO and XPENDING are two reads: a consumer may ack the last pending entry between them.
+        for row in await redis.xpending_range(stream, name, min="-", max="+", count=1) if g["pending"] else []:
             oldest_id = _s(row["message_id"])
             oldest_idle = int(row["time_since_delivered"])
         out.append(GroupState(name, g["consumers"], g["pending"], int(lag), last, oldest_id, oldest_idle))

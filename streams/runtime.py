@@ -139,9 +139,9 @@ class Consumer(Generic[M]):
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + self.settings.claim_every_ms / 1000
-            claimed = await self._reclaim()
-            if claimed:
-                return await self._handle_one_by_one(claimed, stop)
+            handled = await self._reclaim_one_by_one(stop)
+            if handled:
+                return handled
         entries = await self._read_new()
         if not entries:
             # Nothing new: look for overdue entries again on the next iteration.
@@ -157,7 +157,7 @@ class Consumer(Generic[M]):
         )
         return reply[0][1] if reply else []
 
-    async def _reclaim(self) -> list[tuple[bytes, dict[bytes, bytes], int]]:
+    async def _reclaim(self, count: int) -> list[tuple[bytes, dict[bytes, bytes], int]]:
         """Take over entries idle past the deadline; return them with their delivery counts."""
         reply = await self.redis.xautoclaim(
             self.source,
@@ -165,7 +165,7 @@ class Consumer(Generic[M]):
             self.name,
             min_idle_time=self.settings.claim_idle_ms,
             start_id=self._claim_cursor,
-            count=self.settings.batch_size,
+            count=count,
         )
         self._claim_cursor = reply[0]
         entries = [(eid, fields) for eid, fields in reply[1] if fields is not None]
@@ -199,14 +199,19 @@ class Consumer(Generic[M]):
 
     # -- handling ------------------------------------------------------------------------------------
 
-    async def _handle_one_by_one(self, entries: list, stop: asyncio.Event) -> int:
-        done = 0
-        for i, entry in enumerate(entries):
-            if stop.is_set():
-                await self._release(entries[i:])
+    async def _reclaim_one_by_one(self, stop: asyncio.Event) -> int:
+        """Take over overdue entries one at a time, each settled before the next is claimed.
+
+        Claiming a batch would bump every entry's delivery count at once: if the first one kills the
+        consumer, its neighbours would inherit the deliveries and follow it to the dead letters.
+        """
+        handled = 0
+        while handled < self.settings.batch_size and not stop.is_set():
+            claimed = await self._reclaim(count=1)
+            if not claimed:
                 break
-            done += await self._handle_batch([entry], stop)
-        return done
+            handled += await self._handle_batch(claimed, stop)
+        return handled
 
     async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:
         s = self._settlement()
