@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from itertools import chain
 
 import structlog
 from redis.asyncio import Redis
@@ -55,7 +56,8 @@ class Publisher:
                 await self.wait_for_room(self.keys.stream(name), wait_s=wait_s)
         async with self.redis.pipeline(transaction=False) as pipe:
             for m in messages:
-                pipe.xadd(self.keys.stream(m.stream), encode(m))
+                # execute_command: redis-py's xadd() re-validates and rebuilds the argument list per call.
+                pipe.execute_command("XADD", self.keys.stream(m.stream), "*", *chain.from_iterable(encode(m).items()))
             return await pipe.execute()
 
     async def outstanding(self, stream: str) -> int:

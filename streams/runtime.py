@@ -18,6 +18,7 @@ acked that was not settled, so a restarted Redis costs time, never entries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from redis import exceptions as rx
 from redis.asyncio import Redis
 
 from streams.keys import Keys
-from streams.schema import M, DeadLetter, Message, SchemaError, decode
+from streams.schema import DeadLetter, M, Message, SchemaError, decode
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
@@ -318,7 +319,5 @@ def _id_key(entry_id: bytes) -> tuple[int, int]:
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):  # the timeout is the normal way out: the backoff elapsed
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

@@ -14,6 +14,7 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from streams import logs
+from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 
@@ -62,7 +63,7 @@ def redis_url(redis_server: EmbeddedRedis) -> str:
 
 @pytest.fixture
 async def redis(redis_url: str) -> Redis:
-    client = Redis.from_url(redis_url)
+    client = connect(redis_url)
     yield client
     await client.aclose()
 

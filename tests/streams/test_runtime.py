@@ -7,8 +7,6 @@ import asyncio
 import time
 from collections import Counter
 
-import pytest
-
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher

@@ -1,0 +1,213 @@
+"""`python -m ops bench wire`: entries/s through the wire, against a raw redis-py loop in the same run.
+
+Both sides do the same Redis work for N attempts: pipelined XADD in chunks, XREADGROUP in batches, one
+settle script call per batch (SET NX marker, XADD reward, XACK), and XREAD of the rewards until all N
+are back. As deployed, the producer and the consumer are processes of their own; the reader runs here
+and the clock stops when it has read the N-th reward. The raw side
+sends pre-encoded bytes and skips our codec, dataclasses, handler call, stats and logging, so `ratio`
+is the share of the wire's speed our runtime keeps. Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+import orjson
+import redis as redis_sync
+from redis.asyncio import Redis
+
+from streams.connect import connect
+from streams.embedded import EmbeddedRedis
+from streams.keys import VERIFIERS, Keys
+from streams.publisher import Publisher
+from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
+from streams.schema import Attempt, Reward, encode
+from streams.settle import _SETTLE_LUA
+
+PROOF = "theorem t : 1 + 1 = 2 := by\n  norm_num"
+
+
+def _attempts(n: int) -> list[Attempt]:
+    return [Attempt(attempt_id=f"a{i}", work_id=f"w{i // 8}", theorem_id="t", policy_version=0,
+                    sample_index=i % 8, proof=PROOF) for i in range(n)]  # fmt: skip
+
+
+async def _read_results(redis: Redis, stream: str, n: int) -> None:
+    last, seen = "0-0", 0
+    while seen < n:
+        reply = await redis.xread({stream: last}, count=1000, block=1000)
+        if reply:
+            entries = reply[0][1]
+            seen += len(entries)
+            last = entries[-1][0]
+
+
+async def _publish(pub_once, items: list, chunk: int) -> None:
+    for i in range(0, len(items), chunk):
+        await pub_once(items[i : i + chunk])
+
+
+# -- our runtime: the Publisher and the Consumer every role uses ------------------------------------------
+
+
+async def _ours_producer(redis: Redis, keys: Keys, n: int, batch: int) -> None:
+    await _publish(Publisher(redis, keys).publish, _attempts(n), batch)
+
+
+async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
+    a = d.message
+    return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
+                   verdict="proved", reward=1.0)]  # fmt: skip
+
+
+async def _ours_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
+    settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000)
+    consumer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="bench", handler=_no_op,
+                        output=Reward, settings=settings)  # fmt: skip
+    await consumer.run(stop)
+
+
+# -- the baseline: the same Redis commands from a plain loop over pre-encoded bytes -----------------------
+
+
+async def _raw_producer(redis: Redis, keys: Keys, n: int, batch: int) -> None:
+    fields = [encode(a) for a in _attempts(n)]
+
+    async def xadd_chunk(chunk: list[dict]) -> None:
+        async with redis.pipeline(transaction=False) as pipe:
+            for f in chunk:
+                pipe.xadd(keys.attempts, f)
+            await pipe.execute()
+
+    await _publish(xadd_chunk, fields, batch)
+
+
+async def _raw_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
+    reward = encode(Reward(attempt_id="", theorem_id="t", policy_version=0, verdict="proved", reward=1.0))
+    sha = await redis.script_load(_SETTLE_LUA)
+    while not stop.is_set():
+        reply = await redis.xreadgroup(VERIFIERS, "raw", {keys.attempts: ">"}, count=batch, block=100)
+        if not reply:
+            continue
+        markers, argv = [], [VERIFIERS, 3600]
+        for eid, f in reply[0][1]:
+            markers.append(keys.done("attempt:" + f[b"attempt_id"].decode()))
+            r = {**reward, b"attempt_id": f[b"attempt_id"]}
+            argv += [b"r", eid, 1, 2 * len(r), *(x for kv in r.items() for x in kv)]
+        await redis.evalsha(sha, 3 + len(markers), keys.attempts, keys.rewards, keys.dlq, *markers, *argv)
+
+
+SIDES = {"ours": (_ours_producer, _ours_consumer), "raw": (_raw_producer, _raw_consumer)}
+
+
+# -- one round: producer and consumer in their own processes (as deployed), the reader in this one --------
+
+
+def _role(role: str, side: str, url: str, run: str, n: int, batch: int, ready, go, stop) -> None:
+    async def main() -> None:
+        redis = connect(url)
+        keys = Keys(run)
+        stop_event = asyncio.Event()
+        ready.set()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        if role == "producer":
+            await SIDES[side][0](redis, keys, n, batch)
+        else:
+            watcher = asyncio.get_running_loop().run_in_executor(None, stop.wait)
+            watcher.add_done_callback(lambda _: stop_event.set())
+            await SIDES[side][1](redis, keys, n, batch, stop_event)
+        await redis.aclose()
+
+    asyncio.run(main())
+
+
+def one_round(url: str, side: str, run: str, n: int, batch: int) -> float:
+    ctx = mp.get_context("spawn")
+    go, stop = ctx.Event(), ctx.Event()
+    readies = [ctx.Event(), ctx.Event()]
+    asyncio.run(_create_group(url, run))
+    procs = [ctx.Process(target=_role, args=(role, side, url, run, n, batch, ready, go, stop))
+             for role, ready in zip(("producer", "consumer"), readies, strict=True)]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        for r in readies:
+            if not r.wait(60):
+                raise RuntimeError("bench role process did not start")
+        start = time.perf_counter()
+        go.set()
+        asyncio.run(_read_all(url, Keys(run).rewards, n))
+        return time.perf_counter() - start
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+async def _create_group(url: str, run: str) -> None:
+    redis = connect(url)
+    await ensure_group(redis, Keys(run).attempts, VERIFIERS)
+    await redis.aclose()
+
+
+async def _read_all(url: str, stream: str, n: int) -> None:
+    redis = connect(url)
+    await _read_results(redis, stream, n)
+    await redis.aclose()
+
+
+def bench(url: str, n: int, batch: int, rounds: int) -> dict:
+    one_round(url, "ours", "bench-warmup", min(n, 2000), batch)
+    ours_s, raw_s = [], []
+    for r in range(rounds):  # interleaved so drift in the machine's load hits both sides alike
+        raw_s.append(one_round(url, "raw", f"bench-raw-{r}", n, batch))
+        ours_s.append(one_round(url, "ours", f"bench-ours-{r}", n, batch))
+    redis = redis_sync.Redis.from_url(url)
+    version = redis.info("server")["redis_version"]
+    redis.flushdb()
+    redis.close()
+    o, b = statistics.median(ours_s), statistics.median(raw_s)
+    return {
+        "bench": "wire",
+        "n": n,
+        "batch": batch,
+        "rounds": rounds,
+        "attempts_per_s": round(n / o),
+        "baseline_per_s": round(n / b),
+        "ratio": round(b / o, 3),
+        "ours_s": [round(x, 3) for x in ours_s],
+        "baseline_s": [round(x, 3) for x in raw_s],
+        "redis_version": version,
+        "topology": "producer process -> consumer process -> reader (this process)",
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.redis_url:
+        result = bench(args.redis_url, args.n, args.batch, args.rounds)
+    else:
+        with EmbeddedRedis(appendfsync="everysec") as server:
+            result = bench(server.url, args.n, args.batch, args.rounds)
+    if not args.json:
+        print(f"wire: {result['attempts_per_s']:,} attempts/s, raw redis-py {result['baseline_per_s']:,}/s, "
+              f"ratio {result['ratio']} (n={args.n}, batch={args.batch}, Redis {result['redis_version']})",
+              file=sys.stderr)  # fmt: skip
+    print(orjson.dumps(result).decode())
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("wire", help="entries/s through publish -> consume -> settle -> read results")
+    p.add_argument("--n", type=int, default=50_000, help="attempts per round")
+    p.add_argument("--batch", type=int, default=500, help="XADD chunk and XREADGROUP count")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
+    p.add_argument("--redis-url", default=None, help="a Redis to use (default: a private redis-server)")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.set_defaults(func=main)
