@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP)
-	$(BIN)/python -m trainer --algo es --task countdown --preset cpu-small
+	$(BIN)/python -m trainer --algo es --task countdown
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

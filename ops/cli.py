@@ -1,0 +1,248 @@
+"""`python -m ops`: the operator's view of a run, from the same Redis the roles use.
+
+    python -m ops streams                      lengths, group lag / pending, consumers and their idle time
+    python -m ops dlq list [--limit N]         dead letters, oldest first
+    python -m ops dlq show ID                  one dead letter, its original fields byte for byte
+    python -m ops dlq requeue ID|--all         put the original back on its stream, delete the letter
+    python -m ops dlq purge ID|--all --yes     delete dead letters
+    python -m ops tail STREAM [--count N] [--follow]
+    python -m ops bench wire [--json]          (ops/bench_wire.py)
+
+Shared flags (`--run`, `--redis-url`, `--config`, `--json`, ...) go before or after the command. Text by
+default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
+1 Redis or the operation failed, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import Field
+from redis import exceptions as rx
+from redis.asyncio import Redis
+
+from ops import bench_wire, dlq, inspect, text
+from streams.connect import connect
+from streams.keys import STREAMS, Keys
+from streams.settings import RoleSettings, SettingsError
+
+NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
+
+
+class OpsSettings(RoleSettings):
+    """ops has nothing to start on its own: it needs the run's Redis (`redis_url`), never an embedded one."""
+
+    section: ClassVar[str] = "ops"
+
+    timeout_s: float = Field(5.0, gt=1.0, description="seconds to wait for Redis to connect or answer")
+
+
+Command = Callable[[Redis, Keys, argparse.Namespace], Awaitable[int]]
+
+
+def _print(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str]) -> None:
+    print(orjson.dumps(data).decode() if getattr(args, "json", False) else render(data), flush=True)
+
+
+# -- commands -----------------------------------------------------------------------------------------
+
+
+async def cmd_streams(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    _print(args, await inspect.stream_report(redis, keys), text.streams)
+    return 0
+
+
+async def cmd_tail(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    as_json = getattr(args, "json", False)
+    entries = await inspect.tail(redis, keys, args.stream, args.count)
+    if not args.follow:
+        data = {"stream": args.stream, "key": keys.stream(args.stream), "entries": entries}
+        _print(args, data, lambda d: "\n".join(map(text.entry, d["entries"])) or f"{d['key']} has no entries")
+        return 0
+    # Following: one line per entry as it comes, JSON lines under --json, so a pipe sees each at once.
+    after = entries[-1]["id"] if entries else "0-0"
+    block_ms = min(500, int(args.settings.timeout_s * 500))  # well inside the socket timeout
+    for view in entries:
+        print(orjson.dumps(view).decode() if as_json else text.entry(view), flush=True)
+    stop = _stop_on_signals()
+    async for view in inspect.follow(redis, keys, args.stream, after, stop, block_ms=block_ms):
+        print(orjson.dumps(view).decode() if as_json else text.entry(view), flush=True)
+    return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM, so `--follow` ends between two reads, cleanly, with status 0."""
+    stop = asyncio.Event()
+    if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    _print(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
+    return 0
+
+
+async def cmd_dlq_show(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    _print(args, await dlq.show_letter(redis, keys, args.id), text.dlq_show)
+    return 0
+
+
+async def cmd_dlq_requeue(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    if args.all:
+        data = await dlq.requeue_all(redis, keys)
+    else:
+        data = {"requeued": [await dlq.requeue(redis, keys, args.id)], "failed": []}
+    _print(args, data, text.requeued)
+    return 1 if data["failed"] else 0
+
+
+async def cmd_dlq_purge(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    data = await (dlq.purge_all(redis, keys) if args.all else dlq.purge(redis, keys, args.id))
+    _print(args, data, text.purged)
+    return 0
+
+
+# -- parsing ------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        """One line, no usage dump: the operator sees what was wrong and where to look."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+_ENTRY_ID = re.compile(r"^\d+-\d+$")
+
+
+def _entry_id(value: str) -> str:
+    if not _ENTRY_ID.match(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a stream entry id (like 1712345678901-0)")
+    return value
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count (0 or more)")
+    return int(value)
+
+
+def _shared() -> argparse.ArgumentParser:
+    """Settings flags and --json, for the top level and every command alike."""
+    p = _Parser(add_help=False)
+    OpsSettings.add_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    # All suppressed, so a flag given before the command is not reset by the command's default.
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shared = _shared()
+    parser = _Parser(prog="python -m ops", description="Inspect a proofstream run.", parents=[shared])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def leaf(subs, name: str, fn: Command, help: str) -> argparse.ArgumentParser:
+        p = subs.add_parser(name, help=help, description=help, parents=[shared])
+        p.set_defaults(command_fn=fn)
+        return p
+
+    leaf(sub, "streams", cmd_streams, "stream lengths, consumer groups (lag, pending, oldest pending), consumers")
+
+    p = leaf(sub, "tail", cmd_tail, "the last entries of a stream, decoded")
+    p.add_argument("stream", choices=STREAMS)
+    p.add_argument("--count", "-n", type=_count, default=10, help="entries to show (default 10)")
+    p.add_argument("--follow", "-f", action="store_true", help="then wait for new ones (XREAD BLOCK) until Ctrl-C")
+
+    d = sub.add_parser("dlq", help="dead letters: list, show, requeue, purge").add_subparsers(
+        dest="dlq_command", metavar="ACTION", required=True
+    )
+    p = leaf(d, "list", cmd_dlq_list, "dead letters, oldest first")
+    p.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
+    p = leaf(d, "show", cmd_dlq_show, "every field of one dead letter, with its original fields")
+    p.add_argument("id", type=_entry_id)
+    requeue = leaf(d, "requeue", cmd_dlq_requeue, "put dead letters back on their source stream, delete them")
+    purge = leaf(d, "purge", cmd_dlq_purge, "delete dead letters")
+    purge.add_argument("--yes", action="store_true", help="confirm `purge --all`")
+    for p in (requeue, purge):
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("id", nargs="?", type=_entry_id, help="the dead letter's entry id")
+        which.add_argument("--all", action="store_true", help="every dead letter of the run")
+
+    b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
+    bench_wire.add_parser(b.add_subparsers(dest="bench_command", metavar="BENCH", required=True))
+    return parser
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"ops: {message}", file=sys.stderr)
+    return code
+
+
+def _shown(url: str) -> str:
+    """The URL without its password, for error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+
+
+async def _run(fn: Command, redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    try:
+        return await fn(redis, keys, args)
+    finally:
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error argparse has already printed
+        return int(e.code or 0)
+    if args.command == "bench":
+        return args.func(args)
+    if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
+        return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
+    try:
+        settings = OpsSettings.from_args(args)
+        keys = Keys(settings.run)
+    except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
+        return _fail(str(e), 2)
+    if not settings.redis_url:
+        return _fail(NO_REDIS, 2)
+    args.settings = settings
+    try:
+        t = settings.timeout_s
+        redis = connect(settings.redis_url, socket_connect_timeout=t, socket_timeout=t)
+    except ValueError as e:  # from_url: a scheme or a query it does not know
+        return _fail(f"bad redis url {_shown(settings.redis_url)!r}: {e}", 2)
+    try:
+        return asyncio.run(_run(args.command_fn, redis, keys, args))
+    except KeyboardInterrupt:
+        return 0 if getattr(args, "follow", False) else 130  # Ctrl-C is how --follow ends
+    except (rx.ConnectionError, rx.TimeoutError) as e:
+        return _fail(f"cannot reach Redis at {_shown(settings.redis_url)}: {e}", 1)
+    except rx.ResponseError as e:
+        return _fail(f"Redis refused: {e}", 1)
+    except dlq.OpsError as e:
+        return _fail(str(e), 1)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -1,0 +1,149 @@
+"""The readable view: aligned tables and one-line entries, drawn from the same data `--json` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES"}
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f}s"
+    m, s = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell; counts right-aligned so digits line up."""
+    widths = [max(len(c) for c in col) for col in zip(headers, *rows, strict=True)]
+    out = []
+    for row in [headers, *rows]:
+        cells = [c.rjust(w) if h in NUMERIC else c.ljust(w) for c, w, h in zip(row, widths, headers, strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _undecodable(v: dict) -> str:
+    return f"<{v['bytes']} bytes, not UTF-8, base64 {v['base64']}>"
+
+
+def short(v: Any, width: int = 60, *, quote: bool = True) -> str:
+    """One value on one line, cut at `width`: text with spaces quoted (unless `quote` is off: a table cell
+    needs no quotes), text with control characters always quoted, escaped."""
+    if isinstance(v, dict) and set(v) == {"base64", "bytes"}:
+        text = _undecodable(v)
+    elif isinstance(v, str):
+        bare = v and v.isprintable() and not (quote and any(c in v for c in " \"'="))
+        text = v if bare else orjson.dumps(v).decode()
+    elif v is None:
+        text = "-"
+    else:
+        text = orjson.dumps(v).decode()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def long(v: Any, indent: int) -> str:
+    """One value in full: text as is, continuation lines indented; other values as `short` would."""
+    if isinstance(v, str) and all(c.isprintable() or c in "\n\t" for c in v) and v:
+        return v.replace("\n", "\n" + " " * indent)
+    return short(v, width=10**9)
+
+
+def _fields(pairs: dict[str, Any], indent: int = 2) -> list[str]:
+    if not pairs:
+        return [" " * indent + "(none)"]
+    width = max(len(k) for k in pairs) + 2
+    return [" " * indent + k.ljust(width) + long(v, indent + width) for k, v in pairs.items()]
+
+
+# -- commands -----------------------------------------------------------------------------------------
+
+
+def streams(report: dict[str, Any]) -> str:
+    run = report["run"]
+    lines = [f"run {run} (keys {{ps:{run}}}:*) on Redis {report['redis_version']}", ""]
+    headers = ["STREAM", "LENGTH", "GROUP", "LAG", "PENDING", "LAST DELIVERED", "OLDEST PENDING", "AGE", "IDLE"]
+    rows, consumers = [], []
+    for name, s in report["streams"].items():
+        first = [name, str(s["length"])]
+        if not s["groups"]:
+            rows.append([*first, "-", "", "", "", "", "", ""])
+        for gname, g in s["groups"].items():
+            rows.append([
+                *first, gname, str(g["lag"]), str(g["pending"]), g["last_delivered_id"],
+                g["oldest_pending_id"] or "-", duration(g["oldest_pending_age_ms"]),
+                duration(g["oldest_pending_idle_ms"]),
+            ])  # fmt: skip
+            first = ["", ""]
+            for c in g["consumers"]:
+                consumers.append([c["name"], name, gname, str(c["pending"]), duration(c["idle_ms"])])
+    lines += table(headers, rows)
+    lines.append("")
+    if consumers:
+        lines += table(["CONSUMER", "STREAM", "GROUP", "PENDING", "IDLE"], consumers)
+    else:
+        lines.append("no consumers")
+    return "\n".join(lines)
+
+
+def entry(view: dict[str, Any]) -> str:
+    """`<id>  field=value ...` on one line; `!` marks an entry that does not decode, raw fields follow."""
+    f = dict(view["fields"])
+    if view["type"]:
+        f.pop("v", None)  # the schema version is implied once the entry decoded
+    original = f.pop("original", None) if view["type"] == "DeadLetter" else None
+    body = " ".join(f"{k}={short(v)}" for k, v in f.items())
+    if original is not None:
+        body += f" original=<{len(original)} fields>"
+    if view["error"]:
+        body = f"! {short(view['error'], 100)}  {body}"
+    return f"{view['id']}  {body}"
+
+
+def dlq_list(data: dict[str, Any]) -> str:
+    rows = [
+        [r["id"], short(r["source"], 40, quote=False), short(r["original_id"], quote=False),
+         short(r["deliveries"]), duration(r["age_ms"]), short(r["reason"] or f"! {r['error']}", 80, quote=False)]
+        for r in data["dead_letters"]
+    ]  # fmt: skip
+    shown = f"{len(rows)} of {data['length']} dead letters in {data['key']}"
+    if not rows:
+        return shown
+    return "\n".join([shown, "", *table(["ID", "SOURCE", "ORIGINAL ID", "DELIVERIES", "AGE", "REASON"], rows)])
+
+
+def dlq_show(data: dict[str, Any]) -> str:
+    lines = [f"dead letter {data['id']} in {data['key']} (age {duration(data['age_ms'])})"]
+    if data["error"]:
+        lines.append(f"  ! does not decode as a DeadLetter: {data['error']}")
+    lines += _fields(data["letter"])
+    kind = data["original_type"] or "no schema"
+    if data["original_error"]:
+        kind += f"; does not decode: {data['original_error']}"
+    lines += ["", f"original fields ({kind}); requeue puts them back byte for byte:"]
+    lines += _fields(data["original"])
+    return "\n".join(lines)
+
+
+def requeued(data: dict[str, Any]) -> str:
+    lines = [f"requeued {r['id']} -> {r['source']} {r['new_id']}" for r in data["requeued"]]
+    lines += [f"not requeued {r['id']}: {r['error']}" for r in data.get("failed", [])]
+    return "\n".join(lines) or "no dead letters"
+
+
+def purged(data: dict[str, Any]) -> str:
+    return f"purged {len(data['purged'])} dead letter{'s' if len(data['purged']) != 1 else ''}"
