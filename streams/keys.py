@@ -69,6 +69,10 @@ class Keys:
     def verdicts(self) -> str:  # hash digest(statement, proof, environment) -> cached verdict
         return self._key("verdicts")
 
+    @property
+    def verifier_stats(self) -> str:  # hash worker id -> JSON figures of that verifier process
+        return self._key("verifier_stats")
+
     def done(self, dedup_id: str) -> str:
         """Idempotency marker of one consumed input (string with a TTL)."""
         return self._key(f"done:{dedup_id}")

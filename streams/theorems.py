@@ -1,0 +1,50 @@
+"""`{ps:R}:theorems`: theorem_id -> the canonical problem, written by the trainer, read by verifiers.
+
+The verifier checks every attempt against this record, never against text that came with the attempt:
+the statement a model was asked to prove is the statement its proof must prove (integrity).
+Values are orjson objects with a schema version, like stream entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import orjson
+from redis.asyncio import Redis
+
+from streams.keys import Keys
+from streams.schema import SCHEMA_VERSION, SchemaError
+
+
+@dataclass(frozen=True, slots=True)
+class Theorem:
+    theorem_id: str
+    task: str  # "lean" | "countdown"
+    statement: str = ""  # lean: the formal statement, ending in ":= by"
+    header: str = ""  # lean: imports, options, opens; elaborated once per REPL
+    numbers: list[int] = field(default_factory=list)  # countdown
+    target: int = 0  # countdown
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"v": SCHEMA_VERSION, **asdict(self)})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Theorem:
+        try:
+            doc = orjson.loads(raw)
+            if doc.pop("v", None) != SCHEMA_VERSION:
+                raise SchemaError(f"theorem record of unknown schema version: {raw[:60]!r}")
+            return cls(**doc)
+        except (orjson.JSONDecodeError, TypeError) as e:
+            raise SchemaError(f"bad theorem record {raw[:60]!r}: {e}") from e
+
+
+async def register(redis: Redis, keys: Keys, theorems: list[Theorem]) -> None:
+    """Publish canonical records (idempotent: the same id always maps to the same record in a run)."""
+    if theorems:
+        await redis.hset(keys.theorems, mapping={t.theorem_id: t.encode() for t in theorems})
+
+
+async def fetch(redis: Redis, keys: Keys, theorem_id: str) -> Theorem | None:
+    raw = await redis.hget(keys.theorems, theorem_id)
+    return None if raw is None else Theorem.decode(raw)
