@@ -1,0 +1,142 @@
+"""The REPL framing (verifier_pool.repl) against real processes: the fake REPL (tests/fixtures/fake_repl.py, a
+test double, never evidence about Lean) and tiny scripts that write exactly the bytes a case needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verifier_pool.repl import ReplStream, encode_request
+from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout
+
+pytestmark = pytest.mark.timeout(30)
+
+FAKE_REPL = Path(__file__).parents[1] / "fixtures" / "fake_repl.py"
+
+
+async def _spawn(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+@pytest.fixture
+async def fake():
+    """The fake REPL as a plain subprocess (no sandbox: this file tests framing only)."""
+    proc = await _spawn(sys.executable, "-I", str(FAKE_REPL))
+    yield proc, ReplStream(proc.stdout, proc.stdin)
+    if proc.returncode is None:
+        proc.kill()
+    await proc.communicate()  # to EOF, so that asyncio closes the pipes before the loop does
+
+
+@pytest.fixture
+async def writer_script():
+    """Factory: a process that ignores its input and writes `payload` (in `chunk`-byte pieces), then waits."""
+    procs = []
+
+    async def make(payload: bytes, *, chunk: int = 0, pause_s: float = 0.0) -> ReplStream:
+        code = (
+            "import sys, time\n"
+            f"data = {payload!r}\n"
+            f"step = {chunk} or len(data)\n"
+            "for i in range(0, len(data), step):\n"
+            "    sys.stdout.buffer.write(data[i:i + step]); sys.stdout.flush()\n"
+            f"    time.sleep({pause_s})\n"
+            "time.sleep(30)\n"
+        )
+        procs.append(await _spawn(sys.executable, "-I", "-c", code))
+        return ReplStream(procs[-1].stdout, procs[-1].stdin)
+
+    yield make
+    for proc in procs:
+        proc.kill()
+        await proc.communicate()
+
+
+def test_encode_request_is_one_escaped_line_then_a_blank_line():
+    data = encode_request({"cmd": "theorem t : x := by\n  simp -- 𝓝 ≤", "env": 0})
+    assert data.endswith(b"\n\n") and data.count(b"\n") == 2  # the newline inside cmd travels as \\n
+    assert json.loads(data) == {"cmd": "theorem t : x := by\n  simp -- 𝓝 ≤", "env": 0}
+    assert "𝓝".encode() in data  # UTF-8, not a surrogate pair
+
+
+@pytest.mark.parametrize("payload", ["#print axioms t", ["cmd"], {"cmd": "\ud835"}])
+def test_encode_request_refuses_what_the_repl_cannot_answer(payload):
+    with pytest.raises(ValueError):
+        encode_request(payload)
+
+
+async def test_round_trip_multiline_responses_and_env_counter(fake):
+    _, stream = fake
+    assert await stream.exchange({"cmd": "import Mathlib"}, 5) == {"env": 0}
+    sorry = await stream.exchange({"cmd": "def f : Nat := by sorry FIXTURE:sorry", "env": 0}, 5)
+    assert sorry["env"] == 1 and sorry["sorries"][0]["goal"] == "⊢ Nat"
+    assert sorry["messages"][0]["severity"] == "warning"
+    error = await stream.exchange({"cmd": "FIXTURE:error", "env": 0}, 5)
+    assert error["env"] == 2 and error["messages"][0]["data"].startswith("unsolved goals\n")
+    assert await stream.exchange({"cmd": "x", "env": 99}, 5) == {"message": "Unknown environment."}
+    assert await stream.exchange({"cmd": "x", "env": 0}, 5) == {"env": 3}
+
+
+async def test_print_axioms_reports_recorded_axioms(fake):
+    _, stream = fake
+    await stream.exchange({"cmd": "theorem good : True := trivial"}, 5)
+    await stream.exchange({"cmd": "theorem bad : False := by exact sorryAx _ -- FIXTURE:axiom=sorryAx"}, 5)
+    good = await stream.exchange({"cmd": "#print axioms good", "env": 0}, 5)
+    bad = await stream.exchange({"cmd": "#print axioms bad", "env": 1}, 5)
+    assert good["messages"][0]["data"] == "'good' depends on axioms: [propext, Classical.choice, Quot.sound]"
+    assert bad["messages"][0]["data"].endswith("Quot.sound, sorryAx]")
+
+
+async def test_fake_skips_comment_queries_and_crashes_on_bad_json(fake):
+    proc, stream = fake
+    proc.stdin.write(b"# a comment query gets no reply\n\n")
+    assert await stream.exchange({"cmd": "x"}, 5) == {"env": 0}
+    proc.stdin.write(b"{not json\n\n")
+    await proc.stdin.drain()
+    assert await proc.wait() != 0
+    assert await proc.stdout.read() == b""
+    assert (await proc.stderr.read()).startswith(b"uncaught exception: ")
+
+
+async def test_response_arriving_in_pieces_is_reassembled(writer_script):
+    response = b'{"messages":\n [{"severity": "info",\n   "data": "a\\n\\nb"}],\n "env": 7}\n\n'
+    stream = await writer_script(response, chunk=5, pause_s=0.01)
+    assert (await stream.exchange({"cmd": "x"}, 10))["env"] == 7
+
+
+async def test_hang_times_out_within_the_limit(fake):
+    _, stream = fake
+    started = time.monotonic()
+    with pytest.raises(SandboxTimeout):
+        await stream.exchange({"cmd": "FIXTURE:hang"}, 0.5)
+    assert time.monotonic() - started < 0.5 + 0.3
+
+
+@pytest.mark.parametrize("cmd", ["FIXTURE:crash", "FIXTURE:garbage"])
+async def test_eof_and_garbage_are_crashes(fake, cmd):
+    _, stream = fake
+    with pytest.raises(SandboxCrashed):
+        await stream.exchange({"cmd": cmd}, 5)
+
+
+async def test_bytes_after_the_response_are_a_crash(writer_script):
+    stream = await writer_script(b'{"env": 0}\n\n{"env": 1}\n\n')
+    with pytest.raises(SandboxCrashed, match="after its response"):
+        await stream.exchange({"cmd": "x"}, 5)
+
+
+async def test_oversized_response_fails_without_reading_it_all(fake):
+    proc, stream = fake
+    started = time.monotonic()
+    with pytest.raises(SandboxCrashed, match="exceeds"):
+        await stream.exchange({"cmd": "FIXTURE:bigout"}, 10)
+    assert time.monotonic() - started < 3
+    assert proc.returncode is None  # still blocked writing: most of its 10 MB was never read
+    assert len(proc.stdout._buffer) < 4 << 20  # what asyncio holds is bounded by its flow control
