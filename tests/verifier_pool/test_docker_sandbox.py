@@ -1,0 +1,323 @@
+"""The `docker` sandbox, for real: a Docker daemon, the checker image (ops/images/checker, built by
+ops/docker_setup.sh), the Countdown checker and the fake REPL (tests/fixtures/fake_repl.py, a test double
+driven by FIXTURE: markers, passed to the container's python3 as `-c` source, so nothing is mounted). The
+assertions are about our sandbox, never about Lean. Without a daemon or the image these tests skip and say
+why (run ops/docker_setup.sh); the last two run everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from verifier_pool import docker_backend
+from verifier_pool.docker_backend import COUNTDOWN_ARGV, DockerSandbox, DockerSandboxConfig
+from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
+
+pytestmark = pytest.mark.timeout(60)
+
+IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
+FAKE_REPL_ARGV = ("python3", "-c", (Path(__file__).parents[1] / "fixtures" / "fake_repl.py").read_text())
+RUN = f"pytest-{uuid.uuid4().hex[:8]}"  # owner labels of this run start with it
+OWNER = docker_backend.default_owner(prefix=f"{RUN}/")  # provably alive: this process
+
+_WHY = docker_backend.why_unavailable(IMAGE)
+if _WHY is not None:
+    print(f"docker sandbox tests skipped: {_WHY}")
+needs_docker = pytest.mark.skipif(_WHY is not None, reason=f"docker sandbox tests skipped: {_WHY}")
+
+# Answers one framed request with what the sandbox looks like from inside; argv[1] is the bridge gateway.
+PROBE = r"""
+import json, os, socket, sys
+while sys.stdin.readline().strip():
+    pass
+def attempt(action):
+    try:
+        action()
+        return "ok"
+    except OSError as e:
+        return f"failed: {e.strerror or e}"
+def write(path):
+    with open(path, "w") as f:
+        f.write("probe")
+def read_first(*paths):
+    for path in paths:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            pass
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+tmp = os.statvfs("/tmp")
+result = {
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "cap_eff": status["CapEff"].strip(), "cap_prm": status["CapPrm"].strip(), "cap_bnd": status["CapBnd"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "write_root": attempt(lambda: write("/probe")),
+    "write_app": attempt(lambda: write("/opt/proofstream/verifier_pool/probe.py")),
+    "write_etc": attempt(lambda: write("/etc/passwd")),
+    "write_tmp": attempt(lambda: write("/tmp/probe")),
+    "tmp_bytes": tmp.f_blocks * tmp.f_frsize,
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+    "net_gateway": attempt(lambda: socket.create_connection((sys.argv[1], 2375), timeout=2).close()),
+    "net_public": attempt(lambda: socket.create_connection(("1.1.1.1", 53), timeout=2).close()),
+    "dns": attempt(lambda: socket.getaddrinfo("deb.debian.org", 80)),
+    "pids_max": read_first("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"),
+}
+sys.stdout.write(json.dumps(result) + "\n\n")
+sys.stdout.flush()
+"""
+
+
+def _docker_client():
+    import docker
+
+    return docker.from_env()
+
+
+def _containers(**labels) -> list:
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    client = _docker_client()
+    try:
+        return client.containers.list(all=True, filters=filters)
+    finally:
+        client.close()
+
+
+def _exists(container_id: str) -> bool:
+    import docker
+
+    client = _docker_client()
+    try:
+        client.containers.get(container_id)
+        return True
+    except docker.errors.NotFound:
+        return False
+    finally:
+        client.close()
+
+
+def _host_address() -> str:
+    """This machine's outbound address (which the bridge network would reach), found without sending."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("1.1.1.1", 53))
+            return probe.getsockname()[0]
+        except OSError:
+            return "172.17.0.1"  # Docker's default bridge gateway
+
+
+def _config(**overrides) -> DockerSandboxConfig:
+    fields = {
+        "image": IMAGE,
+        "argv": FAKE_REPL_ARGV,
+        "memory_limit_bytes": 512 << 20,
+        "cpus": 1.0,
+        "pids_limit": 64,
+        "tmp_bytes": 16 << 20,
+        "owner": OWNER,
+    }
+    return DockerSandboxConfig(**(fields | overrides))
+
+
+@pytest.fixture
+async def make_sandbox():
+    """Factory of started sandboxes, all killed at teardown; then none of this run's containers is left."""
+    sandboxes = []
+
+    async def make(**overrides) -> DockerSandbox:
+        sandbox = DockerSandbox(_config(**overrides))
+        sandboxes.append(sandbox)
+        await sandbox.start()
+        return sandbox
+
+    yield make
+    for sandbox in sandboxes:
+        await sandbox.kill()
+    assert _containers(**{docker_backend.LABEL_OWNER: OWNER}) == []
+
+
+@needs_docker
+async def test_countdown_in_a_hardened_container(make_sandbox):
+    sandbox = await make_sandbox(argv=COUNTDOWN_ARGV)
+    good = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "<answer>(3 + 4) * 5</answer>"}}
+    assert (await sandbox.request(good, 10))["ok"] is True
+    bad = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "7 * 5"}}
+    assert (await sandbox.request(bad, 10))["reason"] == "numbers"
+    stats = sandbox.stats()
+    assert (stats.backend, stats.starts, stats.requests, stats.total_requests) == ("docker", 1, 2, 2)
+
+    client = _docker_client()
+    attrs = client.api.inspect_container(sandbox.container_id)
+    client.close()
+    host = attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert not host["Privileged"]
+    assert (host["Memory"], host["MemorySwap"]) == (512 << 20, 512 << 20)
+    assert (host["NanoCpus"], host["PidsLimit"]) == (1_000_000_000, 64)
+    assert host["Tmpfs"] == {"/tmp": f"size={16 << 20},mode=1777,nosuid,nodev"}
+    assert host["LogConfig"]["Type"] == "none"
+    assert host["AutoRemove"] is False and host["OomScoreAdj"] == 500
+    assert attrs["Config"]["User"] == docker_backend.NOBODY
+    labels = attrs["Config"]["Labels"]  # the image's own labels come along
+    assert labels[docker_backend.LABEL_SANDBOX] == "1"
+    assert labels[docker_backend.LABEL_OWNER] == OWNER
+    assert labels[docker_backend.LABEL_SANDBOX_ID] == sandbox.sandbox_id
+
+
+@needs_docker
+async def test_probes_from_inside_fail(make_sandbox):
+    sandbox = await make_sandbox(argv=("python3", "-c", PROBE, _host_address()))
+    seen = await sandbox.request({"probe": 1}, 10)
+    assert seen["uid"] == seen["euid"] == seen["gid"] == 65534 and seen["groups"] in ([], [65534])
+    assert int(seen["cap_eff"], 16) == int(seen["cap_prm"], 16) == int(seen["cap_bnd"], 16) == 0
+    assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2"  # Docker's default seccomp filter
+    for where in ("write_root", "write_app", "write_etc"):
+        assert seen[where].startswith("failed: Read-only file system"), (where, seen[where])
+    assert seen["write_tmp"] == "ok" and seen["tmp_bytes"] == 16 << 20
+    assert seen["interfaces"] == ["lo"]
+    assert seen["net_gateway"] == seen["net_public"] == "failed: Network is unreachable"
+    assert seen["dns"].startswith("failed")
+    assert seen["pids_max"] == "64"
+
+
+@needs_docker
+async def test_hang_is_killed_and_its_container_removed(make_sandbox):
+    sandbox = await make_sandbox()
+    forked = await sandbox.request({"cmd": "FIXTURE:forkbomb=5"}, 10)  # children that a lazy kill would miss
+    assert forked["messages"][0]["data"] == "forks: 5"
+    first = sandbox.container_id
+    started = time.monotonic()
+    with pytest.raises(SandboxTimeout):
+        await sandbox.request({"cmd": "FIXTURE:hang"}, 0.5)
+    assert time.monotonic() - started < 0.5 + 2.0  # the timeout, then kill and remove
+    assert not _exists(first)
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert sandbox.stats().timeouts == 1
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # a fresh container on the next request
+    assert sandbox.container_id != first and sandbox.stats().starts == 2
+    await sandbox.kill()
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+
+
+@needs_docker
+async def test_crash_reports_exit_status_and_stderr(make_sandbox):
+    sandbox = await make_sandbox()
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
+    crashed = sandbox.container_id
+    with pytest.raises(SandboxCrashed, match="Stack overflow detected") as caught:
+        await sandbox.request({"cmd": "FIXTURE:crash"}, 10)
+    assert "exit status 134" in str(caught.value)
+    assert not _exists(crashed)
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
+    stats = sandbox.stats()
+    assert (stats.crashes, stats.starts, stats.total_requests) == (1, 2, 2)
+
+
+@needs_docker
+async def test_ten_megabytes_of_output_fail_fast(make_sandbox):
+    sandbox = await make_sandbox()
+    started = time.monotonic()
+    with pytest.raises(SandboxCrashed, match="exceeds"):
+        await sandbox.request({"cmd": "FIXTURE:bigout"}, 10)
+    assert time.monotonic() - started < 3
+    assert sandbox.container_id is None
+
+
+@needs_docker
+async def test_memory_limit_is_the_containers_not_the_machines(make_sandbox):
+    sandbox = await make_sandbox(memory_limit_bytes=96 << 20)
+    with pytest.raises(SandboxCrashed, match=r"exit status 137, killed by the memory limit"):
+        await sandbox.request({"cmd": "FIXTURE:grow=200"}, 10)
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
+
+
+@needs_docker
+async def test_fork_bomb_stops_at_the_pids_limit(make_sandbox):
+    sandbox = await make_sandbox(pids_limit=16)
+    forked = await sandbox.request({"cmd": "FIXTURE:forkbomb=256"}, 10)
+    assert int(forked["messages"][0]["data"].removeprefix("forks: ")) < 16
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 1}  # still serving
+
+
+@needs_docker
+async def test_recycled_after_max_requests(make_sandbox):
+    sandbox = await make_sandbox(max_requests=3)
+    first = sandbox.container_id
+    envs = [(await sandbox.request({"cmd": "x"}, 10))["env"] for _ in range(5)]
+    assert envs == [0, 1, 2, 0, 1]
+    assert sandbox.stats().starts == 2 and not _exists(first)
+
+
+@needs_docker
+async def test_recycled_past_the_memory_threshold(make_sandbox):
+    sandbox = await make_sandbox(max_memory_bytes=100 << 20)
+    assert await sandbox.request({"cmd": "FIXTURE:grow=40"}, 10) == {"env": 0}
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 1}
+    assert await sandbox.request({"cmd": "FIXTURE:grow=100"}, 10) == {"env": 2}
+    assert sandbox.stats().memory_bytes > 100 << 20
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
+    assert sandbox.stats().starts == 2
+
+
+@needs_docker
+async def test_orphans_of_a_dead_worker_are_removed(make_sandbox):
+    live = await make_sandbox()
+    # A worker that died (SIGKILL) without killing its sandbox: its container is left running. Its pid is
+    # ours now (reused), but its start time is not.
+    dead_owner = f"{RUN}/{socket.gethostname()}:{os.getpid()}:1"
+    orphan = DockerSandbox(_config(owner=dead_owner))
+    await orphan.start()
+    orphan_id = orphan.container_id
+
+    removed = await _in_thread(docker_backend.remove_orphans, owner_prefix=RUN)
+    assert removed == [orphan_id]
+    assert not _exists(orphan_id)
+    assert await live.request({"cmd": "x"}, 10) == {"env": 0}  # a live owner's sandbox is spared
+    assert _containers(**{docker_backend.LABEL_OWNER: dead_owner}) == []
+
+
+async def _in_thread(fn, *args, **kwargs):
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@needs_docker
+async def test_missing_image_is_unavailable():
+    missing = "proofstream-does-not-exist:never"
+    assert docker_backend.daemon_ready(missing) is False
+    assert "not found" in docker_backend.why_unavailable(missing)
+    assert docker_backend.daemon_ready(IMAGE) is True
+    sandbox = DockerSandbox(_config(image=missing))
+    with pytest.raises(SandboxUnavailable, match="not found"):
+        await sandbox.start()
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+
+
+async def test_no_daemon_is_unavailable_fast():
+    nowhere = "unix:///nonexistent/docker.sock"
+    started = time.monotonic()
+    assert docker_backend.daemon_ready(IMAGE, base_url=nowhere) is False
+    with pytest.raises(SandboxUnavailable):
+        await DockerSandbox(_config(base_url=nowhere)).start()
+    assert time.monotonic() - started < 5
+
+
+def test_config_refuses_root_and_nonsense():
+    for user in ("root", "0", "0:0", ""):
+        with pytest.raises(ValueError, match="root"):
+            _config(user=user)
+    with pytest.raises(ValueError):
+        _config(argv=())
+    with pytest.raises(ValueError):
+        _config(pids_limit=0)
+    assert json.loads(json.dumps(_config().argv[:2])) == ["python3", "-c"]
