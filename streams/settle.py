@@ -1,7 +1,9 @@
 """Publish results and ack their inputs in one Lua script: the exactly-once effect of the wire.
 
-For each input the script runs `SET done NX EX ttl` -> `XADD` each result, or for a dead letter
-`XADD dlq`; then one `XACK` of all the batch's inputs, all in the same atomic script. A duplicate
+For each input still pending in the group the script runs `SET done NX EX ttl` -> `XADD` each result
+(or, for a dead letter, `XADD dlq`); then one `XACK` of the whole batch, all in one atomic script. An
+entry no longer pending was settled by another consumer (which reclaimed it while this one stalled) and
+gets nothing twice, neither result nor dead letter. A duplicate
 delivery (same dedup id, maybe another entry id) finds the marker and is only acked. MULTI cannot do
 this: it cannot make the XADD conditional on the SET.
 
@@ -32,13 +34,17 @@ local acks = {}
 while i <= #ARGV do
   local kind, id, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   i = i + 3
-  local fresh, target = true, KEYS[3]
+  -- Only an entry still pending is settled: one that another consumer settled first (it reclaimed the
+  -- entry while this one stalled past the deadline) gets no second result or dead letter. A read, so the
+  -- first write of the script stays the SET or XADD below (see the module docstring on OOM).
+  local fresh = #redis.call('XPENDING', KEYS[1], group, id, id, 1) > 0
+  local target = KEYS[3]
   if kind == 'r' then
     target = KEYS[2]
-    fresh = redis.call('SET', KEYS[k], id, 'NX', 'EX', ttl)
+    if fresh then fresh = redis.call('SET', KEYS[k], id, 'NX', 'EX', ttl) end
     k = k + 1
-    if not fresh then duplicates = duplicates + 1 end
   end
+  if not fresh then duplicates = duplicates + 1 end
   for _ = 1, n do
     local m = tonumber(ARGV[i])
     if fresh then
