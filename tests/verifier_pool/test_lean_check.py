@@ -1,0 +1,486 @@
+"""The text and response checks of `verifier_pool.lean_check`, each against a real exploit text or a REPL
+transcript from ../shared/LEAN_REPL.md (no Lean runs here: these are the documented wire formats)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verifier_pool.lean_check import (
+    IntegrityError,
+    Judgement,
+    assemble,
+    axioms_command,
+    extract_proof_body,
+    judge_axioms,
+    judge_command,
+    prepare,
+    scan_forbidden,
+    theorem_name,
+)
+from verifier_pool.lean_text import code_tokens, lex, mask_comments
+
+MINIF2F = Path("/work/shared/data/minif2f.jsonl")
+GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
+CUBE = (
+    "theorem amc12a_2008_p8 (x y : ℝ) (h₀ : 0 < x ∧ 0 < y) (h₁ : y ^ 3 = 1)\n"
+    "  (h₂ : 6 * x ^ 2 = 2 * (6 * y ^ 2)) : x ^ 3 = 2 * Real.sqrt 2 := by\n"
+)
+HEADER = "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 0\n\nopen BigOperators Real Nat Topology Rat\n\n"
+
+
+def _minif2f_sample() -> list[dict]:
+    if not MINIF2F.exists():
+        return []
+    rows = [json.loads(line) for line in MINIF2F.read_text().splitlines() if line.strip()]
+    quoted = [r for r in rows if "'" in r["formal_statement"]]  # ⁻¹' and '' : quotes that are not char literals
+    return (rows[::11] + quoted)[:50]
+
+
+SAMPLE = _minif2f_sample()
+
+
+def kinds(text: str) -> list[tuple[str, str]]:
+    return [(t.kind, t.text) for t in lex(text)]
+
+
+# --- the lexer --------------------------------------------------------------------------------------------
+
+
+def test_nested_and_doc_comments_are_comments():
+    assert kinds("/- a /- b -/ sorry -/ simp") == [("comment", "/- a /- b -/ sorry -/"), ("ident", "simp")]
+    assert kinds("/-- doc sorry -/ x") == [("comment", "/-- doc sorry -/"), ("ident", "x")]
+    assert kinds("/-! mod -/ x -- sorry\ny") == [
+        ("comment", "/-! mod -/"), ("ident", "x"), ("comment", "-- sorry"), ("ident", "y"),
+    ]  # fmt: skip
+
+
+def test_doc_comment_body_starts_after_its_third_character():
+    # Lean reads `/--` as a token and the comment body after it: `/--/` does not close the comment.
+    assert kinds('/--/ " -/ exact sorry -- "')[:3] == [("comment", '/--/ " -/'), ("ident", "exact"), ("ident", "sorry")]
+
+
+def test_strings_with_escapes_hide_their_contents():
+    assert kinds(r'"a \" sorry -/ /-" b') == [("string", r'"a \" sorry -/ /-"'), ("ident", "b")]
+    assert kinds('"-- not a comment" c') == [("string", '"-- not a comment"'), ("ident", "c")]
+
+
+def test_comment_markers_inside_comments_follow_lean():
+    # A block comment knows nothing of strings: the first unnested -/ closes it.
+    assert kinds('/- "-/ sorry "x"') == [("comment", '/- "-/'), ("ident", "sorry"), ("string", '"x"')]
+
+
+def test_char_literals_and_primes():
+    assert kinds("h' x'' 'a' '\\n' '\\x41'") == [
+        ("ident", "h'"), ("ident", "x''"), ("char", "'a'"), ("char", "'\\n'"), ("char", "'\\x41'"),
+    ]  # fmt: skip
+    # Preimage and image notation: the quote belongs to a symbol, nothing is swallowed.
+    assert [t.text for t in code_tokens("f ⁻¹' {7}")] == ["f", "⁻¹'", "{", "7", "}"]
+    assert [t.text for t in code_tokens("xs[i]'h' + ∑' n, f n")][3:7] == ["]'", "h'", "+", "∑'"]
+    # A known quote-ending token followed by a string: the string is a string, as Lean reads it.
+    assert kinds('f ⁻¹\'"x" sorry')[1:] == [("symbol", "⁻¹'"), ("string", '"x"'), ("ident", "sorry")]
+    assert [t.text for t in code_tokens("f '' {x | 0 ≤ f x}")][:3] == ["f", "''", "{"]
+
+
+def test_char_literal_right_after_a_symbol_is_ambiguous():
+    # If `+'` were a token of some imported notation, Lean would read it and then open a string at `"`: only
+    # Lean's token table could say, so the text is rejected whichever way it reads.
+    assert ("ambiguous", "'\"'") in kinds('x +\'"\' y " sorry "')
+    assert scan_forbidden("  exact (1 +'\"' 2)\n") == "forbidden: ambiguous literal '\\'\"\\'' at line 1"
+
+
+def test_identifiers_dotted_guillemets_unicode_and_bang_question():
+    assert kinds("Nat.succ_le_iff h₀ hₙ «my thm».x ℝ α exact? s! x.1") == [
+        ("ident", "Nat.succ_le_iff"), ("ident", "h₀"), ("ident", "hₙ"), ("ident", "«my thm».x"),
+        ("ident", "ℝ"), ("ident", "α"), ("ident", "exact?"), ("ident", "s!"),
+        ("ident", "x"), ("symbol", "."), ("number", "1"),
+    ]  # fmt: skip
+
+
+def test_attributes_hash_commands_and_positions():
+    tokens = code_tokens("@[simp] x\n  #eval 1\n#[1, 2]")
+    assert [(t.kind, t.text) for t in tokens][:3] == [("symbol", "@["), ("ident", "simp"), ("symbol", "]")]
+    ev = next(t for t in tokens if t.kind == "hash")
+    assert (ev.text, ev.line, ev.col) == ("#eval", 2, 2)
+    assert not [t for t in tokens if t.kind == "hash" and t.line == 3]  # #[ is an array literal
+
+
+def test_raw_strings_end_at_their_own_delimiter():
+    assert kinds('r"a\\d" sorry') == [("string", 'r"a\\d"'), ("ident", "sorry")]
+    assert kinds('r#"abc"# c') == [("string", 'r#"abc"#'), ("ident", "c")]
+    # Lean without raw strings reads `r` then a plain string that ends elsewhere: the two readings disagree.
+    assert kinds('r"\\" sorry') == [("ambiguous", 'r"\\"'), ("ident", "sorry")]
+    assert kinds('r#"a"b"# c') == [("ambiguous", 'r#"a"b"#'), ("ident", "c")]
+
+
+def test_interpolated_strings_expose_their_code():
+    assert ("ident", "sorry") in kinds('s!"x = {(sorry : Nat)}"')
+    assert kinds('"{"}"')[0][0] == "ambiguous"  # plain vs interpolated reading end in different places
+
+
+def test_mask_comments_keeps_offsets():
+    text = "a /- x\ny -/ b -- c"
+    masked = mask_comments(text)
+    assert len(masked) == len(text) and masked.split() == ["a", "b"] and masked.count("\n") == 1
+
+
+# --- scan_forbidden: real exploit texts -----------------------------------------------------------------
+
+EXPLOITS = [
+    ("  sorry\n", "sorry"),
+    ("  exact sorryAx _ false\n", "sorryAx"),
+    ("  exact «sorryAx» _ false\n", "sorryAx"),
+    ("  exact _root_.sorryAx _ false\n", "sorryAx"),
+    ("  admit\n", "admit"),
+    ("  stop\n  norm_num\n", "stop"),
+    ("  native_decide\n", "native_decide"),
+    ("  decide +native\n", "decide +native"),
+    ("  decide (config := {native := true})\n", "decide +native"),
+    ("  exact Lean.ofReduceBool _ _ rfl\n", "ofReduceBool"),
+    ("  set_option debug.skipKernelTC true in\n  exact h\n", "set_option debug.skipKernelTC"),
+    ("  set_option «debug».skipKernelTC true in\n  exact h\n", "set_option debug.skipKernelTC"),
+    ("  norm_num\n\n@[implemented_by f] def g : Nat := 1\n", "implemented_by"),
+    ('  norm_num\n@[extern "lean_nat_add"] opaque h : Nat\n', "extern"),
+    ("  norm_num\n@[csimp] theorem t : @f = @g := rfl\n", "csimp"),
+    ("  norm_num\n#exit\n", "#exit"),
+    ('  norm_num\n#eval IO.println "pwned"\n', "#eval"),
+    ("  norm_num\n#print axioms mathd_numbertheory_188\n", "#print"),
+    ("  norm_num\n#check_failure foo\n", "#check_failure"),
+    ('  norm_num\nrun_cmd Lean.logInfo "x"\n', "run_cmd"),
+    ("  run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| norm_num))\n", "run_tac"),
+    ("  exact by_elab Lean.Elab.Term.elabTerm (← `(trivial)) none\n", "by_elab"),
+    ("  norm_num\nrun_elab pure ()\n", "run_elab"),
+    ('macro "norm_num" : tactic => `(tactic| sorry)\n', "macro"),
+    ("  norm_num\nmacro_rules | `(tactic| norm_num) => `(tactic| sorry)\n", "macro_rules"),
+    ('  norm_num\nelab "cheat" : tactic => pure ()\n', "elab"),
+    ('  norm_num\nsyntax "cheat" : tactic\n', "syntax"),
+    ('  norm_num\nnotation a " + " b => a * b\n', "notation"),
+    ('  norm_num\ninfixl:65 " + " => HMul.hMul\n', "infixl"),
+    ('  norm_num\ninfix:50 " = " => fun _ _ => True\n', "infix"),
+    ("  norm_num\naxiom cheat : False\n", "axiom"),
+    ("  exact (cheat : False).elim\naxiom cheat : False\n", "axiom"),
+    ("  norm_num\nlocal instance : Fact False := ⟨sorry⟩\n", "local"),
+    ("  norm_num\ninstance : Decidable True := isTrue trivial\n", "instance"),
+    ("  norm_num\nimport Mathlib.Tactic\n", "import"),
+    ("  norm_num\nopaque secret : Nat\n", "opaque"),
+    ("  norm_num\nunsafe def f : Nat := 1\n", "unsafe"),
+    ("  exact unsafe (unsafeCast ())\n", "unsafe"),
+    ("  norm_num\npartial def loop : Nat → Nat := loop\n", "partial"),
+    ("  exact?\n", "exact?"),
+    ("  apply?\n", "apply?"),
+    ("  decide?\n", "decide?"),
+    ("  norm_num\ninitialize pure ()\n", "initialize"),
+    ("  norm_num\nbuiltin_initialize pure ()\n", "builtin_initialize"),
+    ("  norm_num\nsimproc cheat (_) := fun _ => pure .continue\n", "simproc"),
+    (
+        "  norm_num\n@[command_elab Lean.Parser.Command.printAxioms] def f : CommandElab := fun _ => pure ()\n",
+        "command_elab",
+    ),
+    ("  norm_num\ntheorem mathd_numbertheory_188' : True := trivial\n", "theorem"),
+    ("  norm_num\n  theorem helper : True := trivial\n", "theorem"),  # any column: a new command all the same
+    ("  norm_num\nnamespace Foo\n", "namespace"),
+    ("  norm_num\nexport Nat (gcd)\n", "export"),
+    ("  norm_num\nopen Nat\n", "open at the start of a line"),
+    ("  norm_num\nattribute [simp] Nat.gcd_comm\n", "attribute"),
+    ("  norm_num\nend\n", "end"),
+    ('  have : String := s!"{(sorry : String)}"\n  norm_num\n', "sorry"),
+    ('  exact (fun _ => trivial) r"\\" ; exact sorry ; "x"\n', "ambiguous literal"),
+    ("  exact sor/- -/ry\n  exact sorry\n", "sorry"),  # the split one is not a sorry, the second is
+]
+
+
+@pytest.mark.parametrize(("body", "reason"), EXPLOITS, ids=[e[1] for e in EXPLOITS])
+def test_scan_rejects_exploit(body, reason):
+    found = scan_forbidden(body)
+    assert found is not None and found.startswith(f"forbidden: {reason}"), found
+
+
+CLEAN = [
+    "  norm_num [Nat.gcd]\n",
+    "  -- sorry, this is a comment\n  norm_num\n",
+    "  /- sorry in a /- nested -/ comment native_decide -/\n  norm_num\n",
+    '  have h : "sorry" = "sorry" := rfl\n  norm_num\n',
+    "  exact sor/- x -/ry\n",  # two identifiers, `sor` and `ry`: Lean fails it, the scan has no objection
+    "  have sorry_lemma : 1 = 1 := rfl\n  exact sorry_lemma ▸ rfl\n",
+    "  intro x h'\n  have h'' := h'\n  nlinarith [sq_nonneg (x - 1), h'']\n",
+    "  open Real in\n  nlinarith [Real.sq_sqrt (show (0:ℝ) ≤ 2 by norm_num)]\n",
+    "  decide\n",
+    "  simp? says simp only [Nat.gcd]\n",
+    "  have : (f ⁻¹' {7}).Nonempty := ⟨21, by simp [h₀]⟩\n  exact this\n",
+    "  rcases h with ⟨x, hx⟩ <;> simp_all [Finset.sum_range_succ]\n",
+    "  calc 2 * x = x + x := by ring\n    _ = 4 := by linarith\n",
+    "  norm_num\n  set_option maxRecDepth 10000 in\n  decide\n",
+]
+
+
+@pytest.mark.parametrize("body", CLEAN)
+def test_scan_passes_clean_body(body):
+    assert scan_forbidden(body) is None
+
+
+# --- extract_proof_body and assemble ----------------------------------------------------------------------
+
+
+def test_restated_theorem_after_imports_and_helpers_gives_the_body():
+    model = (
+        "Here is the proof.\n```lean4\nimport Mathlib\nopen Nat\n\n"
+        "lemma helper : 1 = 1 := rfl\n\n/-- The answer is 12. -/\n"
+        f"{GCD}  norm_num [Nat.gcd]\n```\nDone."
+    )
+    body = extract_proof_body(model, GCD)
+    assert body == "  norm_num [Nat.gcd]\n"
+    assert assemble(GCD, body) == GCD + "  norm_num [Nat.gcd]\n"
+
+
+def test_garbage_before_the_statement_is_discarded():
+    model = (
+        'notation:50 a " = " b => True\n'
+        "axiom cheat : False\n"
+        "local instance : Fact False := ⟨cheat⟩\n"
+        'macro "norm_num" : tactic => `(tactic| exact cheat.elim)\n'
+        f"{GCD}  norm_num\n"
+    )
+    body = extract_proof_body(model, GCD)
+    assert body == "  norm_num\n"
+    command = assemble(GCD, body)
+    assert "notation" not in command and "axiom" not in command and "macro" not in command
+
+
+@pytest.mark.parametrize(
+    "altered",
+    [
+        GCD.replace("= 12", "= 13"),
+        GCD.replace(" :", " (h : False) :", 1),
+        GCD.replace("mathd_numbertheory_188", "mathd_numbertheory_188'"),
+        GCD.replace("theorem", "example").replace(" mathd_numbertheory_188", ""),
+        GCD.replace("Nat.gcd 180 168", "Nat.gcd  180  168\n    --"),  # the comment eats the rest of the line
+        GCD.replace("180 168", "180 168 + 0"),
+    ],
+)
+def test_altered_statement_is_an_integrity_rejection(altered):
+    result = extract_proof_body(f"import Mathlib\n\n{altered}  norm_num\n", GCD)
+    assert isinstance(result, IntegrityError)
+    assert result.judgement() == Judgement("rejected", "integrity", result.detail)
+
+
+def test_statement_inside_a_comment_does_not_count():
+    model = f"/- {GCD} -/\ntheorem other : True := by\n  norm_num\n"
+    assert isinstance(extract_proof_body(model, GCD), IntegrityError)
+
+
+def test_whitespace_comments_and_assign_spacing_do_not_matter():
+    model = "theorem mathd_numbertheory_188 :\n    Nat.gcd 180 168 /- gcd -/ = 12:=by\n  norm_num\n  -- done\n"
+    assert extract_proof_body(model, GCD) == "  norm_num\n  -- done\n"
+
+
+def test_first_tactic_on_the_by_line_keeps_its_column():
+    model = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by norm_num\n"
+    body = extract_proof_body(model, GCD)
+    assert body == " " * model.index("norm_num") + "norm_num\n"
+    assert assemble(GCD, body).splitlines()[-1].strip() == "norm_num"
+
+
+def test_last_restatement_wins():
+    model = f"{GCD}  sorry\n\n{GCD}  norm_num\n"
+    assert extract_proof_body(model, GCD) == "  norm_num\n"
+
+
+def test_bare_body_is_accepted_and_indented():
+    assert extract_proof_body("norm_num [Nat.gcd]\nrfl", GCD) == "  norm_num [Nat.gcd]\n  rfl"
+    assert extract_proof_body("by\n  norm_num\n", GCD) == "  norm_num\n"
+    assert extract_proof_body("```lean4\n  simp\n  decide\n```", GCD) == "  simp\n  decide\n"
+
+
+def test_bare_body_with_imports_is_caught_by_the_scan():
+    body = extract_proof_body("import Mathlib\nnorm_num\n", GCD)
+    assert isinstance(body, str) and scan_forbidden(body) == "forbidden: import"
+
+
+def test_multiline_statement_restated_verbatim_or_reflowed():
+    for statement_text in (CUBE, " ".join(CUBE.split()) + "\n"):
+        assert extract_proof_body(f"{statement_text}  nlinarith [sq_nonneg (x - y)]\n", CUBE) == (
+            "  nlinarith [sq_nonneg (x - y)]\n"
+        )
+
+
+def test_spacing_that_lean_reads_differently_is_not_whitespace_noise():
+    squeezed = CUBE.replace("(h₀ : 0 < x", "(h₀:0 < x")  # a whitespace run removed, not collapsed
+    assert isinstance(extract_proof_body(f"{squeezed}  simp\n", CUBE), IntegrityError)
+
+
+def test_assemble_refuses_a_statement_with_import():
+    with pytest.raises(ValueError):
+        assemble("import Mathlib\n" + GCD, "  norm_num\n")
+
+
+def test_prepare_end_to_end():
+    assert prepare(f"```lean4\n{HEADER}{GCD}  norm_num\n```", GCD) == GCD + "  norm_num\n"
+    assert prepare(f"{GCD}  native_decide\n", GCD) == Judgement("rejected", "integrity", "forbidden: native_decide")
+    assert prepare(f"{GCD}  exact sorryAx _ false\n", GCD) == Judgement("rejected", "sorry", "forbidden: sorryAx")
+    assert prepare(GCD.replace("12", "13") + "  norm_num\n", GCD).reason == "integrity"
+
+
+@pytest.mark.skipif(not SAMPLE, reason=f"{MINIF2F} not present")
+@pytest.mark.parametrize("row", SAMPLE, ids=[r["name"] for r in SAMPLE])
+def test_minif2f_round_trip(row):
+    statement = row["formal_statement"]
+    assert theorem_name(statement) == row["name"]
+    assert scan_forbidden(statement.removeprefix("theorem")) is None  # a statement is clean text
+    model = f"```lean4\n{row['header']}/-- informal -/\n{statement}  nlinarith [sq_nonneg (x - 1)]\n```"
+    body = extract_proof_body(model, statement)
+    assert body == "  nlinarith [sq_nonneg (x - 1)]\n"
+    assert assemble(statement, body) == statement + body
+    flat = " ".join(statement.split()) + " linarith"  # the whole statement on one line, the tactic after it
+    assert extract_proof_body(flat, statement) == " " * (len(flat) - len("linarith")) + "linarith"
+
+
+# --- theorem names and #print axioms ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("statement", "name"),
+    [
+        (GCD, "mathd_numbertheory_188"),
+        ("lemma foo.bar' (x : ℕ) : x = x := by\n", "foo.bar'"),
+        ("theorem h₀_lemma₁ : True := by\n", "h₀_lemma₁"),
+        ("/-- doc: theorem fake -/\ntheorem «my thm» : True := by\n", "«my thm»"),
+    ],
+)
+def test_theorem_name(statement, name):
+    assert theorem_name(statement) == name
+    assert axioms_command(name) == f"#print axioms {name}"
+
+
+def test_theorem_name_missing_is_a_configuration_error():
+    with pytest.raises(ValueError):
+        theorem_name("example : True := by\n")
+
+
+def info(data: str, line: int = 1) -> dict:
+    return {"severity": "info", "pos": {"line": line, "column": 0}, "endPos": {"line": 1, "column": 6}, "data": data}
+
+
+NAME = "mathd_numbertheory_188"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (f"'{NAME}' depends on axioms: [propext, Classical.choice, Quot.sound]", Judgement("proved")),
+        (f"'{NAME}' depends on axioms: [propext]", Judgement("proved")),
+        (f"'{NAME}' does not depend on any axioms", Judgement("proved")),
+        (f"'{NAME}' depends on axioms: [propext,\n Classical.choice,\n Quot.sound]\n", Judgement("proved")),
+        (f"'{NAME}' depends on axioms: [propext, sorryAx]", Judgement("rejected", "sorry", "depends on sorryAx")),
+        (
+            f"'{NAME}' depends on axioms: [propext, Classical.choice, Lean.ofReduceBool, Lean.trustCompiler]",
+            Judgement("rejected", "integrity", "trusts the compiler: Lean.ofReduceBool, Lean.trustCompiler"),
+        ),
+        (f"'{NAME}' depends on axioms: [cheat, propext]", Judgement("rejected", "integrity", "uses axioms: cheat")),
+    ],
+)
+def test_judge_axioms(data, expected):
+    assert judge_axioms({"env": 2, "messages": [info(data)]}, NAME) == expected
+
+
+def test_axioms_report_about_another_name_is_integrity():
+    response = {"env": 2, "messages": [info("'Foo.mathd_numbertheory_188' depends on axioms: [propext]")]}
+    assert judge_axioms(response, NAME).reason == "integrity"
+
+
+def test_axioms_report_names_compare_by_components():
+    assert judge_axioms({"env": 2, "messages": [info("'«my thm»' does not depend on any axioms")]}, "«my thm»") == (
+        Judgement("proved")
+    )
+    assert judge_axioms({"env": 2, "messages": [info("'foo'' does not depend on any axioms")]}, "_root_.foo'") == (
+        Judgement("proved")
+    )
+
+
+def test_two_axioms_reports_or_a_report_off_line_one_are_integrity():
+    good = f"'{NAME}' does not depend on any axioms"
+    assert judge_axioms({"env": 2, "messages": [info(good), info(good)]}, NAME).reason == "integrity"
+    assert judge_axioms({"env": 2, "messages": [info(good, line=3)]}, NAME).reason == "integrity"
+
+
+def test_unknown_constant_is_integrity():
+    error = {"severity": "error", "pos": {"line": 1, "column": 14}, "endPos": {"line": 1, "column": 36},
+             "data": f"unknown constant '{NAME}'"}  # fmt: skip
+    judgement = judge_axioms({"env": 2, "messages": [error]}, NAME)
+    assert (judgement.verdict, judgement.reason) == ("rejected", "integrity") and "unknown constant" in judgement.detail
+
+
+def test_axioms_without_a_readable_report_or_env_is_infrastructure():
+    assert judge_axioms({"env": 2}, NAME).verdict == "error"
+    assert judge_axioms({"message": "Unknown environment."}, NAME).verdict == "error"
+
+
+# --- judge_command: the transcripts of LEAN_REPL.md, verbatim ---------------------------------------------
+
+PROVED = '{"env": 1}'
+ERROR = """{"messages":
+ [{"severity": "error",
+   "pos": {"line": 1, "column": 15},
+   "endPos": {"line": 1, "column": 32},
+   "data": "unsolved goals\\n⊢ Nat"}],
+ "env": 0}"""
+SORRY = """{"sorries":
+ [{"proofState": 0,
+   "pos": {"line": 1, "column": 18},
+   "goal": "⊢ Nat",
+   "endPos": {"line": 1, "column": 23}}],
+ "messages":
+ [{"severity": "warning",
+   "pos": {"line": 1, "column": 4},
+   "endPos": {"line": 1, "column": 5},
+   "data": "declaration uses `sorry`"}],
+ "env": 0}"""
+
+
+def msg(severity: str, data: str) -> dict:
+    return {"severity": severity, "pos": {"line": 1, "column": 0}, "endPos": None, "data": data}
+
+
+def test_transcripts():
+    assert judge_command(json.loads(PROVED)) == Judgement("proved")
+    assert judge_command(json.loads(ERROR)) == Judgement("rejected", "lean_error", "unsolved goals\n⊢ Nat")
+    assert judge_command(json.loads(SORRY)) == Judgement("rejected", "sorry", "declaration uses `sorry`")
+
+
+@pytest.mark.parametrize("quoting", ["declaration uses 'sorry'", "declaration uses `sorry`"])
+def test_sorry_warning_without_sorries_field(quoting):
+    assert judge_command({"env": 1, "messages": [msg("warning", quoting)]}).reason == "sorry"
+
+
+def test_info_and_ordinary_warnings_never_fail():
+    messages = [msg("info", "Goals accomplished!"), msg("warning", "unused variable `h` [linter.unusedVariables]"),
+                msg("trace", "[Meta.debug] x")]  # fmt: skip
+    assert judge_command({"env": 1, "messages": messages}) == Judgement("proved")
+
+
+def test_exit_warning_is_integrity():
+    judgement = judge_command({"env": 1, "messages": [msg("warning", "using 'exit' to interrupt Lean")]})
+    assert (judgement.verdict, judgement.reason) == ("rejected", "integrity")
+
+
+def test_heartbeat_timeout_is_a_lean_error():
+    data = "(deterministic) timeout at `whnf`, maximum number of heartbeats (200000) has been reached\n" + "x" * 500
+    judgement = judge_command({"env": 1, "messages": [msg("error", data)]})
+    assert (judgement.verdict, judgement.reason) == ("rejected", "lean_error") and len(judgement.detail) == 300
+
+
+def test_first_error_is_the_detail_and_sorry_outranks_errors():
+    messages = [msg("error", "first"), msg("error", "second")]
+    assert judge_command({"env": 1, "messages": messages}).detail == "first"
+    messages.append(msg("warning", "declaration uses 'sorry'"))
+    assert judge_command({"env": 1, "messages": messages}).reason == "sorry"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [{"message": "Unknown environment."}, {"foo": 1}, "garbage", {"env": 1, "messages": [msg("fatal", "?")]}],
+)
+def test_non_answers_are_infrastructure_errors(response):
+    judgement = judge_command(response)
+    assert (judgement.verdict, judgement.reason) == ("error", "")
