@@ -84,7 +84,7 @@ def handle_request(request: dict) -> dict:
     """One checker request -> response; the request shape is {"countdown": {numbers, target, answer}}."""
     job = request.get("countdown")
     if not isinstance(job, dict):
-        return {"message": "unknown request: expected {\"countdown\": {...}}"}
+        return {"message": 'unknown request: expected {"countdown": {...}}'}
     try:
         numbers = [int(n) for n in job["numbers"]]
         target = int(job["target"])

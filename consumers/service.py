@@ -1,0 +1,122 @@
+"""The verifier pool of one process: N consumer tasks, each with its own Redis client and warm sandboxes.
+
+`arq workers.verifier` runs `start` on startup, `sweep` and `report` as cron jobs and `stop` on SIGTERM;
+tests and the local pipeline can run it directly. Stopping drains: each task finishes the attempt in hand,
+settles it and releases the rest of its batch (streams.runtime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+
+import orjson
+import structlog
+
+from consumers.verifier import VerifyHandler
+from streams import sweeps
+from streams.connect import connect
+from streams.keys import VERIFIERS, Keys
+from streams.runtime import Consumer, ConsumerSettings, ensure_group
+from streams.schema import Attempt, Reward
+from verifier_pool import docker_backend
+from verifier_pool.config import VerifierSettings
+from verifier_pool.pool import backend, make_checkers
+
+log = structlog.get_logger("consumers.service")
+
+
+class VerifierService:
+    def __init__(self, settings: VerifierSettings, redis_url: str) -> None:
+        self.settings = settings
+        self.redis_url = redis_url
+        self.keys = Keys(settings.run)
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.consumer_settings = ConsumerSettings(
+            batch_size=1,  # one sandbox per task: reading more would hoard attempts other tasks could check
+            block_ms=1000,
+            claim_idle_ms=settings.claim_idle_ms,
+            max_deliveries=settings.max_deliveries,
+        )
+        self.stop_event = asyncio.Event()
+        self.consumers: list[Consumer] = []
+        self.checkers: list[dict] = []
+        self.tasks: list[asyncio.Task] = []
+        self.started_at = time.monotonic()
+        self.admin = connect(redis_url)
+
+    async def start(self) -> None:
+        """Start every sandbox (warm before the first attempt arrives), then the consumer tasks."""
+        await ensure_group(self.admin, self.keys.attempts, VERIFIERS)
+        if "docker" in {backend(self.settings, t) for t in self.settings.tasks}:
+            # Containers of a worker that died without cleaning up (their owner process is gone).
+            removed = await asyncio.to_thread(docker_backend.remove_orphans)
+            if removed:
+                log.info("removed_orphan_sandboxes", count=len(removed))
+        for i in range(self.settings.workers):
+            checkers = make_checkers(self.settings, i)
+            await asyncio.gather(*(c.sandbox.start() for c in checkers.values()))
+            redis = connect(self.redis_url)
+            sandbox_ids = ",".join(c.sandbox.sandbox_id for c in checkers.values())
+            handler = VerifyHandler(redis, self.keys, checkers, sandbox_ids)
+            consumer = Consumer(redis, self.keys, message_type=Attempt, group=VERIFIERS,
+                                name=f"{self.worker_id}-{i}", handler=handler, output=Reward,
+                                settings=self.consumer_settings)  # fmt: skip
+            self.checkers.append(checkers)
+            self.consumers.append(consumer)
+            self.tasks.append(asyncio.create_task(consumer.run(self.stop_event), name=consumer.name))
+        log.info("verifier_pool_started", worker=self.worker_id, consumers=len(self.tasks),
+                 tasks=self.settings.tasks, run=self.settings.run)  # fmt: skip
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Drain: tasks finish the attempt in hand; then sandboxes are killed and clients closed."""
+        self.stop_event.set()
+        if self.tasks:
+            done, pending = await asyncio.wait(self.tasks, timeout=timeout_s or self.settings.proof_timeout_s + 10)
+            for t in pending:  # a check past its own timeout: its attempt stays pending for another worker
+                t.cancel()
+            for t in done:
+                if t.exception():
+                    log.error("consumer_failed", consumer=t.get_name(), error=repr(t.exception()))
+        for checkers in self.checkers:
+            await asyncio.gather(*(c.sandbox.kill() for c in checkers.values()), return_exceptions=True)
+        for c in self.consumers:
+            await c.redis.aclose()
+        await self.report()
+        await self.admin.aclose()
+        log.info("verifier_pool_stopped", worker=self.worker_id)
+
+    async def sweep(self) -> None:
+        await sweeps.dead_letter_overdue(self.admin, self.keys, self.keys.attempts, VERIFIERS, self.consumer_settings)
+        await sweeps.remove_idle_consumers(self.admin, self.keys.attempts, VERIFIERS,
+                                           idle_ms=10 * self.settings.claim_idle_ms)  # fmt: skip
+        await sweeps.trim(self.admin, self.keys.attempts)
+
+    def stats(self) -> dict:
+        sandboxes = [c.sandbox.stats() for checkers in self.checkers for c in checkers.values()]
+        processed = sum(c.stats.processed for c in self.consumers)
+        busy_s = sum(c.handler.busy_s for c in self.consumers)
+        wall_s = max(time.monotonic() - self.started_at, 1e-9) * max(len(self.consumers), 1)
+        return {
+            "worker": self.worker_id,
+            "consumers": len(self.consumers),
+            "processed": processed,
+            "published": sum(c.stats.published for c in self.consumers),
+            "dead_letters": sum(c.stats.dead for c in self.consumers),
+            "transient_failures": sum(c.stats.transient_failures for c in self.consumers),
+            "utilization": round(busy_s / wall_s, 4),
+            "sandbox_starts": sum(s.starts for s in sandboxes),
+            "sandbox_timeouts": sum(s.timeouts for s in sandboxes),
+            "sandbox_crashes": sum(s.crashes for s in sandboxes),
+            "updated_ms": int(time.time() * 1000),
+        }
+
+    async def report(self) -> dict:
+        """Publish this worker's figures to `{ps:R}:verifier_stats` (a hash: worker id -> JSON)."""
+        stats = self.stats()
+        await self.admin.hset(self.keys.verifier_stats, self.worker_id, orjson.dumps(stats))
+        log.info("verifier_pool_stats", **stats)
+        return stats

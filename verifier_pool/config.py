@@ -1,0 +1,63 @@
+"""The verifier pool's settings (TOML table `[verifier]`, env `PROOFSTREAM_<FIELD>`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from streams.settings import RoleSettings
+
+
+class VerifierSettings(RoleSettings):
+    section = "verifier"
+
+    concurrency: int = Field(0, ge=0, description="consumer tasks (one sandbox each); 0: the CPU count")
+    sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
+        "auto", description="auto: docker if a daemon answers and the image exists, else process"
+    )
+    tasks: list[Literal["lean", "countdown"]] = Field(
+        default_factory=lambda: ["countdown"], description="checkers to keep warm; lean needs a Lean backend"
+    )
+    # Lean backends: a Docker image, a local toolchain command, or a kimina-lean-server.
+    lean_image: str = "proofstream-lean:latest"
+    lean_repl_cmd: list[str] = Field(default_factory=list, description="e.g. ['lake', 'env', 'repl']")
+    lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process backend)")
+    lean_toolchain_dir: str = Field("", description="elan's home (e.g. /opt/elan): bound read-only, bin/ on PATH")
+    lean_toolchain: str = Field("unknown", description="part of the verdict cache key, e.g. v4.19.0+mathlib")
+    kimina_url: str = ""
+    checker_image: str = "proofstream-checker:latest"  # the Countdown checker under the docker backend
+
+    proof_timeout_s: float = Field(60.0, gt=0)
+    header_timeout_s: float = Field(600.0, gt=0)
+    countdown_timeout_s: float = Field(5.0, gt=0)
+    memory_limit_mb: int = Field(8192, gt=0, description="per sandbox (RLIMIT_AS or the container limit)")
+    cpus: float = Field(1.0, gt=0, description="CPU share of a docker sandbox")
+    recycle_after: int = Field(500, gt=0, description="restart a sandbox after this many requests")
+    recycle_memory_mb: int = Field(6144, gt=0, description="restart a sandbox past this resident memory")
+
+    max_deliveries: int = Field(5, ge=1)
+    claim_margin_s: float = Field(30.0, ge=0)
+    sweep_every_s: int = Field(30, ge=1, le=59)
+    sandbox_uid: int | None = Field(None, description="run checkers as this uid when the worker is root")
+
+    @model_validator(mode="after")
+    def _lean_needs_a_backend(self) -> VerifierSettings:
+        if "lean" in self.tasks and self.sandbox == "process" and not self.lean_repl_cmd:
+            raise ValueError(
+                "the lean task with the process sandbox needs lean_repl_cmd (e.g. ['lake', 'env', 'repl']) "
+                "and lean_workdir; or use sandbox = 'docker' with lean_image, or 'kimina' with kimina_url"
+            )
+        if self.sandbox == "kimina" and not self.kimina_url:
+            raise ValueError("sandbox = 'kimina' needs kimina_url (e.g. http://kimina:8000)")
+        return self
+
+    @property
+    def workers(self) -> int:
+        return self.concurrency or os.cpu_count() or 1
+
+    @property
+    def claim_idle_ms(self) -> int:
+        """Reclaim deadline: the longest legitimate check (a cold header plus a proof) plus a margin."""
+        return int((self.header_timeout_s + 2 * self.proof_timeout_s + self.claim_margin_s) * 1000)

@@ -1,0 +1,92 @@
+"""Build the sandboxes and checkers one verifier consumer task owns, from VerifierSettings."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+from verifier_pool import docker_backend, process
+from verifier_pool.checkers import CountdownChecker, LeanChecker
+from verifier_pool.config import VerifierSettings
+from verifier_pool.sandbox import Sandbox, SandboxUnavailable
+
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+NO_LEAN = (
+    "the lean task needs a Lean REPL and none is configured. Ways to get one: (1) Docker: build the image "
+    "`docker build -t proofstream-lean ops/images/lean` and set sandbox = 'docker'; (2) a local toolchain: "
+    "set lean_repl_cmd = ['lake', 'env', 'repl'] and lean_workdir to a Mathlib project with the REPL; "
+    "(3) a kimina-lean-server: set sandbox = 'kimina' and kimina_url."
+)
+
+
+def _python_paths() -> tuple[str, ...]:
+    """What the Countdown checker needs readable inside a bwrap sandbox: this interpreter and the project."""
+    paths = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"], PROJECT_ROOT}
+    return tuple(sorted(p for p in paths if os.path.isdir(p)))
+
+
+def image_for(settings: VerifierSettings, task: str) -> str:
+    return settings.checker_image if task == "countdown" else settings.lean_image
+
+
+def backend(settings: VerifierSettings, task: str) -> str:
+    """auto: docker when a daemon answers and this task's image exists, else the process sandbox."""
+    if settings.sandbox != "auto":
+        return settings.sandbox
+    return "docker" if docker_backend.daemon_ready(image_for(settings, task)) else "process"
+
+
+def make_sandbox(settings: VerifierSettings, task: str, index: int) -> Sandbox:
+    kind = backend(settings, task)
+    if kind == "docker":
+        config = docker_backend.DockerSandboxConfig(
+            image=image_for(settings, task),
+            argv=docker_backend.COUNTDOWN_ARGV if task == "countdown" else docker_backend.LEAN_REPL_ARGV,
+            memory_limit_bytes=settings.memory_limit_mb << 20,
+            cpus=settings.cpus,
+            max_requests=settings.recycle_after,
+            max_memory_bytes=settings.recycle_memory_mb << 20,
+        )
+        return docker_backend.DockerSandbox(config, sandbox_id=f"docker-{task}-{index}-{os.getpid()}")
+    if task == "countdown":
+        argv = (sys.executable, "-m", "verifier_pool.countdown")
+    elif settings.lean_repl_cmd:
+        argv = tuple(settings.lean_repl_cmd)
+    else:
+        raise SandboxUnavailable(NO_LEAN)
+    if kind == "process":
+        if task == "countdown":
+            ro_paths, workdir, env = _python_paths(), PROJECT_ROOT, {"PYTHONPATH": PROJECT_ROOT}
+        else:
+            toolchain = settings.lean_toolchain_dir
+            ro_paths = tuple(p for p in (settings.lean_workdir, toolchain) if p)
+            workdir = settings.lean_workdir or "/tmp"
+            env = {"PATH": f"{toolchain}/bin:/usr/local/bin:/usr/bin:/bin"} if toolchain else {}
+        config = process.ProcessSandboxConfig(
+            argv=argv,
+            ro_paths=ro_paths,
+            workdir=workdir,
+            env=env,
+            memory_limit_bytes=settings.memory_limit_mb << 20,
+            max_requests=settings.recycle_after,
+            max_memory_bytes=settings.recycle_memory_mb << 20,
+            uid=settings.sandbox_uid,
+        )
+        return process.ProcessSandbox(config, sandbox_id=f"process-{task}-{index}-{os.getpid()}")
+    raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")
+
+
+def make_checkers(settings: VerifierSettings, index: int) -> dict[str, CountdownChecker | LeanChecker]:
+    checkers: dict[str, CountdownChecker | LeanChecker] = {}
+    for task in settings.tasks:
+        sandbox = make_sandbox(settings, task, index)
+        if task == "countdown":
+            checkers[task] = CountdownChecker(sandbox, timeout_s=settings.countdown_timeout_s)
+        else:
+            checkers[task] = LeanChecker(sandbox, proof_timeout_s=settings.proof_timeout_s,
+                                         header_timeout_s=settings.header_timeout_s,
+                                         toolchain=settings.lean_toolchain)  # fmt: skip
+    return checkers
