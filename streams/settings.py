@@ -11,8 +11,10 @@ This lives in `streams/` because every role imports `streams/` and nothing else 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -24,6 +26,16 @@ CONFIG_ENV = "PROOFSTREAM_CONFIG"
 
 class SettingsError(ValueError):
     """A configuration the role cannot run with; the message says which key and what to do."""
+
+
+def _env_value(var: str, value: str, annotation: Any) -> Any:
+    """Env values are strings; lists and tables are written as JSON (`PROOFSTREAM_TASKS='["lean"]'`)."""
+    if typing.get_origin(annotation) not in (list, dict):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise SettingsError(f'{var} must be JSON for this setting, e.g. \'["a", "b"]\': {e}') from e
 
 
 class RoleSettings(BaseModel):
@@ -45,10 +57,10 @@ class RoleSettings(BaseModel):
         path = config_path or env.get(CONFIG_ENV)
         if path:
             merged.update(cls._from_toml(Path(path)))
-        for name in cls.model_fields:
+        for name, info in cls.model_fields.items():
             value = env.get(ENV_PREFIX + name.upper())
             if value is not None:
-                merged[name] = value
+                merged[name] = _env_value(ENV_PREFIX + name.upper(), value, info.annotation)
         merged.update({k: v for k, v in (flags or {}).items() if v is not None})
         try:
             return cls.model_validate(merged)

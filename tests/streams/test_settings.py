@@ -15,6 +15,7 @@ class VerifierLike(RoleSettings):
     timeout_s: float = 60.0
     sandbox: str = "process"
     warm: bool = True
+    tasks: list[str] = ["countdown"]
 
 
 def write(tmp_path, text: str):
@@ -64,3 +65,9 @@ def test_flags_override_only_when_given(tmp_path, monkeypatch):
     args = parser.parse_args(["--concurrency", "7", "--no-warm", "--redis-url", "redis://h:1/0"])
     s = VerifierLike.from_args(args)
     assert (s.concurrency, s.warm, s.redis_url) == (7, False, "redis://h:1/0")
+
+
+def test_list_settings_from_env_are_json():
+    assert VerifierLike.load(env={"PROOFSTREAM_TASKS": '["lean", "countdown"]'}).tasks == ["lean", "countdown"]
+    with pytest.raises(SettingsError, match="PROOFSTREAM_TASKS must be JSON"):
+        VerifierLike.load(env={"PROOFSTREAM_TASKS": "lean,countdown"})
