@@ -55,8 +55,12 @@ async def _publish(pub_once, items: list, chunk: int) -> None:
 # -- our runtime: the Publisher and the Consumer every role uses ------------------------------------------
 
 
-async def _ours_producer(redis: Redis, keys: Keys, n: int, batch: int) -> None:
-    await _publish(Publisher(redis, keys).publish, _attempts(n), batch)
+def _ours_inputs(n: int) -> list[Attempt]:
+    return _attempts(n)
+
+
+async def _ours_producer(redis: Redis, keys: Keys, attempts: list[Attempt], batch: int) -> None:
+    await _publish(Publisher(redis, keys).publish, attempts, batch)
 
 
 async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
@@ -75,9 +79,11 @@ async def _ours_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asy
 # -- the baseline: the same Redis commands from a plain loop over pre-encoded bytes -----------------------
 
 
-async def _raw_producer(redis: Redis, keys: Keys, n: int, batch: int) -> None:
-    fields = [encode(a) for a in _attempts(n)]
+def _raw_inputs(n: int) -> list[dict[bytes, bytes]]:
+    return [encode(a) for a in _attempts(n)]
 
+
+async def _raw_producer(redis: Redis, keys: Keys, fields: list[dict], batch: int) -> None:
     async def xadd_chunk(chunk: list[dict]) -> None:
         async with redis.pipeline(transaction=False) as pipe:
             for f in chunk:
@@ -102,7 +108,8 @@ async def _raw_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyn
         await redis.evalsha(sha, 3 + len(markers), keys.attempts, keys.rewards, keys.dlq, *markers, *argv)
 
 
-SIDES = {"ours": (_ours_producer, _ours_consumer), "raw": (_raw_producer, _raw_consumer)}
+# side -> (inputs built before the clock starts, producer, consumer)
+SIDES = {"ours": (_ours_inputs, _ours_producer, _ours_consumer), "raw": (_raw_inputs, _raw_producer, _raw_consumer)}
 
 
 # -- one round: producer and consumer in their own processes (as deployed), the reader in this one --------
@@ -113,14 +120,16 @@ def _role(role: str, side: str, url: str, run: str, n: int, batch: int, ready, g
         redis = connect(url)
         keys = Keys(run)
         stop_event = asyncio.Event()
+        make_inputs, produce, consume = SIDES[side]
+        inputs = make_inputs(n) if role == "producer" else None  # the application's work, not the wire's
         ready.set()
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         if role == "producer":
-            await SIDES[side][0](redis, keys, n, batch)
+            await produce(redis, keys, inputs, batch)
         else:
             watcher = asyncio.get_running_loop().run_in_executor(None, stop.wait)
             watcher.add_done_callback(lambda _: stop_event.set())
-            await SIDES[side][1](redis, keys, n, batch, stop_event)
+            await consume(redis, keys, n, batch, stop_event)
         await redis.aclose()
 
     asyncio.run(main())
