@@ -10,6 +10,7 @@ from pathlib import Path
 from verifier_pool import docker_backend, process
 from verifier_pool.checkers import CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
+from verifier_pool.kimina import KiminaChecker
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -41,6 +42,8 @@ def backend(settings: VerifierSettings, task: str) -> str:
 
 def make_sandbox(settings: VerifierSettings, task: str, index: int) -> Sandbox:
     kind = backend(settings, task)
+    if kind == "kimina" and task == "countdown":
+        kind = "process"  # kimina-lean-server checks Lean only; the Countdown checker runs locally
     if kind == "docker":
         config = docker_backend.DockerSandboxConfig(
             image=image_for(settings, task),
@@ -79,9 +82,14 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int) -> Sandbox:
     raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")
 
 
-def make_checkers(settings: VerifierSettings, index: int) -> dict[str, CountdownChecker | LeanChecker]:
-    checkers: dict[str, CountdownChecker | LeanChecker] = {}
+def make_checkers(settings: VerifierSettings, index: int) -> dict[str, CountdownChecker | LeanChecker | KiminaChecker]:
+    checkers: dict[str, CountdownChecker | LeanChecker | KiminaChecker] = {}
     for task in settings.tasks:
+        if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
+            checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
+                                           toolchain=f"{settings.lean_toolchain}+kimina",
+                                           sandbox_id=f"kimina-{task}-{index}-{os.getpid()}")  # fmt: skip
+            continue
         sandbox = make_sandbox(settings, task, index)
         if task == "countdown":
             checkers[task] = CountdownChecker(sandbox, timeout_s=settings.countdown_timeout_s)

@@ -1,0 +1,355 @@
+"""The `kimina` backend: Lean checked by an existing kimina-lean-server (project-numina, 2.0.0) over HTTP.
+
+The server pools REPLs itself: it splits each snippet into its leading `import` lines (one REPL per import
+header, the header elaborated once) and the rest, the body, which runs as one command with `env: 0` on top
+of that header (its `split_snippet`). We do not use its validity test (../shared/LEAN_REPL.md, "Known
+weaknesses"): we send text assembled from trusted parts and judge the REPL response it relays with
+`lean_check`, as LeanChecker does:
+
+- code = theorem.header + `lean_check.prepare(proof, statement)` + `#print axioms NAME` on a last line of its
+  own. `prepare`'s rejections (altered statement, forbidden tokens) cost no server time.
+- The server offers no env handle to send a second command to, so the axioms check rides in the same
+  snippet and messages are attributed by position (`judge_result`): every message counts for
+  `judge_command` (an error or a sorry anywhere fails the proof: a proof that does not parse to its end
+  puts its error on the `#print` line), and the axioms report is read only from the line of the appended
+  command, in the body's coordinates. So an error of the `#print axioms` command itself (`unknown
+  constant`) is `lean_error` here where LeanChecker says `integrity`: a rejection either way.
+- Concurrent checks from all consumer tasks of a process share one `KiminaClient`, which sends the snippets
+  that arrive within `batch_window_ms` in one POST (at most `max_batch`).
+
+Classification: a result whose `error` says the command `timed out` is the proof's `timeout`; a header that
+timed out, any other per-snippet error (the REPL died, ran out of memory), HTTP 429 (no REPL free), 5xx, an
+unreachable server or an answer outside the API is `error` (infrastructure: retried later, never a reward
+of 0). A whole request that fails with HTTP 500 (kimina fails the request when one snippet breaks its REPL)
+is sent again one snippet per request, so only the snippet that breaks it gets `error`.
+
+The checker also answers for `checker.sandbox` (start: GET /health; kill: close the client; stats), which is
+what the consumer service starts, kills and counts: here the server is the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+
+from streams.theorems import Theorem
+from verifier_pool import lean_check
+from verifier_pool.judgement import Judgement
+from verifier_pool.sandbox import SandboxStats, SandboxUnavailable
+
+log = structlog.get_logger("verifier_pool.kimina")
+
+PATHS = {"verify": "/verify", "check": "/api/check"}  # 2.0.0 serves both; /verify is the older, documented one
+DETAIL_CHARS = 300
+NO_IMPORTS = (
+    "kimina-lean-server runs a snippet without leading imports on top of whatever its shared env 0 holds "
+    "(another request's declarations): give the theorem a header that starts with its imports"
+)
+
+
+class KiminaUnavailable(SandboxUnavailable):
+    """The server gave no result for a snippet: unreachable, HTTP 429 (no REPL free in time), 5xx, or an answer
+    outside its API. Infrastructure: the attempt is retried later, never a reward of 0."""
+
+    def __init__(self, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+@dataclass(slots=True)
+class _Job:
+    code: str
+    result: asyncio.Future[dict[str, Any]]
+
+
+def _settle(job: _Job, result: dict[str, Any] | KiminaUnavailable) -> None:
+    if job.result.done():  # the caller gave up (cancelled)
+        return
+    if isinstance(result, KiminaUnavailable):
+        job.result.set_exception(result)
+    else:
+        job.result.set_result(result)
+
+
+class KiminaClient:
+    """HTTP client and batcher, shared by every checker of a process (see `shared_client`).
+
+    `verify(code)` queues the snippet; one flusher task takes the first waiting snippet, lets the others that
+    arrive within the batch window join it (up to `max_batch`) and hands the batch to a task of its own, so a
+    batch waiting on Lean never holds up the next. Asyncio objects are made on first use in the running
+    loop (again in a new loop), so the client can be built outside one.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
+                 api: str = "verify", http_timeout_s: float | None = None,
+                 api_key: str | None = None) -> None:  # fmt: skip
+        if api not in PATHS:
+            raise ValueError(f"kimina api must be one of {sorted(PATHS)}, not {api!r}")
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.window_s = batch_window_ms / 1000
+        self.max_batch = max_batch
+        self.api = api
+        # A snippet may wait for a free REPL (the server answers 429 past its max_wait), then elaborate the
+        # header on a fresh REPL, then the proof: each of the last two up to `timeout_s`.
+        self.http_timeout_s = http_timeout_s or 2 * timeout_s + 60
+        self.headers = {"X-Auth-Token": api_key} if api_key else {}
+        self.posts = 0
+        self.snippets = 0
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._http: httpx.AsyncClient | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._sending: dict[asyncio.Task[None], list[_Job]] = {}  # batches being sent
+
+    def _started(self) -> asyncio.Queue[_Job]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first use, or a new event loop: nothing made for the old one is usable
+            self._loop, self._queue, self._sending = loop, asyncio.Queue(), {}
+            # trust_env=False: the server is reached directly, whatever proxy variables the worker inherited.
+            self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers, trust_env=False,
+                                           timeout=httpx.Timeout(self.http_timeout_s, connect=10.0))  # fmt: skip
+            self._flusher = None
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush_forever(), name="kimina-batcher")
+        return self._queue
+
+    async def verify(self, code: str) -> dict[str, Any]:
+        """The server's result for one snippet (`{"error": str}` or `{"response": {...}}`, plus its id and
+        time); KiminaUnavailable when the server gave none."""
+        queue = self._started()
+        job = _Job(code, asyncio.get_running_loop().create_future())
+        queue.put_nowait(job)
+        return await job.result
+
+    async def health(self) -> None:
+        """GET /health must answer `{"status": "ok"}`; else KiminaUnavailable."""
+        self._started()
+        assert self._http is not None
+        try:
+            reply = await self._http.get("/health", timeout=10.0)
+            ok = reply.status_code == 200 and reply.json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            raise KiminaUnavailable(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}") from e
+        if not ok:
+            raise KiminaUnavailable(f"kimina at {self.url} unhealthy: HTTP {reply.status_code} {reply.text[:100]}")
+
+    async def aclose(self) -> None:
+        """Stop batching and close the connections; callers still waiting get KiminaUnavailable."""
+        if self._loop is not asyncio.get_running_loop():
+            self._loop = None  # made in another loop (or never): nothing here to stop
+            return
+        tasks = [t for t in (self._flusher, *self._sending) if t is not None]
+        # A send task cancelled before it starts never reaches its own `finally`: settle its jobs here.
+        jobs = [job for batch in self._sending.values() for job in batch]
+        http, queue = self._http, self._queue
+        self._loop = self._http = self._flusher = None  # a later call starts afresh
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        while not queue.empty():
+            jobs.append(queue.get_nowait())
+        for job in jobs:
+            _settle(job, KiminaUnavailable("kimina client closed"))
+        if http is not None:
+            await http.aclose()
+
+    async def _flush_forever(self) -> None:
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            try:
+                if queue.qsize() < self.max_batch - 1:
+                    await asyncio.sleep(self.window_s)  # let the other consumer tasks' checks join this POST
+                while len(batch) < self.max_batch and not queue.empty():
+                    batch.append(queue.get_nowait())
+            except asyncio.CancelledError:
+                for job in batch:
+                    _settle(job, KiminaUnavailable("kimina client closed"))
+                raise
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending[task] = batch
+            task.add_done_callback(lambda t: self._sending.pop(t, None))
+
+    async def _send(self, batch: list[_Job]) -> None:
+        batch = [job for job in batch if not job.result.done()]  # callers that gave up are not sent
+        try:
+            if not batch:
+                return
+            try:
+                results = await self._post([job.code for job in batch])
+            except KiminaUnavailable as e:
+                log.warning("kimina_request_failed", snippets=len(batch), status=e.status, error=str(e)[:200])
+                if e.status == 500 and len(batch) > 1:  # one snippet broke its REPL and failed the request
+                    await asyncio.gather(*(self._send([job]) for job in batch))
+                    return
+                results = [e] * len(batch)
+            for job, result in zip(batch, results, strict=True):
+                _settle(job, result)
+        finally:  # whatever happened (a bug, cancellation), no caller waits forever
+            for job in batch:
+                _settle(job, KiminaUnavailable("kimina request abandoned"))
+
+    async def _post(self, codes: list[str]) -> list[dict[str, Any] | KiminaUnavailable]:
+        """One POST; the result for each code, in order. KiminaUnavailable for the whole request."""
+        assert self._http is not None
+        ids = [str(next(self._ids)) for _ in codes]
+        timeout = math.ceil(self.timeout_s)  # both APIs take whole seconds (pydantic int)
+        if self.api == "verify":
+            id_key = "custom_id"
+            body: dict[str, Any] = {"codes": [{"custom_id": i, "proof": c} for i, c in zip(ids, codes, strict=True)],
+                                    "timeout": timeout, "disable_cache": False}  # fmt: skip
+        else:
+            id_key = "id"
+            body = {"snippets": [{"id": i, "code": c} for i, c in zip(ids, codes, strict=True)],
+                    "timeout": timeout, "reuse": True}  # fmt: skip
+        self.posts += 1
+        self.snippets += len(codes)
+        try:
+            reply = await self._http.post(PATHS[self.api], json=body)
+        except httpx.HTTPError as e:
+            raise KiminaUnavailable(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}") from e
+        if reply.status_code != 200:
+            raise KiminaUnavailable(f"kimina answered HTTP {reply.status_code}: {reply.text[:200]}",
+                                    reply.status_code)  # fmt: skip
+        try:
+            by_id = {str(r[id_key]): r for r in reply.json()["results"]}
+        except (ValueError, KeyError, TypeError) as e:
+            raise KiminaUnavailable(f"kimina answered outside its API: {reply.text[:200]}", 200) from e
+        return [by_id.get(i, KiminaUnavailable(f"kimina gave no result for snippet {i}")) for i in ids]
+
+
+_SHARED: dict[tuple, KiminaClient] = {}
+
+
+def shared_client(url: str, **options: Any) -> KiminaClient:
+    """The process's client for (url, options): checkers built alike batch together."""
+    key = (url.rstrip("/"), tuple(sorted(options.items())))
+    if key not in _SHARED:
+        _SHARED[key] = KiminaClient(url, **options)
+    return _SHARED[key]
+
+
+# --- what is sent, and how its answer is read -------------------------------------------------------------
+
+
+def _split(code: str) -> tuple[list[str], list[str]]:
+    """(header lines, body lines) exactly as kimina's `split_snippet` cuts a snippet: the header is the leading
+    lines that are blank or start with `import `; the body (rejoined with `\\n`) runs as one REPL command, so
+    message positions count its lines from 1. `str.splitlines` as there, separators and all."""
+    lines = code.splitlines()
+    i = 0
+    while i < len(lines) and (lines[i].strip() == "" or lines[i].strip().startswith("import ")):
+        i += 1
+    return lines[:i], lines[i:]
+
+
+def assemble_snippet(header: str, command: str, theorem_name: str) -> tuple[str, int] | Judgement:
+    """The code to send and the line of its `#print axioms` command in the body's coordinates: the body's
+    last line, since the command is the snippet's last line and the code ends without a newline.
+
+    Why the proof cannot forge the axioms report: `command` passed `lean_check.scan_forbidden`, which rejects
+    every `#` command, so the only `#print` is ours, and it sits alone on the last line; the proof's syntax
+    ends before it (a comment or string left open to swallow it is a Lean error, which fails the proof), so a
+    message the proof makes (`trace "'NAME' does not depend on any axioms"`) sits on an earlier line and is
+    never read as the report; the report must be the only one on that line and name our theorem; and the
+    scan also forbids what could redefine `#print` or change how NAME resolves (see `lean_check`).
+    """
+    code = f"{header.rstrip()}\n{command.rstrip()}\n{lean_check.axioms_command(theorem_name)}"
+    head, body = _split(code)
+    if not any(line.strip().startswith("import ") for line in head):
+        return Judgement("error", "", NO_IMPORTS)
+    return code, len(body)
+
+
+def _line(message: dict[str, Any]) -> int:
+    pos = message.get("pos")
+    line = pos.get("line") if isinstance(pos, dict) else None
+    return line if isinstance(line, int) else 0  # unpositioned: never the report
+
+
+def judge_result(result: dict[str, Any], theorem_name: str, report_line: int) -> Judgement:
+    """One snippet's result (`{"error": ...}` or `{"response": <REPL response>}`) as a Judgement."""
+    error = result.get("error")
+    if error:
+        detail = f"kimina: {error}"[:DETAIL_CHARS]
+        if "timed out" in str(error) and "header" not in str(error):
+            return Judgement("timeout", "", detail)
+        return Judgement("error", "", detail)  # our header timed out, or the REPL died / ran out of memory
+    response = result.get("response")
+    if not isinstance(response, dict):
+        return Judgement("error", "", f"kimina result with neither error nor response: {str(result)[:200]}")
+    if "message" not in response:  # kimina runs bodies with `gc: true`, whose answer may leave `env` out
+        response = {**response, "env": response.get("env")}
+    judgement = lean_check.judge_command(response)  # the whole snippet: an error or a sorry anywhere fails it
+    if judgement.verdict != "proved":
+        return judgement
+    messages = response.get("messages") or []
+    past = [m for m in messages if _line(m) > report_line]
+    if past:  # nothing can sit past the body's last line: this server does not position messages as 2.0.0
+        return Judgement("error", "", f"kimina: message at line {_line(past[0])}, past the snippet's last line "
+                                      f"{report_line}: positions are not in the body's coordinates")  # fmt: skip
+    report = [{**m, "pos": {**m["pos"], "line": 1}} for m in messages if _line(m) == report_line]
+    return lean_check.judge_axioms({"env": response["env"], "messages": report}, theorem_name)
+
+
+class KiminaChecker:
+    """The Checker for Lean through a kimina-lean-server; one per consumer task, all sharing one client."""
+
+    backend = "kimina"
+
+    def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
+                 toolchain: str = "kimina", api: str = "verify", sandbox_id: str = "kimina",
+                 client: KiminaClient | None = None) -> None:  # fmt: skip
+        self.client = client or shared_client(url, timeout_s=timeout_s, batch_window_ms=batch_window_ms,
+                                              max_batch=max_batch, api=api)  # fmt: skip
+        self.environment = f"lean:{toolchain}"
+        self.sandbox_id = sandbox_id
+        self.sandbox = self  # what the consumer service starts, kills and counts: here, the server
+        self._stats = SandboxStats(sandbox_id, self.backend)
+
+    async def check(self, theorem: Theorem, proof: str) -> Judgement:
+        text = lean_check.prepare(proof, theorem.statement)  # trusted assembly + token scan, no server time
+        if isinstance(text, Judgement):
+            return text
+        name = lean_check.theorem_name(theorem.statement)
+        snippet = assemble_snippet(theorem.header, text, name)
+        if isinstance(snippet, Judgement):
+            return snippet
+        code, report_line = snippet
+        self._stats.requests += 1
+        self._stats.total_requests += 1
+        try:
+            result = await self.client.verify(code)
+        except KiminaUnavailable as e:
+            return Judgement("error", "", str(e)[:DETAIL_CHARS])
+        judgement = judge_result(result, name, report_line)
+        if judgement.verdict == "timeout":
+            self._stats.timeouts += 1
+        return judgement
+
+    # The sandbox face (verifier_pool.sandbox.Sandbox, without `request`).
+
+    async def start(self) -> None:
+        """Raises KiminaUnavailable (a SandboxUnavailable) unless the server answers its health check."""
+        await self.client.health()
+        self._stats.starts += 1
+
+    async def kill(self) -> None:
+        await self.client.aclose()
+
+    async def memory_bytes(self) -> int | None:
+        return None
+
+    def stats(self) -> SandboxStats:
+        self._stats.extra = {"posts": self.client.posts, "snippets": self.client.snippets}
+        return self._stats
