@@ -34,6 +34,8 @@ from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
 
+_MAX_CLAIM_SCANS = 200  # XAUTOCLAIM calls per reclaim pass: 2,000 pending entries examined at most
+
 
 class Poison(Exception):
     """Raised by a handler when the input itself is bad and will fail the same way on every delivery."""
@@ -206,12 +208,16 @@ class Consumer(Generic[M]):
         Claiming a batch would bump every entry's delivery count at once: if the first one kills the
         consumer, its neighbours would inherit the deliveries and follow it to the dead letters.
         """
-        handled = 0
-        while handled < self.settings.batch_size and not stop.is_set():
+        handled = scans = 0
+        # XAUTOCLAIM with COUNT 1 examines at most 10 pending entries per call: keep scanning (bounded) until
+        # the cursor wraps, so an overdue entry deep in a long pending list is found in one iteration.
+        while handled < self.settings.batch_size and scans < _MAX_CLAIM_SCANS and not stop.is_set():
+            scans += 1
             claimed = await self._reclaim(count=1)
-            if not claimed:
+            if claimed:
+                handled += await self._handle_batch(claimed, stop)
+            elif self._claim_cursor == b"0-0":
                 break
-            handled += await self._handle_batch(claimed, stop)
         return handled
 
     async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:

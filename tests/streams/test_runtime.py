@@ -271,3 +271,27 @@ async def test_run_survives_a_consumer_without_results(redis, keys):
     stop.set()
     await task
     assert seen == ["a0"] and await redis.xlen(keys.rewards) == 0
+
+
+async def test_overdue_entry_behind_a_long_pending_list_is_reclaimed_in_one_pass(redis, keys):
+    """XAUTOCLAIM COUNT 1 looks at 10 pending entries per call; one pass must still reach entry 300."""
+    await Publisher(redis, keys).publish([attempt(i) for i in range(301)])
+    await consumer(redis, keys, Recorder()).ensure_group()
+    await redis.xreadgroup(VERIFIERS, "dead", {keys.attempts: ">"}, count=301)
+    ids = [eid for eid, _ in await redis.xrange(keys.attempts)]
+    await wait_idle_at_least(redis, keys, ids[300], FAST.claim_idle_ms)
+    await redis.xclaim(keys.attempts, VERIFIERS, "busy", 0, ids[:300])  # just delivered again: not overdue
+    handler = Recorder()
+    c = consumer(redis, keys, handler, name="live")
+    assert await c.run_once() == 1
+    assert handler.calls == [("a300", 2)]
+
+
+async def wait_idle_at_least(redis, keys, entry_id: bytes, ms: int) -> None:
+    deadline = time.monotonic() + 5
+    while True:  # Redis's own idle counter is the condition under test
+        [row] = await redis.xpending_range(keys.attempts, VERIFIERS, min=entry_id, max=entry_id, count=1)
+        if row["time_since_delivered"] >= ms:
+            return
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
