@@ -24,7 +24,7 @@ from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
 from verifier_pool import docker_backend
 from verifier_pool.config import VerifierSettings
-from verifier_pool.pool import backend, make_checkers
+from verifier_pool.pool import backends, make_checkers
 
 log = structlog.get_logger("consumers.service")
 
@@ -51,13 +51,14 @@ class VerifierService:
     async def start(self) -> None:
         """Start every sandbox (warm before the first attempt arrives), then the consumer tasks."""
         await ensure_group(self.admin, self.keys.attempts, VERIFIERS)
-        if "docker" in {backend(self.settings, t) for t in self.settings.tasks}:
+        kinds = backends(self.settings)
+        if "docker" in kinds.values():
             # Containers of a worker that died without cleaning up (their owner process is gone).
             removed = await asyncio.to_thread(docker_backend.remove_orphans)
             if removed:
                 log.info("removed_orphan_sandboxes", count=len(removed))
         for i in range(self.settings.workers):
-            checkers = make_checkers(self.settings, i)
+            checkers = make_checkers(self.settings, i, kinds)
             await asyncio.gather(*(c.sandbox.start() for c in checkers.values()))
             redis = connect(self.redis_url)
             sandbox_ids = ",".join(c.sandbox.sandbox_id for c in checkers.values())

@@ -40,8 +40,12 @@ def backend(settings: VerifierSettings, task: str) -> str:
     return "docker" if docker_backend.daemon_ready(image_for(settings, task)) else "process"
 
 
-def make_sandbox(settings: VerifierSettings, task: str, index: int) -> Sandbox:
-    kind = backend(settings, task)
+def backends(settings: VerifierSettings) -> dict[str, str]:
+    """The backend of each task, decided once per process (auto asks the Docker daemon)."""
+    return {task: backend(settings, task) for task in settings.tasks}
+
+
+def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -> Sandbox:
     if kind == "kimina" and task == "countdown":
         kind = "process"  # kimina-lean-server checks Lean only; the Countdown checker runs locally
     if kind == "docker":
@@ -82,7 +86,10 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int) -> Sandbox:
     raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")
 
 
-def make_checkers(settings: VerifierSettings, index: int) -> dict[str, CountdownChecker | LeanChecker | KiminaChecker]:
+def make_checkers(
+    settings: VerifierSettings, index: int, kinds: dict[str, str] | None = None
+) -> dict[str, CountdownChecker | LeanChecker | KiminaChecker]:
+    kinds = kinds or backends(settings)
     checkers: dict[str, CountdownChecker | LeanChecker | KiminaChecker] = {}
     for task in settings.tasks:
         if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
@@ -90,7 +97,7 @@ def make_checkers(settings: VerifierSettings, index: int) -> dict[str, Countdown
                                            toolchain=f"{settings.lean_toolchain}+kimina",
                                            sandbox_id=f"kimina-{task}-{index}-{os.getpid()}")  # fmt: skip
             continue
-        sandbox = make_sandbox(settings, task, index)
+        sandbox = make_sandbox(settings, task, index, kinds[task])
         if task == "countdown":
             checkers[task] = CountdownChecker(sandbox, timeout_s=settings.countdown_timeout_s)
         else:
