@@ -271,6 +271,9 @@ def _table(cls: type) -> tuple[_Field, ...]:
 
 _TABLES: dict[type, tuple[_Field, ...]] = {cls: _table(cls) for cls in BY_STREAM.values()}
 _GETTERS = {cls: operator.attrgetter(*(f.name for f in table)) for cls, table in _TABLES.items()}
+_BY_KEY = {cls: {f.key: f for f in table} for cls, table in _TABLES.items()}
+_REQUIRED_ORDER = {cls: [f.name for f in table if f.default is _REQUIRED] for cls, table in _TABLES.items()}
+_REQUIRED = {cls: frozenset(names) for cls, names in _REQUIRED_ORDER.items()}
 _VERSION = str(SCHEMA_VERSION).encode()
 
 
@@ -296,16 +299,18 @@ def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
     if version != _VERSION:
         raise SchemaError(f"unknown schema version {version[:20]!r} (this build reads {SCHEMA_VERSION})")
     kwargs: dict[str, Any] = {}
-    for f in _TABLES[cls]:
-        raw = fields.get(f.key)
-        if raw is None:
-            if f.default is _REQUIRED:
-                raise SchemaError(f"{cls.__name__}: missing field {f.name!r}")
+    by_key = _BY_KEY[cls]
+    for key, raw in fields.items():  # the entry's own fields: optional ones at their default are absent
+        f = by_key.get(key)
+        if f is None:  # `v`, a dead letter's `f:` fields, or a field a newer writer added
             continue
         try:
             kwargs[f.name] = f.dec(raw)
         except (ValueError, TypeError, UnicodeDecodeError, orjson.JSONDecodeError) as e:
             raise SchemaError(f"{cls.__name__}.{f.name}: cannot decode {raw[:40]!r}: {e}") from e
+    if not _REQUIRED[cls] <= kwargs.keys():
+        missing = next(name for name in _REQUIRED_ORDER[cls] if name not in kwargs)
+        raise SchemaError(f"{cls.__name__}: missing field {missing!r}")
     if cls is DeadLetter:
         n = len(_ORIGINAL_PREFIX)
         kwargs["original"] = {k[n:]: v for k, v in fields.items() if k.startswith(_ORIGINAL_PREFIX)}
