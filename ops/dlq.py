@@ -13,9 +13,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ops.inspect import ORIGINAL_PREFIX, entry_view, id_ms, jsonable, raw_fields, redis_now_ms
+from ops.inspect import entry_view, id_ms, jsonable, raw_fields, redis_now_ms
 from streams.keys import Keys
-from streams.schema import BY_STREAM, DeadLetter, SchemaError, decode
+from streams.schema import BY_STREAM, ORIGINAL_PREFIX, DeadLetter, SchemaError, decode
 
 
 class OpsError(Exception):

@@ -19,8 +19,6 @@ from streams.groups import consumer_states, group_states
 from streams.keys import Keys
 from streams.schema import BY_STREAM, VERSION_FIELD, DeadLetter, SchemaError, decode
 
-ORIGINAL_PREFIX = b"f:"  # how a DeadLetter stores its original fields (streams/schema.py)
-
 
 def safe(raw: bytes) -> str | dict[str, Any]:
     """Bytes as text when they are UTF-8, else `{"base64": ..., "bytes": n}`.

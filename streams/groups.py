@@ -6,7 +6,6 @@ These are the figures backpressure and `python -m ops streams` rest on; each one
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -60,6 +59,12 @@ async def consumer_states(redis: Redis, stream: str, group: str) -> list[dict]:
     return [{k: _s(v) if isinstance(v, bytes) else v for k, v in r.items()} for r in rows]
 
 
+def id_order(entry_id: bytes | str) -> tuple[int, int]:
+    """Sort key of a stream entry id ("<ms>-<seq>"): ids compare as numbers, not as text."""
+    ms, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).split("-")
+    return int(ms), int(seq)
+
+
 def _next_id(entry_id: str) -> str:
     ms, seq = entry_id.split("-")
     return f"{ms}-{int(seq) + 1}"
@@ -77,9 +82,5 @@ async def trim_acked(redis: Redis, stream: str) -> int:
     keep_from = []
     for g in groups:
         keep_from.append(g.oldest_pending_id or _next_id(g.last_delivered_id))
-    min_id = min(keep_from, key=lambda i: tuple(int(x) for x in i.split("-")))
+    min_id = min(keep_from, key=id_order)
     return await redis.xtrim(stream, minid=min_id, approximate=False)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

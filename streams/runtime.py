@@ -28,6 +28,7 @@ import structlog
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
+from streams.groups import id_order
 from streams.keys import Keys
 from streams.schema import DeadLetter, M, Message, SchemaError, decode
 from streams.settle import Settled, Settlement, Settler
@@ -194,7 +195,7 @@ class Consumer(Generic[M]):
 
     async def _delivery_counts(self, ids: list[bytes]) -> dict[bytes, int]:
         rows = await self.redis.xpending_range(
-            self.source, self.group, min=min(ids, key=_id_key), max=max(ids, key=_id_key),
+            self.source, self.group, min=min(ids, key=id_order), max=max(ids, key=id_order),
             count=len(ids) + 1000, consumername=self.name,
         )  # fmt: skip
         wanted = set(ids)
@@ -317,11 +318,6 @@ async def ensure_group(redis: Redis, stream: str, group: str) -> None:
     except rx.ResponseError as e:
         if "BUSYGROUP" not in str(e):  # BUSYGROUP: the group exists already, which is what we want
             raise
-
-
-def _id_key(entry_id: bytes) -> tuple[int, int]:
-    ms, seq = entry_id.split(b"-")
-    return int(ms), int(seq)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -160,7 +160,7 @@ Message = WorkOrder | Attempt | Reward | PolicyUpdate | DeadLetter
 M = TypeVar("M", WorkOrder, Attempt, Reward, PolicyUpdate, DeadLetter)
 BY_STREAM: dict[str, type] = {cls.stream: cls for cls in typing.get_args(Message)}
 
-_ORIGINAL_PREFIX = b"f:"  # dead letters keep the original fields under this prefix, unchanged
+ORIGINAL_PREFIX = b"f:"  # dead letters keep the original fields under this prefix, unchanged
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ def encode(msg: Message) -> dict[bytes, bytes]:
             out[f.key] = f.enc(value)
     if isinstance(msg, DeadLetter):
         for k, v in msg.original.items():
-            out[_ORIGINAL_PREFIX + k] = v
+            out[ORIGINAL_PREFIX + k] = v
     return out
 
 
@@ -312,8 +312,8 @@ def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
         missing = next(name for name in _REQUIRED_ORDER[cls] if name not in kwargs)
         raise SchemaError(f"{cls.__name__}: missing field {missing!r}")
     if cls is DeadLetter:
-        n = len(_ORIGINAL_PREFIX)
-        kwargs["original"] = {k[n:]: v for k, v in fields.items() if k.startswith(_ORIGINAL_PREFIX)}
+        n = len(ORIGINAL_PREFIX)
+        kwargs["original"] = {k[n:]: v for k, v in fields.items() if k.startswith(ORIGINAL_PREFIX)}
     return cls(**kwargs)
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from streams.runtime import claim_idle_ms_for
 from streams.settings import RoleSettings
 
 
@@ -60,4 +61,4 @@ class VerifierSettings(RoleSettings):
     @property
     def claim_idle_ms(self) -> int:
         """Reclaim deadline: the longest legitimate check (a cold header plus a proof) plus a margin."""
-        return int((self.header_timeout_s + 2 * self.proof_timeout_s + self.claim_margin_s) * 1000)
+        return claim_idle_ms_for(self.header_timeout_s + 2 * self.proof_timeout_s, self.claim_margin_s)
