@@ -73,6 +73,10 @@ class Keys:
     def verifier_stats(self) -> str:  # hash worker id -> JSON figures of that verifier process
         return self._key("verifier_stats")
 
+    @property
+    def generator_stats(self) -> str:  # hash generator id -> JSON figures of that generator process
+        return self._key("generator_stats")
+
     def done(self, dedup_id: str) -> str:
         """Idempotency marker of one consumed input (string with a TTL)."""
         return self._key(f"done:{dedup_id}")

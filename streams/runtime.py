@@ -102,6 +102,7 @@ class Consumer(Generic[M]):
         handler: Handler[M],
         output: type[Message] | None = None,
         settings: ConsumerSettings | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -114,6 +115,9 @@ class Consumer(Generic[M]):
         # A consumer with no results still needs a key for the script; nothing is ever written to it.
         self.output = keys.stream(output.stream) if output else self.source
         self.settings = settings or ConsumerSettings()
+        # Awaited before taking anything: a role whose output stream is full (the generator, under its
+        # attempts' backpressure) holds back here instead of holding entries it cannot yet publish for.
+        self.gate = gate
         self.stats = Stats()
         self._settle = Settler(redis)
         self._claim_cursor = b"0-0"
@@ -140,6 +144,8 @@ class Consumer(Generic[M]):
     async def run_once(self, stop: asyncio.Event | None = None) -> int:
         """One iteration: reclaim what is overdue, else read new entries; handle and settle them."""
         stop = stop or asyncio.Event()
+        if self.gate is not None:
+            await self.gate()
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + self.settings.claim_every_ms / 1000

@@ -62,9 +62,13 @@ class WorkOrder:
     theorem_ids: list[str]
     samples_per_theorem: int = 1  # GRPO group size G; 1 for ES
     member: Member | None = None  # ES only: the perturbation to apply around `policy_version`
+    sigma: float = 0.0  # ES only: the noise scale of `member` (weights = center + sigma * sign * eps(seed))
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_new_tokens, ...
     timeout_s: float = 600.0  # the generator's budget for this order; reclaim waits longer than this
     issued_ms: int = 0
+    # The trainer's staleness bound: once the newest policy is more than this many versions past
+    # `policy_version`, nobody will use the order's attempts and a generator skips it (None: no bound).
+    max_staleness: int | None = None
 
     @property
     def dedup_id(self) -> str:
@@ -90,6 +94,7 @@ class Attempt:
     gen_ms: float = 0.0
     token_ids: bytes = b""  # GRPO: int32 little-endian, the sampled completion
     logprobs: bytes = b""  # GRPO: float32 little-endian, behaviour logprob of each sampled token
+    prompt_ids: bytes = b""  # GRPO: int32 little-endian, the prompt exactly as the generator tokenized it
 
     @property
     def dedup_id(self) -> str:

@@ -22,6 +22,7 @@ class Theorem:
     task: str  # "lean" | "countdown"
     statement: str = ""  # lean: the formal statement, ending in ":= by"
     header: str = ""  # lean: imports, options, opens; elaborated once per REPL
+    informal: str = ""  # lean: the problem in words, when the dataset has it (prompts only, never checked)
     numbers: list[int] = field(default_factory=list)  # countdown
     target: int = 0  # countdown
 

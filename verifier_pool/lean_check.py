@@ -266,6 +266,8 @@ def prepare(model_text: str, formal_statement: str) -> str | Judgement:
     body = extract_proof_body(model_text, formal_statement)
     if isinstance(body, IntegrityError):
         return body.judgement()
+    if not code_tokens(body):  # nothing but whitespace and comments: no Lean run can prove anything with it
+        return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
     reason = scan_forbidden(body)
     if reason is not None:
         return _rejected("sorry" if reason in HOLES else "integrity", reason)

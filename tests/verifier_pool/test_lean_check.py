@@ -322,6 +322,12 @@ def test_prepare_end_to_end():
     assert prepare(GCD.replace("12", "13") + "  norm_num\n", GCD).reason == "integrity"
 
 
+@pytest.mark.parametrize("text", ["", "\n  \n", "```lean4\n```", "-- no idea\n", f"{GCD}  /- later -/\n"])
+def test_an_attempt_without_lean_code_is_rejected_without_a_lean_run(text):
+    judged = prepare(text, GCD)
+    assert isinstance(judged, Judgement) and judged.reason == "lean_error" and "empty proof" in judged.detail
+
+
 @pytest.mark.skipif(not SAMPLE, reason=f"{MINIF2F} not present")
 @pytest.mark.parametrize("row", SAMPLE, ids=[r["name"] for r in SAMPLE])
 def test_minif2f_round_trip(row):
