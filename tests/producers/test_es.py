@@ -1,0 +1,191 @@
+"""ES weights: noise as a pure function, exact perturb/restore, deterministic replay, snapshots, export.
+
+The pure parts run on small fp32 tensors; the engine parts on the real default model (134.5M parameters).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="ES weights need torch (make test installs torch==2.13.0)")
+
+from producers.es import ESStep, ESWeights, apply_step, digest, load_master, noise, noise_seed  # noqa: E402
+from tests.producers.conftest import needs_model  # noqa: E402
+
+
+def small_base() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "layer.0.weight": torch.randn(8, 4, generator=g),
+        "layer.0.bias": torch.randn(8, generator=g),
+        "head.weight": torch.randn(3, 8, generator=g),
+    }
+
+
+STEPS = [
+    ESStep((11, 11, 12), (1, -1, 1), (1.2, -0.4, -0.8), 0.01, 0.05),
+    ESStep((21, 22), (1, 1), (0.7, -0.7), 0.01, 0.05),
+    ESStep((31, 32, 33), (1, -1, -1), (0.0, 1.1, -1.1), 0.02, 0.1),
+]
+
+
+class Recorder:
+    """A `write` target: what the engine would hold."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+        self.writes = 0
+
+    def __call__(self, named) -> None:
+        self.writes += 1
+        for name, value in named:
+            self.held[name] = value.clone()
+
+
+def test_noise_is_a_pure_function_of_seed_and_name():
+    a = noise(7, "layer.0.weight", (8, 4))
+    assert a.dtype == torch.float32
+    assert torch.equal(a, noise(7, "layer.0.weight", (8, 4)))
+    assert not torch.equal(a, noise(8, "layer.0.weight", (8, 4)))
+    assert not torch.equal(a, noise(7, "layer.1.weight", (8, 4)))
+    assert noise_seed(7, "x") != noise_seed(7, "y") and 0 <= noise_seed(7, "x") < 2**63
+    assert abs(float(noise(1, "big", (200_000,)).std()) - 1.0) < 0.01  # standard normal
+
+
+def test_update_equals_the_formula():
+    base = small_base()
+    master = {k: v.clone() for k, v in base.items()}
+    step = STEPS[0]
+    apply_step(master, step)
+    n = len(step.seeds)
+    for name, tensor in base.items():
+        expected = tensor.double() + step.alpha / n * sum(
+            z * s * noise(seed, name, tensor.shape).double()
+            for seed, s, z in zip(step.seeds, step.signs, step.rewards, strict=True)
+        )
+        assert torch.allclose(master[name].double(), expected, atol=1e-6, rtol=0)
+        assert not torch.equal(master[name], tensor)
+
+
+def test_member_weights_are_computed_from_the_fp32_master_and_restore_is_exact():
+    base = small_base()
+    rec = Recorder()
+    es = ESWeights(lambda: {k: v.clone() for k, v in base.items()}, rec)
+    es.use(0)
+    center = {k: v.clone() for k, v in rec.held.items()}
+    assert all(torch.equal(center[k], base[k]) for k in base)
+    es.use(0, seed=5, sign=-1, sigma=0.1)
+    for name, tensor in base.items():
+        assert torch.equal(rec.held[name], tensor + (-0.1) * noise(5, name, tensor.shape))
+    es.restore()
+    assert all(torch.equal(rec.held[k], base[k]) for k in base)
+    writes = rec.writes
+    assert es.use(0) is False and rec.writes == writes  # already in place: nothing written
+
+
+def test_replay_is_deterministic_and_a_late_start_equals_a_continuous_follower(tmp_path):
+    base = small_base()
+
+    def fresh():
+        return {k: v.clone() for k, v in base.items()}
+
+    follower = ESWeights(fresh, Recorder(), keep=1)
+    for v, step in enumerate(STEPS, start=1):
+        follower.add_step(v, step.to_dict())
+        follower.use(v, seed=100 + v, sigma=0.01)  # it samples members of every version on the way
+    late = ESWeights(fresh, Recorder())
+    for v, step in enumerate(STEPS, start=1):
+        late.add_step(v, step)
+    assert digest(late.center(3)) == digest(follower.center(3))
+    assert late.replayed == 3
+    twice = ESWeights(fresh, Recorder())
+    for v, step in enumerate(STEPS, start=1):
+        twice.add_step(v, step)
+    assert digest(twice.center(3)) == digest(late.center(3))
+    assert digest(late.center(3)) != digest(late.center(2))  # an old center is rebuilt, not confused
+
+
+def test_snapshots_bound_the_replay_and_give_the_same_bits(tmp_path):
+    base = small_base()
+
+    def fresh():
+        return {k: v.clone() for k, v in base.items()}
+
+    writer = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path, snapshot_every=2)
+    for v, step in enumerate(STEPS, start=1):
+        writer.add_step(v, step)
+    full = digest(writer.center(3))
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["v00000002.safetensors"]
+    reader = ESWeights(lambda: pytest.fail("the base must not be needed"), Recorder(), snapshot_dir=tmp_path)
+    for v, step in enumerate(STEPS, start=1):
+        reader.add_step(v, step)
+    assert digest(reader.center(3)) == full
+    assert reader.snapshots_loaded == 1 and reader.replayed == 1
+    assert digest(load_master(tmp_path / "v00000002.safetensors")) == digest(writer.center(2))
+
+
+def test_history_cannot_be_rewritten_and_gaps_are_refused():
+    es = ESWeights(small_base, Recorder())
+    es.add_step(1, STEPS[0])
+    es.add_step(1, STEPS[0].to_dict())  # the same step again (a re-read policy stream) is fine
+    with pytest.raises(ValueError, match="conflicting"):
+        es.add_step(1, STEPS[1])
+    with pytest.raises(LookupError, match="not received"):
+        es.center(3)
+    with pytest.raises(ValueError):
+        ESStep((1, 2), (1,), (0.5, 0.5), 0.1, 0.1)
+
+
+# -- the real default model --------------------------------------------------------------------------------
+
+
+@needs_model
+def test_perturb_changes_every_weight_of_the_model_and_restore_is_bit_exact(hf_engine):
+    params = {k: v.detach().clone() for k, v in hf_engine.model.state_dict().items()}
+    hf_engine.es_use(0, seed=1234, sign=1, sigma=0.001)
+    perturbed = hf_engine.model.state_dict()
+    unchanged = [k for k in params if torch.equal(perturbed[k], params[k])]
+    assert unchanged == [], f"perturbation left {unchanged[:3]} untouched"
+    name = "model.layers.3.mlp.down_proj.weight"
+    expected = params[name] + 0.001 * noise(1234, name, params[name].shape)
+    assert torch.equal(perturbed[name], expected)  # fp32 engine: exactly master + sigma*eps
+    hf_engine.es_use(0, None)
+    restored = hf_engine.model.state_dict()
+    assert all(torch.equal(restored[k], params[k]) for k in params)
+
+
+@needs_model
+def test_bf16_engine_gets_the_cast_of_the_fp32_result_and_restores_exactly(model_path):
+    from producers.hf import HFEngine
+
+    engine = HFEngine(model_path, dtype="bfloat16")
+    try:
+        master = load_master(model_path)
+        base = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+        name = "model.layers.0.self_attn.q_proj.weight"
+        for seed in (1, 2, 3):  # three members in a row, never restoring in between
+            engine.es_use(0, seed=seed, sign=-1, sigma=0.01)
+        want = (master[name] - 0.01 * noise(3, name, master[name].shape)).to(torch.bfloat16)
+        assert torch.equal(engine.model.state_dict()[name], want)
+        engine.es_use(0, None)
+        assert all(torch.equal(engine.model.state_dict()[k], base[k]) for k in base)
+    finally:
+        engine.close()
+
+
+@needs_model
+def test_export_writes_a_loadable_hugging_face_folder_of_that_version(hf_engine, tmp_path):
+    import transformers
+
+    hf_engine.es_add_step(1, STEPS[1].to_dict())
+    try:
+        folder = hf_engine.export(1, tmp_path / "v1")
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        center = hf_engine.es.center(1)
+        state = loaded.state_dict()
+        assert all(torch.equal(state[k], center[k]) for k in center)
+        assert (folder / "tokenizer_config.json").exists()
+    finally:
+        hf_engine.es_use(0, None)
+        hf_engine.es.steps.pop(1)
+        hf_engine.es.masters.pop(1, None)
