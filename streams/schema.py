@@ -278,13 +278,36 @@ _TABLES: dict[type, tuple[_Field, ...]] = {cls: _table(cls) for cls in BY_STREAM
 _GETTERS = {cls: operator.attrgetter(*(f.name for f in table)) for cls, table in _TABLES.items()}
 _BY_KEY = {cls: {f.key: f for f in table} for cls, table in _TABLES.items()}
 _REQUIRED_ORDER = {cls: [f.name for f in table if f.default is _REQUIRED] for cls, table in _TABLES.items()}
-_REQUIRED = {cls: frozenset(names) for cls, names in _REQUIRED_ORDER.items()}
+_REQUIRED_NAMES = {cls: frozenset(names) for cls, names in _REQUIRED_ORDER.items()}
 _VERSION = str(SCHEMA_VERSION).encode()
 
 
 def encode(msg: Message) -> dict[bytes, bytes]:
     """Message -> flat stream fields. Optional fields at their default are left out: shorter entries,
     and half the arguments to pack, parse and decode on the hot path."""
+    it = iter(_ENCODERS[type(msg)](msg))
+    return dict(zip(it, it, strict=True))
+
+
+def encode_flat(msg: Message) -> list[bytes]:
+    """`encode(msg)` as one list, name, value, name, value, ...: the arguments XADD takes, built without
+    the dict. What the publisher and the settle script send."""
+    return _ENCODERS[type(msg)](msg)
+
+
+def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
+    """Flat stream fields -> message of class `cls`; SchemaError if that cannot be done faithfully."""
+    try:
+        return _DECODERS[cls](fields)
+    except Exception:  # noqa: BLE001 - the generic decoder below names what is wrong, or raises the same
+        return _decode_generic(cls, fields)
+
+
+# The reference codec: loops over each class's table. The compiled pair below must agree with it byte for
+# byte (tests/streams/test_schema.py checks that); it is also what explains a bad entry.
+
+
+def _encode_generic(msg: Message) -> dict[bytes, bytes]:
     out: dict[bytes, bytes] = {VERSION_FIELD: _VERSION}
     cls = type(msg)
     for f, value in zip(_TABLES[cls], _GETTERS[cls](msg), strict=True):
@@ -296,8 +319,7 @@ def encode(msg: Message) -> dict[bytes, bytes]:
     return out
 
 
-def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
-    """Flat stream fields -> message of class `cls`; SchemaError if that cannot be done faithfully."""
+def _decode_generic(cls: type[M], fields: dict[bytes, bytes]) -> M:
     version = fields.get(VERSION_FIELD)
     if version is None:
         raise SchemaError("missing schema version field 'v'")
@@ -313,13 +335,60 @@ def decode(cls: type[M], fields: dict[bytes, bytes]) -> M:
             kwargs[f.name] = f.dec(raw)
         except (ValueError, TypeError, UnicodeDecodeError, orjson.JSONDecodeError) as e:
             raise SchemaError(f"{cls.__name__}.{f.name}: cannot decode {raw[:40]!r}: {e}") from e
-    if not _REQUIRED[cls] <= kwargs.keys():
+    if not _REQUIRED_NAMES[cls] <= kwargs.keys():
         missing = next(name for name in _REQUIRED_ORDER[cls] if name not in kwargs)
         raise SchemaError(f"{cls.__name__}: missing field {missing!r}")
     if cls is DeadLetter:
         n = len(ORIGINAL_PREFIX)
         kwargs["original"] = {k[n:]: v for k, v in fields.items() if k.startswith(ORIGINAL_PREFIX)}
     return cls(**kwargs)
+
+
+# The compiled codec: per class, one straight-line encoder and decoder generated from the same table, so
+# the hot path runs no loop over the table, no per-field attribute lookups and no keyword arguments.
+# Decoding builds the instance with `object.__new__` and the slots' own setters (a frozen dataclass's
+# `__init__` goes through `object.__setattr__` per field, ~2x slower); no message class has a
+# `__post_init__` to skip (checked below). Any failure falls back to the generic decoder, which raises
+# the SchemaError with its reason.
+
+
+def _compile(cls: type) -> tuple[Any, Any]:
+    assert not hasattr(cls, "__post_init__"), f"{cls.__name__}: decode would skip __post_init__"
+    ns: dict[str, Any] = {"V": _VERSION, "new": object.__new__, "cls": cls}
+    factories = {f.name: f.default_factory for f in dataclasses.fields(cls)}
+    opening = ["b'v'", "V"]  # dataclasses put required fields first: they make the list's opening
+    enc: list[str] = []
+    dec = ["    get = fields.get", "    if get(b'v') != V:", "        raise ValueError", "    o = new(cls)"]
+    for i, f in enumerate(_TABLES[cls]):
+        ns[f"E{i}"], ns[f"D{i}"], ns[f"S{i}"], ns[f"K{i}"] = f.enc, f.dec, getattr(cls, f.name).__set__, f.key
+        if f.default is _REQUIRED:
+            assert not enc, "a required field after an optional one"
+            opening += [f"K{i}", f"E{i}(msg.{f.name})"]
+            dec.append(f"    S{i}(o, D{i}(fields[K{i}]))")
+            continue
+        ns[f"F{i}"] = f.default
+        enc += [f"    x = msg.{f.name}", f"    if x is not F{i} and x != F{i}:", f"        out += (K{i}, E{i}(x))"]
+        dec.append(f"    r = get(K{i})")
+        if factories[f.name] is not dataclasses.MISSING:  # a fresh {} or [] for each message, as __init__ does
+            ns[f"N{i}"] = factories[f.name]
+            dec.append(f"    S{i}(o, N{i}() if r is None else D{i}(r))")
+        else:
+            dec.append(f"    S{i}(o, F{i} if r is None else D{i}(r))")
+    if cls is DeadLetter:
+        ns.update(P=ORIGINAL_PREFIX, n=len(ORIGINAL_PREFIX), SO=cls.original.__set__)
+        enc += ["    for k, v in msg.original.items():", "        out += (P + k, v)"]
+        dec.append("    SO(o, {k[n:]: v for k, v in fields.items() if k.startswith(P)})")
+    source = "\n".join(
+        ["def enc(msg):", f"    out = [{', '.join(opening)}]", *enc, "    return out", "",
+         "def dec(fields):", *dec, "    return o"]
+    )  # fmt: skip
+    exec(source, ns)  # noqa: S102 - the source is built above from our own tables
+    return ns["enc"], ns["dec"]
+
+
+_COMPILED = {cls: _compile(cls) for cls in _TABLES}
+_ENCODERS = {cls: pair[0] for cls, pair in _COMPILED.items()}
+_DECODERS = {cls: pair[1] for cls, pair in _COMPILED.items()}
 
 
 def pack_int32(values) -> bytes:
