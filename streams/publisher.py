@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from itertools import chain
 
 import structlog
 from redis.asyncio import Redis
 
 from streams.groups import group_states
 from streams.keys import Keys
-from streams.schema import Message, encode
+from streams.schema import BY_STREAM, Message, encode_flat
 
 log = structlog.get_logger("streams.publisher")
 
@@ -45,19 +44,23 @@ class Publisher:
         self.max_outstanding = max_outstanding
         self.poll_ms = poll_ms
         self.held_s = 0.0  # total time spent waiting for room, for the stage's utilization metrics
+        self._stream_keys = {name: keys.stream(name) for name in BY_STREAM}
 
     async def publish(self, messages: Sequence[Message], *, wait_s: float | None = None) -> list[bytes]:
         """XADD every message in one pipeline round trip, after waiting for room. Returns the entry ids."""
         if not messages:
             return []
-        streams = {m.stream for m in messages}
+        stream_keys = self._stream_keys
         if self.max_outstanding is not None:
-            for name in streams:
-                await self.wait_for_room(self.keys.stream(name), wait_s=wait_s)
+            for name in {m.stream for m in messages}:
+                await self.wait_for_room(stream_keys[name], wait_s=wait_s)
         async with self.redis.pipeline(transaction=False) as pipe:
+            # pipeline_execute_command stages the command as pipe.execute_command would (that one only
+            # adds a WATCH check): redis-py's xadd() re-validates and rebuilds the argument list per call.
+            # b"XADD": the packer splits a str command name into words first.
+            stage = pipe.pipeline_execute_command
             for m in messages:
-                # execute_command: redis-py's xadd() re-validates and rebuilds the argument list per call.
-                pipe.execute_command("XADD", self.keys.stream(m.stream), "*", *chain.from_iterable(encode(m).items()))
+                stage(b"XADD", stream_keys[m.stream], b"*", *encode_flat(m))
             return await pipe.execute()
 
     async def outstanding(self, stream: str) -> int:

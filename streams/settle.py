@@ -15,13 +15,12 @@ all of its input's effects. One script call settles a whole batch, which is what
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import chain
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from streams.keys import Keys
-from streams.schema import DeadLetter, Message, encode
+from streams.schema import DeadLetter, Message, encode_flat
 
 _SETTLE_LUA = """
 -- KEYS[1] source stream  KEYS[2] result stream  KEYS[3] dead-letter stream  KEYS[4..] done markers
@@ -63,36 +62,34 @@ return {published, duplicates, dead}
 """
 
 
-@dataclass(slots=True)
 class Settlement:
     """Outcomes of a batch, waiting to be written in one script call."""
 
-    keys: Keys
-    source: str
-    output: str
-    group: str
-    ttl_s: int
-    _markers: list[str] = field(default_factory=list)
-    _argv: list[bytes | str | int] = field(default_factory=list)
+    __slots__ = ("keys", "source", "output", "group", "ttl_s", "_done", "_markers", "_argv")
+
+    def __init__(self, keys: Keys, source: str, output: str, group: str, ttl_s: int) -> None:
+        self.keys, self.source, self.output, self.group, self.ttl_s = keys, source, output, group, ttl_s
+        self._done = keys.done("")  # marker key of dedup id X: this + X
+        self._markers: list[str] = []
+        self._argv: list[bytes | str | int] = []
 
     def __len__(self) -> int:
         return len(self._argv)
 
     def results(self, entry_id: bytes, dedup_id: str, results: Sequence[Message]) -> None:
         """`entry_id` is done; publish `results` unless `dedup_id` was already settled."""
-        self._markers.append(self.keys.done(dedup_id))
-        self._argv += [b"r", entry_id, len(results)]
+        self._markers.append(self._done + dedup_id)
+        argv = self._argv
+        argv += (b"r", entry_id, len(results))
         for msg in results:
-            self._add_fields(encode(msg))
+            fields = encode_flat(msg)
+            argv.append(len(fields))
+            argv += fields
 
     def dead(self, entry_id: bytes, letter: DeadLetter) -> None:
         """`entry_id` is given up on: record it in the dead letters and ack it."""
-        self._argv += [b"d", entry_id, 1]
-        self._add_fields(encode(letter))
-
-    def _add_fields(self, fields: dict[bytes, bytes]) -> None:
-        self._argv.append(2 * len(fields))
-        self._argv.extend(chain.from_iterable(fields.items()))
+        fields = encode_flat(letter)
+        self._argv += (b"d", entry_id, 1, len(fields), *fields)
 
 
 @dataclass(frozen=True, slots=True)
