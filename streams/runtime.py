@@ -9,7 +9,8 @@ Delivery is at least once, the effect exactly once (DESIGN.md, "The wire"):
 - a `Poison` from the handler, or an entry that cannot be decoded, is dead-lettered at once (redelivery
   would fail the same way); any other handler exception is transient: the entry stays pending and is
   released for a retry after `retry_delay_ms`;
-- on stop, the entry in hand is finished, settled, and the rest of the batch released to other consumers.
+- on stop, the entry in hand is finished, settled, and the rest of the batch released to other consumers;
+- a role may give a batch handler instead (one call per batch, one outcome per entry; see `Consumer`).
 
 Redis connection errors are not the input's fault: `run` logs them, backs off and goes on; nothing is
 acked that was not settled, so a restarted Redis costs time, never entries.
@@ -50,6 +51,9 @@ class Delivery(Generic[M]):
 
 
 Handler = Callable[[Delivery[M]], Awaitable[Sequence[Message]]]
+# One call for a whole batch: one outcome per delivery, in order: its results, or the exception it failed
+# with (a Poison: dead letter; any other Exception: transient). See Consumer.
+BatchHandler = Callable[[list[Delivery[M]]], Awaitable[Sequence[Sequence[Message] | Exception]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,17 @@ class Stats:
 
 
 class Consumer(Generic[M]):
-    """Reads `message_type`'s stream in group `group` as `name`, writes results to `output`."""
+    """Reads `message_type`'s stream in group `group` as `name`, writes results to `output`.
+
+    The handler is either `handler`, called once per entry, or `batch_handler`, called once per batch
+    with the deliveries of every entry that decoded (under the delivery limit) and returning one outcome
+    per delivery, in order: the results, or the exception that entry failed with (a `Poison` goes to the
+    dead letters, any other Exception is transient). An exception the batch handler raises is the outcome
+    of every delivery in the call, except that a `Poison` raised for several is taken as transient: which
+    one is bad is unknown, and redelivered entries come back one at a time, where it is found. Redelivered
+    (reclaimed) entries always come one at a time, to either kind. A batch call is one unit for `stop`
+    (checked before it) and for settling (once after it; `flush_ms` does not apply).
+    """
 
     def __init__(
         self,
@@ -99,11 +113,14 @@ class Consumer(Generic[M]):
         message_type: type[M],
         group: str,
         name: str,
-        handler: Handler[M],
+        handler: Handler[M] | None = None,
         output: type[Message] | None = None,
         settings: ConsumerSettings | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
+        batch_handler: BatchHandler[M] | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give a consumer exactly one of handler and batch_handler")
         self.redis = redis
         self.keys = keys
         self.message_type = message_type
@@ -111,6 +128,7 @@ class Consumer(Generic[M]):
         self.group = group
         self.name = name
         self.handler = handler
+        self.batch_handler = batch_handler
         self.output_type = output
         # A consumer with no results still needs a key for the script; nothing is ever written to it.
         self.output = keys.stream(output.stream) if output else self.source
@@ -228,61 +246,111 @@ class Consumer(Generic[M]):
         return handled
 
     async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:
+        """Handle and settle `entries`, each (entry id, fields, deliveries); on stop, release the rest."""
+        if self.batch_handler is not None:
+            return await self._handle_batch_at_once(entries, stop)
         s = self._settlement()
-        flush_at = time.monotonic() + self.settings.flush_ms / 1000
+        monotonic = time.monotonic
+        flush_s = self.settings.flush_ms / 1000
+        flush_at = monotonic() + flush_s
         failed: list = []
-        for i, (entry_id, fields, deliveries) in enumerate(entries):
+        handler, output_type, stats = self.handler, self.output_type, self.stats
+        for i, entry in enumerate(entries):
             if stop.is_set():
                 await self._release(entries[i:])
                 break
-            self._handle_entry(s, await self._outcome(entry_id, fields, deliveries), failed)
-            if time.monotonic() >= flush_at and len(s):
+            stats.processed += 1
+            entry_id, _fields, deliveries = entry
+            message = self._admit(s, entry)
+            if message is not None:
+                try:
+                    results = await handler(Delivery(entry_id, message, deliveries))
+                except Poison as e:
+                    s.dead(entry_id, self._letter(entry, f"poison: {e}"))
+                except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
+                    self._failed(entry, e, failed)
+                else:
+                    for r in results:  # a handler bug, not the input's fault: let it escape
+                        if type(r) is not output_type:
+                            self._wrong_type(r)
+                    s.results(entry_id, message.dedup_id, results)
+            if monotonic() >= flush_at and len(s):
                 await self._flush(s)
                 s = self._settlement()
-                flush_at = time.monotonic() + self.settings.flush_ms / 1000
+                flush_at = monotonic() + flush_s
         await self._flush(s)
         if failed:
             await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
         return len(entries)
 
-    def _handle_entry(self, s: Settlement, outcome: tuple, failed: list) -> None:
-        kind, entry_id, payload = outcome
-        if kind == "results":
-            dedup_id, results = payload
-            s.results(entry_id, dedup_id, results)
-        elif kind == "dead":
-            s.dead(entry_id, payload)
-        else:
-            failed.append(payload)
+    async def _handle_batch_at_once(self, entries: list, stop: asyncio.Event) -> int:
+        """`_handle_batch` for a batch handler: one call for every entry that decoded, then one settle."""
+        if stop.is_set():
+            await self._release(entries)
+            return len(entries)
+        s = self._settlement()
+        taken, deliveries = [], []
+        for entry in entries:
+            message = self._admit(s, entry)
+            if message is not None:
+                taken.append(entry)
+                deliveries.append(Delivery(entry[0], message, entry[2]))
+        self.stats.processed += len(entries)
+        failed: list = []
+        if deliveries:
+            try:
+                outcomes = await self.batch_handler(deliveries)
+            except Exception as e:  # noqa: BLE001 - the call failed as a whole: see Consumer's docstring
+                if len(taken) > 1 and isinstance(e, Poison):
+                    e = RuntimeError(f"Poison raised for a batch of {len(taken)}: {e}")  # whose? retried alone
+                outcomes = [e] * len(taken)
+            if len(outcomes) != len(taken):  # a handler bug: let it escape, nothing is acked
+                raise TypeError(f"batch handler returned {len(outcomes)} outcomes for {len(taken)} deliveries")
+            output_type = self.output_type
+            for entry, d, outcome in zip(taken, deliveries, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    if isinstance(outcome, Poison):
+                        s.dead(d.entry_id, self._letter(entry, f"poison: {outcome}"))
+                    else:
+                        self._failed(entry, outcome, failed)
+                    continue
+                for r in outcome:
+                    if type(r) is not output_type:
+                        self._wrong_type(r)
+                s.results(d.entry_id, d.message.dedup_id, outcome)
+        await self._flush(s)
+        if failed:
+            await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
+        return len(entries)
 
-    async def _outcome(self, entry_id: bytes, fields: dict, deliveries: int) -> tuple:
-        """What to do with one entry: ("results", id, (dedup_id, msgs)) | ("dead", id, letter) |
-        ("retry", id, entry). Never raises for anything the input or the handler did."""
-        self.stats.processed += 1
+    def _admit(self, s: Settlement, entry: tuple) -> M | None:
+        """The entry's message, or None once it is in `s` as a dead letter (too many deliveries, or bytes
+        that cannot be decoded). Never raises for anything the input did."""
+        entry_id, fields, deliveries = entry
         if deliveries > self.settings.max_deliveries:
             reason = f"delivered {deliveries} times (max {self.settings.max_deliveries})"
-            return "dead", entry_id, self._letter(entry_id, fields, deliveries, reason)
+            s.dead(entry_id, self._letter(entry, reason))
+            return None
         try:
-            message = decode(self.message_type, fields)
+            return decode(self.message_type, fields)
         except SchemaError as e:
-            return "dead", entry_id, self._letter(entry_id, fields, deliveries, f"schema: {e}")
-        try:
-            results = await self.handler(Delivery(entry_id, message, deliveries))
-        except Poison as e:
-            return "dead", entry_id, self._letter(entry_id, fields, deliveries, f"poison: {e}")
-        except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
-            self.stats.transient_failures += 1
-            log.warning(
-                "handler_failed", consumer=self.name, entry_id=entry_id.decode(), deliveries=deliveries,
-                error=f"{type(e).__name__}: {e}",
-            )  # fmt: skip
-            return "retry", entry_id, (entry_id, fields, deliveries)
-        for r in results:  # a handler bug, not the input's fault: let it escape
-            if type(r) is not self.output_type:
-                raise TypeError(f"handler returned {type(r).__name__}; this consumer writes {self.output_type}")
-        return "results", entry_id, (message.dedup_id, results)
+            s.dead(entry_id, self._letter(entry, f"schema: {e}"))
+            return None
 
-    def _letter(self, entry_id: bytes, fields: dict, deliveries: int, reason: str) -> DeadLetter:
+    def _failed(self, entry: tuple, e: Exception, failed: list) -> None:
+        entry_id, _fields, deliveries = entry
+        self.stats.transient_failures += 1
+        log.warning(
+            "handler_failed", consumer=self.name, entry_id=entry_id.decode(), deliveries=deliveries,
+            error=f"{type(e).__name__}: {e}",
+        )  # fmt: skip
+        failed.append(entry)
+
+    def _wrong_type(self, r: object) -> None:
+        raise TypeError(f"handler returned {type(r).__name__}; this consumer writes {self.output_type}")
+
+    def _letter(self, entry: tuple, reason: str) -> DeadLetter:
+        entry_id, fields, deliveries = entry
         log.warning("dead_letter", consumer=self.name, stream=self.source, entry_id=entry_id.decode(), reason=reason)
         return DeadLetter(
             source=self.source, group=self.group, original_id=entry_id.decode(), deliveries=deliveries,
