@@ -163,7 +163,9 @@ class Consumer(Generic[M]):
         """One iteration: reclaim what is overdue, else read new entries; handle and settle them."""
         stop = stop or asyncio.Event()
         if self.gate is not None:
-            await self.gate()
+            await self.gate()  # returns early once `stop` is set: the gate's owner watches the same event
+            if stop.is_set():
+                return 0
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + self.settings.claim_every_ms / 1000

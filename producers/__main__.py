@@ -1,0 +1,95 @@
+"""`python -m producers`: one generator process (one per GPU, or per CPU box).
+
+    python -m producers --redis-url redis://host:6379/0 --run myrun [--engine hf|vllm] [--model PATH_OR_ID]
+
+Settings come from defaults < TOML (`--config`, table [generator]) < PROOFSTREAM_* env < flags. SIGTERM or
+Ctrl-C stops it after the order in hand is settled (or released for another generator to take).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import structlog
+
+from producers.config import GeneratorSettings
+from producers.engine import EngineUnavailable, choose, make_engine
+from producers.model import MissingDependency, ModelNotFound, resolve_model
+from producers.service import GeneratorService
+from streams import logs
+from streams.connect import connect
+from streams.settings import SettingsError
+
+log = structlog.get_logger("producers")
+
+
+def build_engine(settings: GeneratorSettings):
+    """Resolve the model and load it in the chosen engine (blocking: seconds to a minute)."""
+    path = resolve_model(settings.model, settings.model_cache or None)
+    device = settings.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    snapshots = settings.snapshots() / path.name  # centers of one base model only
+    return make_engine(
+        choose(settings.engine),
+        path,
+        dtype=settings.dtype,
+        device=device,
+        snapshot_dir=snapshots,
+        snapshot_every=settings.snapshot_every,
+        keep=settings.keep_versions,
+        threads=settings.threads,
+    )
+
+
+async def serve(settings: GeneratorSettings) -> int:
+    redis = connect(settings.redis_url)
+    try:
+        await redis.ping()
+    except Exception as e:
+        print(f"producers: cannot reach Redis at {settings.redis_url}: {e}", file=sys.stderr)
+        return 1
+    engine = await asyncio.to_thread(build_engine, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await GeneratorService(settings, redis, engine).run(stop)
+    finally:
+        engine.close()
+        await redis.aclose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m producers", description=__doc__.split("\n\n")[0])
+    GeneratorSettings.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = GeneratorSettings.from_args(args)
+    except SettingsError as e:
+        print(f"producers: {e}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level)
+    if not settings.redis_url:
+        print(
+            "producers: no Redis configured. Pass --redis-url (or PROOFSTREAM_REDIS_URL) of the run's Redis; "
+            "`python -m trainer` with no Redis starts a private one and a generator with it.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return asyncio.run(serve(settings))
+    except (ModelNotFound, MissingDependency, EngineUnavailable) as e:
+        print(f"producers: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The generator's settings (TOML table `[generator]`, env `PROOFSTREAM_<FIELD>`, `python -m producers --flag`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from producers.prompts import LEAN_FORMATS
+from streams.runtime import claim_idle_ms_for
+from streams.settings import RoleSettings
+
+
+class GeneratorSettings(RoleSettings):
+    section = "generator"
+
+    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="auto: vllm when importable, else hf")
+    model: str | None = Field(None, description="folder, .gguf file or Hugging Face id; unset: SmolLM2-135M")
+    model_cache: str = Field("", description="where converted models live (default ~/.cache/proofstream/models)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu")
+    threads: int = Field(0, ge=0, description="CPU threads for the engine; 0: the library's default")
+    prompt_format: str = Field("kimina", description=f"Lean prompt format: {', '.join(LEAN_FORMATS)}")
+
+    name: str = Field("", description="consumer name in the group; default host-pid")
+    max_outstanding: int = Field(4096, ge=1, description="attempts the verifiers may owe before we hold back")
+    order_timeout_s: float = Field(600.0, gt=0, description="longest legitimate work order; reclaim waits longer")
+    claim_margin_s: float = Field(30.0, ge=0)
+    max_deliveries: int = Field(3, ge=1)
+    policy_wait_s: float = Field(10.0, ge=0, description="wait this long for a policy version an order names")
+    report_every_s: float = Field(10.0, gt=0)
+
+    snapshot_dir: str = Field("", description="ES master snapshots, shared by generators (default: in the cache)")
+    snapshot_every: int = Field(10, ge=0, description="snapshot the ES center every K versions (0: never)")
+    keep_versions: int = Field(2, ge=1, description="ES centers kept in memory")
+
+    @property
+    def consumer_name(self) -> str:
+        return self.name or f"gen-{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def claim_idle_ms(self) -> int:
+        return claim_idle_ms_for(self.order_timeout_s, self.claim_margin_s)
+
+    def snapshots(self) -> Path:
+        if self.snapshot_dir:
+            return Path(self.snapshot_dir).expanduser()
+        from producers.model import default_cache_dir
+
+        return default_cache_dir().parent / "runs" / self.run / "es-snapshots"

@@ -1,0 +1,217 @@
+"""The generator service: work orders in, proof attempts out, through the one consumer runtime.
+
+One `Consumer` reads `{ps:R}:work` in group `generators`, one order at a time. For each order the handler
+
+1. skips it, counted, when the newest policy is past the order's staleness bound (nobody will use it);
+2. waits (bounded) for the policy version the order names, then puts that policy in the engine: the ES
+   member around its center, or the GRPO weights (digest checked);
+3. builds the prompts from the canonical theorem records, generates `samples_per_theorem` samples per
+   theorem in one engine call, extracts each attempt, and returns the attempts.
+
+The runtime publishes the attempts and acks the order in one script guarded by the order's marker, so a
+killed generator's order, reclaimed by another, publishes its attempts once: attempt ids are
+`<work_id>:<theorem index>:<sample>`, and the sampling seed derives from the work id. Before taking an order
+the service waits while the verifiers owe more than `max_outstanding` attempts (the wire's backpressure).
+Generation runs in a thread, so the event loop keeps reading the policy stream and reporting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import Redis
+
+from producers import prompts
+from producers.config import GeneratorSettings
+from producers.engine import Engine, Sampling
+from producers.policy import PolicyFollower, PolicyMismatch
+from streams.keys import GENERATORS, VERIFIERS, Keys
+from streams.publisher import Publisher
+from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison
+from streams.schema import Attempt, WorkOrder, pack_float32, pack_int32
+from streams.theorems import Theorem
+
+log = structlog.get_logger("producers.service")
+
+
+class PolicyNotYetAnnounced(RuntimeError):
+    """Transient: the order names a version this generator has not seen yet; it is retried later."""
+
+
+def sampling_seed(work_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(work_id.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+class GeneratorService:
+    def __init__(self, settings: GeneratorSettings, redis: Redis, engine: Engine) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.engine = engine
+        self.keys = Keys(settings.run)
+        self.name = settings.consumer_name
+        self.policy = PolicyFollower(redis, self.keys, engine)
+        self.publisher = Publisher(redis, self.keys, group=VERIFIERS, max_outstanding=settings.max_outstanding)
+        self.consumer: Consumer[WorkOrder] = Consumer(
+            redis,
+            self.keys,
+            message_type=WorkOrder,
+            group=GENERATORS,
+            name=self.name,
+            handler=self.handle,
+            output=Attempt,
+            settings=ConsumerSettings(
+                batch_size=1,  # an order is seconds of work: reading more would hoard what others could do
+                block_ms=1000,
+                claim_idle_ms=settings.claim_idle_ms,
+                max_deliveries=settings.max_deliveries,
+            ),
+            gate=self._room,
+        )
+        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "policy_errors": 0}
+        self.started = time.monotonic()
+        self.busy_s = 0.0
+        self.holding = False  # waiting for the verifiers to catch up
+        self.stop = asyncio.Event()
+
+    async def _room(self) -> None:
+        """The consumer's gate: take no order while the verifiers owe `max_outstanding` attempts or more."""
+        if await self.publisher.outstanding(self.keys.attempts) < self.settings.max_outstanding:
+            return
+        self.holding = True
+        started = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                if await self.publisher.outstanding(self.keys.attempts) < self.settings.max_outstanding:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), self.publisher.poll_ms / 1000)
+        finally:
+            self.holding = False
+            self.publisher.held_s += time.monotonic() - started
+
+    # -- one work order --------------------------------------------------------------------------------
+
+    async def handle(self, delivery: Delivery[WorkOrder]) -> list[Attempt]:
+        order = delivery.message
+        await self.policy.poll()
+        if order.max_staleness is not None and self.policy.latest - order.policy_version > order.max_staleness:
+            self.counts["stale_skipped"] += 1
+            log.info("stale_order_skipped", work_id=order.work_id, version=order.policy_version,
+                     latest=self.policy.latest, bound=order.max_staleness)  # fmt: skip
+            return []
+        if self.policy.latest < order.policy_version and not await self.policy.wait_for(
+            order.policy_version, self.settings.policy_wait_s
+        ):
+            raise PolicyNotYetAnnounced(f"policy version {order.policy_version} not announced yet")
+        theorems = await self._theorems(order)
+        try:
+            sampling = Sampling.from_order(
+                order.sampling, order.samples_per_theorem, sampling_seed(order.work_id), order.algo == "grpo"
+            )
+        except ValueError as e:
+            raise Poison(f"work order {order.work_id}: {e}") from e
+        started = time.monotonic()
+        try:
+            attempts = await asyncio.to_thread(self._generate, order, theorems, sampling)
+        except PolicyMismatch as e:
+            self.counts["policy_errors"] += 1
+            raise Poison(str(e)) from e
+        self.busy_s += time.monotonic() - started
+        self.counts["orders"] += 1
+        self.counts["attempts"] += len(attempts)
+        return attempts
+
+    async def _theorems(self, order: WorkOrder) -> list[Theorem]:
+        if not order.theorem_ids:
+            raise Poison(f"work order {order.work_id} names no theorems")
+        raw = await self.redis.hmget(self.keys.theorems, order.theorem_ids)
+        missing = [t for t, r in zip(order.theorem_ids, raw, strict=True) if r is None]
+        if missing:
+            raise Poison(f"unknown theorem ids {missing[:5]} (not in {self.keys.theorems})")
+        return [Theorem.decode(r) for r in raw]
+
+    def _generate(self, order: WorkOrder, theorems: list[Theorem], sampling: Sampling) -> list[Attempt]:
+        """Runs in the generation thread: policy in place, one engine call, attempts out."""
+        if order.algo == "es":
+            seed = order.member.seed if order.member else None
+            sign = order.member.sign if order.member else 1
+            self.engine.es_use(order.policy_version, seed, sign, order.sigma)
+        else:
+            self.policy.load_grpo(order.policy_version, self.engine.model_path)
+        tokenizer = self.engine.tokenizer
+        prompt_ids = [prompts.tokenize(tokenizer, prompts.messages(t, self.settings.prompt_format)) for t in theorems]
+        started = time.monotonic()
+        outputs = self.engine.generate(prompt_ids, sampling)
+        gen_ms = (time.monotonic() - started) * 1000 / max(1, len(theorems) * sampling.n)
+        attempts = []
+        for i, (theorem, samples, ids) in enumerate(zip(theorems, outputs, prompt_ids, strict=True)):
+            for k, sample in enumerate(samples):
+                grpo = order.algo == "grpo"
+                attempts.append(
+                    Attempt(
+                        attempt_id=f"{order.work_id}:{i}:{k}",
+                        work_id=order.work_id,
+                        theorem_id=theorem.theorem_id,
+                        policy_version=order.policy_version,
+                        sample_index=k,
+                        proof=prompts.extract(theorem.task, sample.text),
+                        task=theorem.task,
+                        member=order.member,
+                        num_tokens=len(sample.token_ids),
+                        gen_ms=round(gen_ms, 1),
+                        token_ids=pack_int32(sample.token_ids) if grpo else b"",
+                        logprobs=pack_float32(sample.logprobs or []) if grpo else b"",
+                        prompt_ids=pack_int32(ids) if grpo else b"",
+                    )
+                )
+        return attempts
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        uptime = time.monotonic() - self.started
+        return {
+            "name": self.name,
+            "engine": self.engine.name,
+            "policy_latest": self.policy.latest,
+            **self.counts,
+            **{f"wire_{k}": v for k, v in vars(self.consumer.stats).items()},
+            "held_for_room_s": round(self.publisher.held_s, 2),
+            "busy_share": round(self.busy_s / uptime, 3) if uptime else 0.0,
+            "engine_stats": self.engine.stats.as_dict(),
+            "reported_ms": int(time.time() * 1000),
+        }
+
+    async def report(self) -> None:
+        await self.redis.hset(self.keys.generator_stats, self.name, orjson.dumps(self.figures()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        log.info("generator_started", name=self.name, engine=self.engine.name, model=str(self.engine.model_path))
+        await self.consumer.ensure_group()
+        reporter = asyncio.create_task(self._report_loop(stop))
+        try:
+            await self.consumer.run(stop)
+        finally:
+            reporter.cancel()
+            await asyncio.gather(reporter, return_exceptions=True)
+            try:
+                await self.report()
+            except Exception as e:  # Redis gone at shutdown: the figures are only figures
+                log.warning("final_report_failed", error=str(e))
+            log.info("generator_stopped", name=self.name, **self.counts)
+
+    async def _report_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.report()
+            except Exception as e:
+                log.warning("report_failed", error=str(e))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.report_every_s)

@@ -1,0 +1,222 @@
+"""The generator service in-process on the real default model and a real Redis: orders in, attempts out.
+
+One fp32 engine for the module (its ES history belongs to these tests). Waiting is always on a condition
+in Redis (attempts arrived, nothing pending), with a deadline; never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the generator needs torch (make test installs torch==2.13.0)")
+
+from producers import prompts  # noqa: E402
+from producers.config import GeneratorSettings  # noqa: E402
+from producers.es import ESStep, ESWeights, digest, load_master  # noqa: E402
+from producers.model import weights_digest  # noqa: E402
+from producers.service import GeneratorService  # noqa: E402
+from streams.keys import GENERATORS, VERIFIERS, Keys  # noqa: E402
+from streams.publisher import Publisher  # noqa: E402
+from streams.runtime import ensure_group  # noqa: E402
+from streams.schema import (  # noqa: E402
+    Attempt,
+    DeadLetter,
+    Member,
+    PolicyUpdate,
+    WorkOrder,
+    decode,
+    unpack_float32,
+    unpack_int32,
+)
+from streams.theorems import Theorem, register  # noqa: E402
+
+RUN = "gen"
+KEYS = Keys(RUN)
+THEOREMS = [
+    Theorem("cd-a", "countdown", numbers=[3, 5], target=8),
+    Theorem("cd-b", "countdown", numbers=[9, 3], target=3),
+]
+SHORT = {"max_new_tokens": 8, "temperature": 1.0}
+STEP = {"seeds": [101], "signs": [1], "rewards": [1.0], "sigma": 0.001, "alpha": 0.0005}
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    from producers.hf import HFEngine
+
+    e = HFEngine(model_path)
+    yield e
+    e.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(redis, engine, **overrides):
+    settings = GeneratorSettings(run=RUN, name="g1", policy_wait_s=2.0, report_every_s=0.2, **overrides)
+    service = GeneratorService(settings, redis, engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def until(predicate, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while not (result := await predicate()):
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+    return result
+
+
+async def attempts(redis) -> list[Attempt]:
+    return [decode(Attempt, f) for _, f in await redis.xrange(KEYS.attempts)]
+
+
+async def publish(redis, *messages):
+    await Publisher(redis, KEYS).publish(list(messages))
+
+
+async def settled(redis) -> bool:
+    """Every work order taken and acked."""
+    groups = {g["name"].decode(): g for g in await redis.xinfo_groups(KEYS.work)}
+    g = groups.get(GENERATORS)
+    return bool(g) and g["pending"] == 0 and g["lag"] == 0
+
+
+async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(one_redis, engine):
+    await register(one_redis, KEYS, THEOREMS)
+    order = WorkOrder("w-es", 0, "es", "countdown", ["cd-a", "cd-b"], member=Member(7, -1), sigma=0.001, sampling=SHORT)
+    await publish(one_redis, order)
+    async with serving(one_redis, engine) as service:
+        got = await until(lambda: _n(one_redis, 2))
+        await until(lambda: settled(one_redis))
+    assert [a.attempt_id for a in got] == ["w-es:0:0", "w-es:1:0"]
+    assert [a.theorem_id for a in got] == ["cd-a", "cd-b"]
+    assert all(a.member == Member(7, -1) and a.policy_version == 0 and a.task == "countdown" for a in got)
+    assert all(a.num_tokens > 0 and a.token_ids == b"" for a in got)  # ES carries no token ids
+    assert engine.es.current == (0, 7, -1, 0.001)  # the member's weights were in place
+    assert service.counts["orders"] == 1 and service.counts["attempts"] == 2
+    stats = await one_redis.hget(KEYS.generator_stats, "g1")
+    assert stats and b'"attempts":2' in stats
+
+
+async def _n(redis, n: int):
+    got = await attempts(redis)
+    assert len(got) <= n, f"more attempts than expected: {[a.attempt_id for a in got]}"
+    return got if len(got) == n else None
+
+
+async def test_grpo_attempts_carry_packed_tokens_logprobs_and_prompt(one_redis, engine):
+    await register(one_redis, KEYS, THEOREMS[:1])
+    await publish(one_redis, WorkOrder("w-g", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=3, sampling=SHORT))
+    async with serving(one_redis, engine):
+        got = await until(lambda: _n(one_redis, 3))
+    assert [a.sample_index for a in got] == [0, 1, 2]
+    prompt = prompts.tokenize(engine.tokenizer, prompts.messages(THEOREMS[0]))
+    for a in got:
+        tokens, logprobs = unpack_int32(a.token_ids), unpack_float32(a.logprobs)
+        assert len(tokens) == len(logprobs) == a.num_tokens > 0
+        assert (logprobs <= 0).all()
+        assert unpack_int32(a.prompt_ids).tolist() == prompt
+
+
+async def test_stale_orders_are_skipped_and_counted_fresh_ones_use_the_announced_history(one_redis, engine):
+    await register(one_redis, KEYS, THEOREMS[:1])
+    steps = [PolicyUpdate(v, "es", es_step={**STEP, "seeds": [100 + v]}) for v in (1, 2, 3)]
+    await publish(one_redis, *steps)
+    stale = WorkOrder(
+        "w-old", 1, "es", "countdown", ["cd-a"], member=Member(1), sigma=0.001, sampling=SHORT, max_staleness=1
+    )
+    fresh = WorkOrder(
+        "w-new", 2, "es", "countdown", ["cd-a"], member=Member(2), sigma=0.001, sampling=SHORT, max_staleness=1
+    )
+    await publish(one_redis, stale, fresh)
+    async with serving(one_redis, engine) as service:
+        got = await until(lambda: _n(one_redis, 1))
+        await until(lambda: settled(one_redis))
+    assert [a.work_id for a in got] == ["w-new"]
+    assert service.counts["stale_skipped"] == 1 and service.policy.latest == 3
+    # A generator that starts now, from the history alone, holds the same center bit for bit.
+    late = ESWeights(lambda: load_master(engine.model_path), lambda named: None)
+    for update in steps:
+        late.add_step(update.policy_version, update.es_step)
+    assert digest(late.center(2)) == engine.es_digest(2)
+    assert ESStep.from_dict(steps[0].es_step) == engine.es.steps[1]
+
+
+async def test_grpo_weights_load_only_with_their_digest(one_redis, engine, tmp_path):
+    await register(one_redis, KEYS, THEOREMS[:1])
+    folder = tmp_path / "v1"
+    shutil.copytree(engine.model_path, folder)
+    weights = load_master(folder)
+    name = "model.layers.0.mlp.up_proj.weight"
+    weights[name] = weights[name] + 0.01
+    from producers.es import save_weights
+
+    (file,) = folder.glob("*.safetensors")
+    save_weights(weights, file)
+    good = weights_digest(folder)
+    await publish(
+        one_redis,
+        PolicyUpdate(1, "grpo", weights_path=str(folder), digest="sha256:" + "0" * 64),
+        PolicyUpdate(2, "grpo", weights_path=str(folder), digest=good),
+    )
+    await publish(
+        one_redis,
+        WorkOrder("w-bad", 1, "grpo", "countdown", ["cd-a"], sampling=SHORT),
+        WorkOrder("w-good", 2, "grpo", "countdown", ["cd-a"], sampling=SHORT),
+    )
+    try:
+        async with serving(one_redis, engine) as service:
+            got = await until(lambda: _n(one_redis, 1))
+            await until(lambda: settled(one_redis))
+        assert [a.work_id for a in got] == ["w-good"]
+        (letter,) = [decode(DeadLetter, f) for _, f in await one_redis.xrange(KEYS.dlq)]
+        assert "digest" in letter.reason and "refusing to load" in letter.reason and letter.deliveries == 1
+        assert service.counts["policy_errors"] == 1
+        assert torch.equal(engine.model.state_dict()[name], weights[name])  # version 2's bytes are in place
+    finally:
+        engine.load_weights(engine.model_path)  # the base again for the next test
+
+
+async def test_unknown_theorem_and_bad_sampling_go_to_the_dead_letters_at_once(one_redis, engine):
+    await register(one_redis, KEYS, THEOREMS[:1])
+    await publish(
+        one_redis,
+        WorkOrder("w-x", 0, "es", "countdown", ["nope"], sampling=SHORT),
+        WorkOrder("w-y", 0, "es", "countdown", ["cd-a"], sampling={"temprature": 0.5}),
+    )
+    async with serving(one_redis, engine):
+        await until(lambda: settled(one_redis))
+    letters = {
+        decode(DeadLetter, f).original[b"work_id"]: decode(DeadLetter, f) for _, f in await one_redis.xrange(KEYS.dlq)
+    }
+    assert "unknown theorem ids ['nope']" in letters[b"w-x"].reason
+    assert "temprature" in letters[b"w-y"].reason
+    assert await one_redis.xlen(KEYS.attempts) == 0
+
+
+async def test_backpressure_holds_the_generator_until_the_verifiers_catch_up(one_redis, engine):
+    await register(one_redis, KEYS, THEOREMS[:1])
+    await ensure_group(one_redis, KEYS.attempts, VERIFIERS)
+    await one_redis.xadd(KEYS.attempts, {"v": "1", "x": "unread"})  # one attempt the verifiers still owe
+    await publish(one_redis, WorkOrder("w-bp", 0, "es", "countdown", ["cd-a"], sampling=SHORT))
+    async with serving(one_redis, engine, max_outstanding=1) as service:
+        await until(lambda: _held(service))
+        info = {g["name"].decode(): g for g in await one_redis.xinfo_groups(KEYS.work)}
+        assert info[GENERATORS]["pending"] == 0 and info[GENERATORS]["lag"] == 1  # the order was not taken
+        await one_redis.xreadgroup(VERIFIERS, "v1", {KEYS.attempts: ">"})
+        await one_redis.xack(KEYS.attempts, VERIFIERS, *[e for e, _ in (await one_redis.xrange(KEYS.attempts))])
+        await until(lambda: settled(one_redis))
+    assert await one_redis.xlen(KEYS.attempts) == 2
+
+
+async def _held(service) -> bool:
+    return service.holding
