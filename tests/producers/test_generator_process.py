@@ -49,6 +49,7 @@ def test_an_order_of_a_killed_generator_completes_once_elsewhere(one_redis_url, 
     r.hset(KEYS.theorems, "cd", Theorem("cd", "countdown", numbers=[3, 5], target=8).encode())
     order = WorkOrder("w-kill", 0, "grpo", "countdown", ["cd"], samples_per_theorem=4,
                       sampling={"max_new_tokens": 160, "temperature": 1.0}, timeout_s=1)  # fmt: skip
+
     async def publish():
         client = connect(one_redis_url)
         await Publisher(client, KEYS).publish([order])
