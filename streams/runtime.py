@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 
 from streams.groups import id_order
 from streams.keys import Keys
-from streams.schema import DeadLetter, M, Message, SchemaError, decode
+from streams.schema import DeadLetter, M, Message, SchemaError, decode, fast_init
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
@@ -43,6 +43,7 @@ class Poison(Exception):
     """Raised by a handler when the input itself is bad and will fail the same way on every delivery."""
 
 
+@fast_init  # one per entry on the hot path
 @dataclass(frozen=True, slots=True)
 class Delivery(Generic[M]):
     entry_id: bytes

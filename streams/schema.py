@@ -168,6 +168,42 @@ BY_STREAM: dict[str, type] = {cls.stream: cls for cls in typing.get_args(Message
 ORIGINAL_PREFIX = b"f:"  # dead letters keep the original fields under this prefix, unchanged
 
 
+def fast_init(cls: type) -> type:
+    """Give frozen, slotted dataclass `cls` an `__init__` that stores through the slots' own setters.
+
+    Same signature, defaults and default factories as the one `dataclass` wrote, which goes through
+    `object.__setattr__` once per field (the price of `frozen`): ~1.4 µs against ~0.8 µs for a 13-field
+    message, paid for every message a role builds. Instances stay frozen (`__setattr__` still refuses).
+    """
+    fields = dataclasses.fields(cls)
+    assert not hasattr(cls, "__post_init__") and all(f.init and not f.kw_only for f in fields), cls
+    ns: dict[str, Any] = {"MISSING": object()}  # "not given": the default factory makes the value
+    params, body = ["self"], []
+    for i, f in enumerate(fields):
+        ns[f"S{i}"] = getattr(cls, f.name).__set__
+        if f.default is not dataclasses.MISSING:
+            ns[f"F{i}"] = f.default
+            params.append(f"{f.name}=F{i}")
+            body.append(f"    S{i}(self, {f.name})")
+        elif f.default_factory is not dataclasses.MISSING:
+            ns[f"N{i}"] = f.default_factory
+            params.append(f"{f.name}=MISSING")
+            body.append(f"    S{i}(self, N{i}() if {f.name} is MISSING else {f.name})")
+        else:
+            params.append(f.name)
+            body.append(f"    S{i}(self, {f.name})")
+    exec(f"def __init__({', '.join(params)}):\n" + "\n".join(body), ns)  # noqa: S102 - built from the fields
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
+    return cls
+
+
+for _cls in (Member, *BY_STREAM.values()):
+    fast_init(_cls)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The codec: one table of (field name, encoder, decoder, required) per class, built once from its hints.
 
@@ -352,6 +388,15 @@ def _decode_generic(cls: type[M], fields: dict[bytes, bytes]) -> M:
 # the SchemaError with its reason.
 
 
+def _inline(enc: Any, i: int, value: str) -> str:
+    """Source of encoding `value` with field i's encoder: the small Python ones written out in place."""
+    if enc is _enc_num:
+        return f"repr({value}).encode()"
+    if enc is _enc_bool:
+        return f"(b'1' if {value} else b'0')"
+    return f"E{i}({value})"
+
+
 def _compile(cls: type) -> tuple[Any, Any]:
     assert not hasattr(cls, "__post_init__"), f"{cls.__name__}: decode would skip __post_init__"
     ns: dict[str, Any] = {"V": _VERSION, "new": object.__new__, "cls": cls}
@@ -363,11 +408,15 @@ def _compile(cls: type) -> tuple[Any, Any]:
         ns[f"E{i}"], ns[f"D{i}"], ns[f"S{i}"], ns[f"K{i}"] = f.enc, f.dec, getattr(cls, f.name).__set__, f.key
         if f.default is _REQUIRED:
             assert not enc, "a required field after an optional one"
-            opening += [f"K{i}", f"E{i}(msg.{f.name})"]
+            opening += [f"K{i}", _inline(f.enc, i, f"msg.{f.name}")]
             dec.append(f"    S{i}(o, D{i}(fields[K{i}]))")
             continue
         ns[f"F{i}"] = f.default
-        enc += [f"    x = msg.{f.name}", f"    if x is not F{i} and x != F{i}:", f"        out += (K{i}, E{i}(x))"]
+        enc += [
+            f"    x = msg.{f.name}",
+            f"    if x is not F{i} and x != F{i}:",
+            f"        out += (K{i}, {_inline(f.enc, i, 'x')})",
+        ]
         dec.append(f"    r = get(K{i})")
         if factories[f.name] is not dataclasses.MISSING:  # a fresh {} or [] for each message, as __init__ does
             ns[f"N{i}"] = factories[f.name]

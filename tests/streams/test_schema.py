@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import MISSING
+
 import pytest
 
 from streams import schema
@@ -124,3 +127,32 @@ def test_unknown_fields_are_ignored_and_bad_ones_explained_by_the_generic_decode
     assert decode(Reward, fields) == decode(Reward, GOOD)
     with pytest.raises(SchemaError, match=r"Reward.reward: cannot decode b'one'"):
         decode(Reward, {**GOOD, b"reward": b"one"})
+
+
+@pytest.mark.parametrize("cls", [Member, WorkOrder, Attempt, Reward, PolicyUpdate, DeadLetter])
+def test_fast_init_keeps_the_dataclass_signature_defaults_and_frozenness(cls):
+    assert "__setattr__" not in cls.__init__.__code__.co_names  # fast_init's, not dataclass's
+    example = next((m for m in MORE if type(m) is cls), Member(seed=3, sign=-1))
+    fields = dataclasses.fields(cls)
+    values = [getattr(example, f.name) for f in fields]
+    assert cls(*values) == cls(**{f.name: v for f, v in zip(fields, values, strict=True)}) == example
+    required = {f.name: getattr(example, f.name) for f in fields if f.default is f.default_factory is MISSING}
+    bare = cls(**required)
+    for f in fields:
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        assert getattr(bare, f.name) == required.get(f.name, default)
+        if f.default is not MISSING:
+            assert getattr(bare, f.name) is f.default  # the very object: encode leaves it out by identity
+    if any(f.default_factory is not MISSING for f in fields):
+        assert all(
+            getattr(bare, f.name) is not getattr(cls(**required), f.name)
+            for f in fields
+            if f.default_factory is not MISSING
+        )  # fresh containers each time
+    assert dataclasses.replace(bare) == bare
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bare.__setattr__(fields[0].name, values[0])
+    with pytest.raises(TypeError):
+        cls(**{**required, "no_such_field": 1})
+    with pytest.raises(TypeError):
+        cls()
