@@ -7,6 +7,8 @@
     python -m ops dlq purge ID|--all --yes     delete dead letters
     python -m ops tail STREAM [--count N] [--follow]
     python -m ops bench wire [--json]          (ops/bench_wire.py)
+    python -m ops bench generator [--json]     (ops/bench_generator.py)
+    python -m ops bench es [--json]            (ops/bench_es.py)
 
 Shared flags (`--run`, `--redis-url`, `--config`, `--json`, ...) go before or after the command. Text by
 default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
@@ -31,7 +33,7 @@ from pydantic import Field
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from ops import bench_wire, dlq, inspect, text
+from ops import bench_es, bench_generator, bench_wire, dlq, inspect, text
 from streams.connect import connect
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
@@ -183,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         which.add_argument("--all", action="store_true", help="every dead letter of the run")
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
-    bench_wire.add_parser(b.add_subparsers(dest="bench_command", metavar="BENCH", required=True))
+    benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    for module in (bench_wire, bench_generator, bench_es):
+        module.add_parser(benches)
     return parser
 
 

@@ -1,0 +1,94 @@
+"""`python -m ops bench es`: the cost of ES perturbations on the real default model, against drawing the noise.
+
+- `noise_only_s`: drawing the fp32 noise of every tensor of the model for one member, nothing else.
+- `perturb_restore_s`: putting a member in the engine (master + sigma*eps, cast, written into the weights
+  it samples with) and then the center back, through the engine's own `es_use`.
+- `ratio` = perturb_restore_s / noise_only_s (target <= 1.5: the perturbation costs little beyond its noise).
+- `replay_s_per_version`: rebuilding a center from the base by replaying `--versions` steps of a
+  population of `--population` members, per version (what a generator that starts late pays).
+Medians of `--rounds`. Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import orjson
+
+
+def bench(args: argparse.Namespace) -> dict:
+    import torch
+
+    from producers.engine import choose, make_engine
+    from producers.es import ESWeights, digest, load_master, noise
+    from producers.model import resolve_model
+
+    path = resolve_model(args.model)
+    engine_name = choose(args.engine)
+    engine = make_engine(engine_name, path, threads=args.threads)
+    try:
+        master = load_master(path)
+        params = sum(t.numel() for t in master.values())
+        engine.es_use(0, None)  # the center in place and the base master loaded, off the clock
+        noise_s, switch_s = [], []
+        for r in range(args.rounds):
+            started = time.perf_counter()
+            for name, tensor in master.items():
+                noise(1000 + r, name, tensor.shape)
+            noise_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            engine.es_use(0, 1000 + r, 1, 0.001)
+            engine.es_use(0, None)
+            switch_s.append(time.perf_counter() - started)
+        members = range(args.population)
+        rewards = [float(i % 3 - 1) for i in members]
+        step = {"seeds": list(members), "signs": [1] * len(rewards), "rewards": rewards, "sigma": 1e-3, "alpha": 5e-4}
+        replay = ESWeights(lambda: {k: v.clone() for k, v in master.items()}, lambda named: None)
+        for v in range(1, args.versions + 1):
+            replay.add_step(v, step)
+        started = time.perf_counter()
+        center = replay.center(args.versions)
+        replay_s = (time.perf_counter() - started) / args.versions
+        center_digest = digest(center)
+    finally:
+        engine.close()
+    n, p = statistics.median(noise_s), statistics.median(switch_s)
+    return {
+        "bench": "es",
+        "engine": engine_name,
+        "parameters": params,
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "noise_only_s": round(n, 3),
+        "perturb_restore_s": round(p, 3),
+        "ratio": round(p / n, 3),
+        "population": args.population,
+        "versions": args.versions,
+        "replay_s_per_version": round(replay_s, 3),
+        "center_digest": center_digest[:16],
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    result = bench(args)
+    if not getattr(args, "json", False):
+        print(f"es ({result['engine']}): perturb+restore {result['perturb_restore_s']} s, noise alone "
+              f"{result['noise_only_s']} s, ratio {result['ratio']}; replay {result['replay_s_per_version']} s per "
+              f"version of {result['population']} members", file=sys.stderr)  # fmt: skip
+    print(orjson.dumps(result).decode())
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("es", help="ES perturb+restore of the whole model against drawing its noise")
+    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
+    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--population", type=int, default=8, help="members per replayed step")
+    p.add_argument("--versions", type=int, default=2, help="steps replayed")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library's default)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
+    p.set_defaults(func=main)

@@ -1,0 +1,156 @@
+"""`python -m ops bench generator`: generated tokens/s through the generator service, against the engine alone.
+
+Both sides generate for the same work: `--orders` orders of `--prompts` Countdown problems with
+`--n` samples each, at temperature 1 with the seed each order's work id gives, on one loaded engine.
+The raw side calls `engine.generate` on the tokenized prompts. The service side publishes the orders to a
+private Redis and runs `GeneratorService` (read order, policy in place, prompts, generate in a thread,
+extract, settle attempts + ack) until every attempt is in the stream. Same seeds and weights: both sides
+generate the same tokens, so `ratio` is the share of the engine's speed the service path keeps.
+Rounds alternate raw and service; medians are reported. Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+
+import orjson
+
+from streams.connect import connect
+from streams.embedded import EmbeddedRedis
+from streams.keys import Keys
+from streams.publisher import Publisher
+from streams.schema import WorkOrder
+from streams.theorems import Theorem, register
+
+
+def _theorems(count: int) -> list[Theorem]:
+    import random
+
+    rng = random.Random(0)
+    out = []
+    for i in range(count):
+        numbers = [rng.randint(1, 20) for _ in range(3)]
+        out.append(Theorem(f"bench-{i}", "countdown", numbers=numbers, target=numbers[0] * numbers[1] - numbers[2]))
+    return out
+
+
+def _orders(run_tag: str, theorems: list[Theorem], orders: int, per: int, n: int, tokens: int) -> list[WorkOrder]:
+    sampling = {"temperature": 1.0, "max_new_tokens": tokens}
+    return [
+        WorkOrder(f"{run_tag}-{o}", 0, "grpo" if n > 1 else "es", "countdown",
+                  [t.theorem_id for t in theorems[o * per : (o + 1) * per]], samples_per_theorem=n, sampling=sampling)
+        for o in range(orders)
+    ]  # fmt: skip
+
+
+def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple[float, int]:
+    from producers import prompts
+    from producers.engine import Sampling
+    from producers.service import sampling_seed
+
+    by_id = {t.theorem_id: t for t in theorems}
+    started, tokens = time.perf_counter(), 0
+    for order in orders:
+        ids = [prompts.tokenize(engine.tokenizer, prompts.messages(by_id[t])) for t in order.theorem_ids]
+        sampling = Sampling.from_order(order.sampling, order.samples_per_theorem, sampling_seed(order.work_id),
+                                       order.algo == "grpo")  # fmt: skip
+        for samples in engine.generate(ids, sampling):
+            tokens += sum(len(s.token_ids) for s in samples)
+    return time.perf_counter() - started, tokens
+
+
+async def service_round(url: str, engine, theorems: list[Theorem], orders: list[WorkOrder], run: str):
+    from producers.config import GeneratorSettings
+    from producers.service import GeneratorService
+    from streams.schema import Attempt, decode
+
+    redis = connect(url)
+    keys = Keys(run)
+    await register(redis, keys, theorems)
+    expected = sum(len(o.theorem_ids) * o.samples_per_theorem for o in orders)
+    service = GeneratorService(GeneratorSettings(run=run, name="bench"), redis, engine)
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    await Publisher(redis, keys).publish(orders)
+    task = asyncio.create_task(service.run(stop))
+    while await redis.xlen(keys.attempts) < expected:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await task
+    tokens = sum(decode(Attempt, f).num_tokens for _, f in await redis.xrange(keys.attempts))
+    await redis.aclose()
+    return elapsed, tokens
+
+
+def bench(url: str, args: argparse.Namespace) -> dict:
+    from producers.engine import choose, make_engine
+    from producers.model import resolve_model
+
+    engine_name = choose(args.engine)
+    engine = make_engine(engine_name, resolve_model(args.model), threads=args.threads)
+    try:
+        theorems = _theorems(args.orders * args.prompts)
+        warm = _orders("warm", theorems, 1, args.prompts, args.n, 8)
+        raw_round(engine, theorems, warm)  # first-call costs (kernels, caches) on neither side's clock
+        raw, ours = [], []
+        for r in range(args.rounds):
+            orders = _orders(f"r{r}", theorems, args.orders, args.prompts, args.n, args.max_new_tokens)
+            raw.append(raw_round(engine, theorems, orders))
+            ours.append(asyncio.run(service_round(url, engine, theorems, orders, f"bench-gen-{r}")))
+    finally:
+        engine.close()
+    raw_rates = [t / s for s, t in raw]
+    our_rates = [t / s for s, t in ours]
+    r, o = statistics.median(raw_rates), statistics.median(our_rates)
+    return {
+        "bench": "generator",
+        "engine": engine_name,
+        "orders": args.orders,
+        "prompts_per_order": args.prompts,
+        "samples_per_prompt": args.n,
+        "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "tokens_per_s": round(o, 1),
+        "raw_tokens_per_s": round(r, 1),
+        "ratio": round(o / r, 3),
+        "tokens": [t for _, t in ours],
+        "raw_tokens": [t for _, t in raw],
+        "service_s": [round(s, 2) for s, _ in ours],
+        "raw_s": [round(s, 2) for s, _ in raw],
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    redis_url = getattr(args, "redis_url", None)
+    if redis_url:
+        result = bench(redis_url, args)
+    else:
+        with EmbeddedRedis(appendfsync="everysec") as server:
+            result = bench(server.url, args)
+    if not getattr(args, "json", False):
+        print(f"generator ({result['engine']}): {result['tokens_per_s']} tokens/s through the service, "
+              f"{result['raw_tokens_per_s']} calling the engine, ratio {result['ratio']}", file=sys.stderr)  # fmt: skip
+    print(orjson.dumps(result).decode())
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generator", help="tokens/s through the generator service against the engine alone")
+    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
+    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
+    p.add_argument("--orders", type=int, default=3, help="work orders per round")
+    p.add_argument("--prompts", type=int, default=4, help="Countdown problems per order")
+    p.add_argument("--n", type=int, default=2, help="samples per problem")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="engine CPU threads (0: the library's default)")
+    p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
+    p.set_defaults(func=main)

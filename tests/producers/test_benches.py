@@ -1,0 +1,36 @@
+"""The generator and ES benchmarks run end to end at a tiny size and print their JSON (figures are not
+asserted: they are measurements, recorded in the README from quiet-machine runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.producers.conftest import needs_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(*argv: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "ops", "bench", *argv, "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_model
+def test_bench_generator_prints_its_figures_and_both_sides_made_the_same_tokens():
+    out = _bench("generator", "--orders", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "6", "--rounds", "1")
+    assert out["bench"] == "generator" and out["engine"] == "hf"
+    assert out["tokens"] == out["raw_tokens"] and out["tokens"][0] > 0  # same seeds, same weights, same tokens
+    assert out["tokens_per_s"] > 0 and out["raw_tokens_per_s"] > 0 and out["ratio"] > 0
+
+
+@needs_model
+def test_bench_es_prints_its_figures():
+    out = _bench("es", "--rounds", "1", "--population", "1", "--versions", "1", "--threads", "1")
+    assert out["parameters"] == 134_515_008
+    assert {"noise_only_s", "perturb_restore_s", "ratio", "replay_s_per_version"} <= out.keys()
+    assert out["perturb_restore_s"] > 0 and out["noise_only_s"] > 0
