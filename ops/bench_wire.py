@@ -5,7 +5,9 @@ settle script call per batch (SET NX marker, XADD reward, XACK), and XREAD of th
 are back. As deployed, the producer and the consumer are processes of their own; the reader runs here
 and the clock stops when it has read the N-th reward. The raw side
 sends pre-encoded bytes and skips our codec, dataclasses, handler call, stats and logging, so `ratio`
-is the share of the wire's speed our runtime keeps. Last line of output: one JSON object.
+is the share of the wire's speed our runtime keeps. Our consumer's handler is called once per entry, as
+the verifier's is; `--handler batch` gives it the runtime's batch handler instead (one call per batch),
+which any role may use. Last line of output: one JSON object.
 """
 
 from __future__ import annotations
@@ -69,11 +71,19 @@ async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
                    verdict="proved", reward=1.0)]  # fmt: skip
 
 
-async def _ours_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
-    settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000)
-    consumer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="bench", handler=_no_op,
-                        output=Reward, settings=settings)  # fmt: skip
-    await consumer.run(stop)
+async def _no_op_batch(ds: list[Delivery[Attempt]]) -> list[list[Reward]]:
+    return [[Reward(attempt_id=d.message.attempt_id, theorem_id=d.message.theorem_id,
+                    policy_version=d.message.policy_version, verdict="proved", reward=1.0)] for d in ds]  # fmt: skip
+
+
+def _ours_consumer_with(**handler):
+    async def consume(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
+        settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000)
+        consumer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="bench", output=Reward,
+                            settings=settings, **handler)  # fmt: skip
+        await consumer.run(stop)
+
+    return consume
 
 
 # -- the baseline: the same Redis commands from a plain loop over pre-encoded bytes -----------------------
@@ -108,8 +118,13 @@ async def _raw_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyn
         await redis.evalsha(sha, 3 + len(markers), keys.attempts, keys.rewards, keys.dlq, *markers, *argv)
 
 
-# side -> (inputs built before the clock starts, producer, consumer)
-SIDES = {"ours": (_ours_inputs, _ours_producer, _ours_consumer), "raw": (_raw_inputs, _raw_producer, _raw_consumer)}
+# side -> (inputs built before the clock starts, producer, consumer). "ours" hands the consumer's handler
+# one entry at a time, as the verifier does; "ours-batch" gives it the runtime's batch handler instead.
+SIDES = {
+    "ours": (_ours_inputs, _ours_producer, _ours_consumer_with(handler=_no_op)),
+    "ours-batch": (_ours_inputs, _ours_producer, _ours_consumer_with(batch_handler=_no_op_batch)),
+    "raw": (_raw_inputs, _raw_producer, _raw_consumer),
+}
 
 
 # -- one round: producer and consumer in their own processes (as deployed), the reader in this one --------
@@ -172,12 +187,13 @@ async def _read_all(url: str, stream: str, n: int) -> None:
     await redis.aclose()
 
 
-def bench(url: str, n: int, batch: int, rounds: int) -> dict:
-    one_round(url, "ours", "bench-warmup", min(n, 2000), batch)
+def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
+    ours = "ours" if handler == "entry" else "ours-batch"
+    one_round(url, ours, "bench-warmup", min(n, 2000), batch)
     ours_s, raw_s = [], []
     for r in range(rounds):  # interleaved so drift in the machine's load hits both sides alike
         raw_s.append(one_round(url, "raw", f"bench-raw-{r}", n, batch))
-        ours_s.append(one_round(url, "ours", f"bench-ours-{r}", n, batch))
+        ours_s.append(one_round(url, ours, f"bench-ours-{r}", n, batch))
     redis = redis_sync.Redis.from_url(url)
     version = redis.info("server")["redis_version"]
     redis.flushdb()
@@ -188,6 +204,7 @@ def bench(url: str, n: int, batch: int, rounds: int) -> dict:
         "n": n,
         "batch": batch,
         "rounds": rounds,
+        "handler": handler,
         "attempts_per_s": round(n / o),
         "baseline_per_s": round(n / b),
         "ratio": round(b / o, 3),
@@ -201,10 +218,10 @@ def bench(url: str, n: int, batch: int, rounds: int) -> dict:
 def main(args: argparse.Namespace) -> int:
     redis_url, as_json = getattr(args, "redis_url", None), getattr(args, "json", False)
     if redis_url:
-        result = bench(redis_url, args.n, args.batch, args.rounds)
+        result = bench(redis_url, args.n, args.batch, args.rounds, args.handler)
     else:
         with EmbeddedRedis(appendfsync="everysec") as server:
-            result = bench(server.url, args.n, args.batch, args.rounds)
+            result = bench(server.url, args.n, args.batch, args.rounds, args.handler)
     if not as_json:
         print(f"wire: {result['attempts_per_s']:,} attempts/s, raw redis-py {result['baseline_per_s']:,}/s, "
               f"ratio {result['ratio']} (n={args.n}, batch={args.batch}, Redis {result['redis_version']})",
@@ -218,6 +235,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=50_000, help="attempts per round")
     p.add_argument("--batch", type=int, default=500, help="XADD chunk and XREADGROUP count")
     p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
+    p.add_argument("--handler", choices=("entry", "batch"), default="entry",
+                   help="our consumer's handler: called per entry (as the verifier's), or per batch")  # fmt: skip
     # SUPPRESS: `python -m ops --redis-url X bench wire` must keep the X given before the command.
     p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")

@@ -1,0 +1,20 @@
+"""`python -m ops bench wire` end to end on a small N: every attempt comes back as a reward on each side
+(the bench would wait forever otherwise, so it runs in a subprocess with a time limit)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+
+@pytest.mark.parametrize("handler", ["entry", "batch"])
+def test_bench_wire_sends_every_attempt_through_both_sides(system_redis_server, handler):
+    argv = [sys.executable, "-m", "ops", "--redis-url", system_redis_server.url, "bench", "wire", "--json",
+            "--n", "600", "--batch", "100", "--rounds", "1", "--handler", handler]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert result["handler"] == handler and result["n"] == 600
+    assert result["attempts_per_s"] > 0 and result["baseline_per_s"] > 0 and result["ratio"] > 0
