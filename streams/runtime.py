@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 
 from streams.groups import id_order
 from streams.keys import Keys
-from streams.schema import DeadLetter, M, Message, SchemaError, decode, fast_init
+from streams.schema import DeadLetter, M, Message, SchemaError, decoder, fast_init
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
@@ -125,6 +125,7 @@ class Consumer(Generic[M]):
         self.redis = redis
         self.keys = keys
         self.message_type = message_type
+        self._decode = decoder(message_type)
         self.source = keys.stream(message_type.stream)
         self.group = group
         self.name = name
@@ -335,7 +336,7 @@ class Consumer(Generic[M]):
             s.dead(entry_id, self._letter(entry, reason))
             return None
         try:
-            return decode(self.message_type, fields)
+            return self._decode(fields)
         except SchemaError as e:
             s.dead(entry_id, self._letter(entry, f"schema: {e}"))
             return None
