@@ -30,6 +30,13 @@ REWARDS = {"proved": 1.0, "rejected": 0.0, "timeout": 0.0}
 CACHEABLE = {"proved", "rejected"}  # deterministic outcomes; a timeout may pass on a less loaded machine
 
 
+def reward_of(judgement: Judgement) -> float:
+    """The verdict's reward; a rejected answer's partial credit where its checker gives one (Countdown)."""
+    if judgement.verdict == "rejected" and judgement.score is not None:
+        return judgement.score
+    return REWARDS[judgement.verdict]
+
+
 class VerifierFault(Exception):
     """The checker could not judge the attempt (sandbox down, REPL protocol broken): retry later."""
 
@@ -83,7 +90,7 @@ class VerifyHandler:
                  reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
         return [Reward(
             attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
-            verdict=judgement.verdict, reward=REWARDS[judgement.verdict], reason=judgement.reason,
+            verdict=judgement.verdict, reward=reward_of(judgement), reason=judgement.reason,
             member=a.member, work_id=a.work_id, sample_index=a.sample_index, verify_ms=round(verify_ms, 3),
             sandbox_id=self.sandbox_id, cached=cached, detail=judgement.detail[:300],
         )]  # fmt: skip

@@ -13,8 +13,8 @@ contains is kept as given, and the verifier checks it against the canonical one 
 module. A generation cut off inside its final block keeps what it has (the verifier judges it).
 
 Countdown (TinyZero's format, used by the ES-at-scale paper): think in <think> tags, answer in <answer>
-tags; the attempt is the expression inside the last <answer> block (without one, the text after the
-reasoning, which the verifier judges like any other answer).
+tags; the attempt is the last <answer> block (without one, the text after the reasoning, which the
+verifier judges like any other answer, with less partial credit).
 """
 
 from __future__ import annotations
@@ -105,11 +105,12 @@ MAX_COUNTDOWN_CHARS = 1000
 
 
 def extract_countdown(text: str) -> str:
-    """The expression inside the last <answer>...</answer> (after the reasoning, else anywhere); without
-    tags, the text after the reasoning, capped, for the verifier to judge (it rejects a missing format)."""
+    """The last <answer>...</answer> (after the reasoning, else anywhere), tags kept, the expression inside
+    stripped; without tags, the text after the reasoning, capped, for the verifier to judge (a missing
+    format earns less)."""
     found = _ANSWER.findall(after_reasoning(text)) or _ANSWER.findall(text)
-    if found:
-        return found[-1].strip()
+    if found:  # the tags stay: the verifier's partial credit counts the format
+        return f"<answer>{found[-1].strip()[:MAX_COUNTDOWN_CHARS]}</answer>"
     return after_reasoning(text).strip()[:MAX_COUNTDOWN_CHARS]
 
 

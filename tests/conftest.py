@@ -71,3 +71,19 @@ async def redis(redis_url: str) -> Redis:
 @pytest.fixture
 def keys(request) -> Keys:
     return Keys("test")
+
+
+# One server (the newest available), flushed per test: for role tests that need not run on both versions.
+@pytest.fixture
+def one_redis_url(system_redis_server) -> str:
+    client = redis_sync.Redis.from_url(system_redis_server.url)
+    client.flushall()
+    client.close()
+    return system_redis_server.url
+
+
+@pytest.fixture
+async def one_redis(one_redis_url: str) -> Redis:
+    client = connect(one_redis_url)
+    yield client
+    await client.aclose()

@@ -63,7 +63,9 @@ class CountdownChecker:
             return reply
         if "ok" not in reply:
             return Judgement("error", "", f"checker answered outside its protocol: {str(reply)[:200]}")
-        return proved(reply["detail"]) if reply["ok"] else rejected("wrong_answer", reply["detail"])
+        if reply["ok"]:
+            return proved(reply["detail"])
+        return Judgement("rejected", "wrong_answer", reply["detail"], score=float(reply.get("score") or 0.0))
 
 
 class LeanChecker:

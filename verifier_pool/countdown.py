@@ -80,6 +80,28 @@ def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
     return CountdownResult(True, "", f"{expr} = {target}", float(value))
 
 
+# Partial credit (TinyZero-style shaping, which the ES-at-scale paper's Countdown runs rely on: the base
+# model is rarely right, and ES learns only from reward differences). Exact success is always 1.0 and
+# always the `proved` verdict; a shaped reward never reaches 1.0, so the two cannot be confused.
+CREDIT_FORMAT = 0.1  # the answer is inside <answer> tags
+CREDIT_PARSES = 0.1  # it is an arithmetic expression over integers
+CREDIT_NUMBERS = 0.3  # it uses each given number exactly once
+CREDIT_CLOSE = 0.3  # with the right numbers, times 1 - |value - target| / max(|target|, 1), floored at 0
+
+
+def partial_credit(answer_text: str, result: CountdownResult, target: int) -> float:
+    """The reward of an answer: 1.0 when correct, else the shaped credit above (< 0.8)."""
+    if result.ok:
+        return 1.0
+    credit = CREDIT_FORMAT if _ANSWER_TAG.search(answer_text) else 0.0
+    if result.reason in ("numbers", "value") and result.value is not None:
+        credit += CREDIT_PARSES
+        if result.reason == "value":  # closeness counts only with the right numbers: "19" alone earns none
+            credit += CREDIT_NUMBERS
+            credit += CREDIT_CLOSE * max(0.0, 1.0 - abs(result.value - target) / max(abs(target), 1))
+    return round(credit, 6)
+
+
 def handle_request(request: dict) -> dict:
     """One checker request -> response; the request shape is {"countdown": {numbers, target, answer}}."""
     job = request.get("countdown")
@@ -92,7 +114,8 @@ def handle_request(request: dict) -> dict:
     except (KeyError, TypeError, ValueError) as e:
         return {"message": f"bad countdown request: {e}"}
     r = check(numbers, target, answer)
-    return {"ok": r.ok, "reason": r.reason, "detail": r.detail, "value": r.value}
+    return {"ok": r.ok, "reason": r.reason, "detail": r.detail, "value": r.value,
+            "score": partial_credit(answer, r, target)}  # fmt: skip
 
 
 def run_checker(stdin=None, stdout=None) -> int:

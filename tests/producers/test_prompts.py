@@ -54,7 +54,10 @@ def test_extraction_takes_the_last_block_after_the_reasoning():
     assert prompts.extract_lean("<think>```lean4\nonly inside\n```</think> no code after") == "only inside"
     assert prompts.extract_lean("prose\n```lean4\ntheorem t := by\n  simp") == "theorem t := by\n  simp"
     assert prompts.extract_lean("no code at all") == ""
-    assert prompts.extract_countdown("<think>x</think> <answer> (1 + 2) * 3 </answer>") == "(1 + 2) * 3"
+    assert (
+        prompts.extract_countdown("<think>x</think> <answer> (1 + 2) * 3 </answer>") == "<answer>(1 + 2) * 3</answer>"
+    )
+    assert prompts.extract_countdown("<think>x</think> 1 + 2 = 3") == "1 + 2 = 3"
 
 
 def _continue(engine, chat, prefix, sampling):
@@ -101,10 +104,12 @@ def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
     for theorem, samples in zip(COUNTDOWN, outputs, strict=True):
         for s in samples:
             attempt = prompts.extract_countdown(s.text)
-            assert len(attempt) <= prompts.MAX_COUNTDOWN_CHARS and attempt in s.text
-            if "<answer>" in s.text:
+            if "<answer>" in s.text and "</answer>" in s.text:
                 answered += 1
-                assert "<answer>" not in attempt
+                inner = attempt.removeprefix("<answer>").removesuffix("</answer>")
+                assert attempt.startswith("<answer>") and inner in s.text and "<answer>" not in inner
+            else:
+                assert len(attempt) <= prompts.MAX_COUNTDOWN_CHARS and attempt in s.text
             result = check(theorem.numbers, theorem.target, attempt)  # judged, never an exception
             assert result.reason in ("", "format", "numbers", "value", "syntax")
     # Continue the turn from an opened <answer> tag: the extraction is the model's expression, tags gone.
@@ -113,4 +118,5 @@ def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
         hf_engine, chat, "<think>3 * 7 = 21, 21 + 1</think>\n<answer>", Sampling(n=2, temperature=0, max_new_tokens=16)
     ):
         if "</answer>" in text:
-            assert prompts.extract_countdown(text) == text.split("<answer>")[-1].split("</answer>")[0].strip()
+            expression = text.split("<answer>")[-1].split("</answer>")[0].strip()
+            assert prompts.extract_countdown(text) == f"<answer>{expression}</answer>"

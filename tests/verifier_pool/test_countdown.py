@@ -56,3 +56,25 @@ def test_unparsable_request_ends_the_checker_like_the_repl():
     stdout = io.StringIO()
     assert run_checker(io.StringIO("{not json\n\n"), stdout) == 1
     assert stdout.getvalue() == ""
+
+
+def test_partial_credit_is_ordered_and_never_reaches_an_exact_answers_reward():
+    from verifier_pool.countdown import partial_credit
+
+    def credit(text):
+        return partial_credit(text, check([3, 4, 7], 19, text), 19)
+
+    exact = credit("<answer>3 * 4 + 7</answer>")
+    right_numbers_close = credit("<answer>3 * 4 + 7 - 0 * 0</answer>")  # extra numbers: a numbers error
+    near = credit("<answer>3 * 7 - 4</answer>")  # 17: all numbers, close
+    far = credit("<answer>3 - 4 - 7</answer>")  # -8: all numbers, far
+    wrong_numbers = credit("<answer>19</answer>")
+    no_tags = credit("3 * 7 - 4")
+    garbage = credit("<answer>I do not know</answer>")
+    nothing = credit("")
+    assert exact == 1.0
+    assert 0.8 > near > far > wrong_numbers > garbage > nothing == 0.0
+    assert near > no_tags  # the same expression without the format earns less
+    assert right_numbers_close < near  # using the wrong numbers costs more than missing the target by 2
+    assert wrong_numbers == right_numbers_close == 0.2  # writing the target itself earns no closeness
+    assert garbage == 0.1  # the format alone
