@@ -74,6 +74,10 @@ class Keys:
         return self._key("verifier_stats")
 
     @property
+    def trainer_state(self) -> str:  # hash: the trainer's checkpoint (JSON), written with each policy version
+        return self._key("trainer")
+
+    @property
     def generator_stats(self) -> str:  # hash generator id -> JSON figures of that generator process
         return self._key("generator_stats")
 

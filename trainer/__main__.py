@@ -1,11 +1,150 @@
-"""`python -m trainer`: the run's orchestrator. Not built yet (issue 5); says so instead of pretending."""
+"""`python -m trainer --algo es|grpo [--task countdown|lean] [--config run.toml] [--redis-url URL]`
 
+With no Redis configured, the whole pipeline runs on this machine (a private Redis, one generator, one
+verifier worker, all stopped at the end). With a Redis URL, only the trainer runs, against roles running
+elsewhere. The run directory (default `runs/<run>`) receives metrics.jsonl, report.json, the plots and
+the children's logs; the same run id resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
 import sys
+import time
+from pathlib import Path
+
+import orjson
+import structlog
+
+from streams import logs
+from streams.connect import connect
+from streams.settings import SettingsError
+from streams.theorems import Theorem
+from trainer.config import TrainerSettings
+from trainer.local import LocalPipeline, lean_backend_problem
+from trainer.metrics import MetricsSink
+
+log = structlog.get_logger("trainer")
+
+
+def load_theorems(settings: TrainerSettings) -> tuple[list[Theorem], list[Theorem]]:
+    """(train, held-out) for the task: seeded Countdown problems, or a Lean jsonl (the shipped examples
+    when no dataset is named)."""
+    from trainer import data
+
+    if settings.task == "countdown":
+        curriculum = None if settings.curriculum == "none" else settings.curriculum
+        problems = data.countdown_problems(settings.problems + settings.held_out, settings.seed, curriculum=curriculum)
+        return problems[settings.held_out :], problems[: settings.held_out]
+    path = Path(settings.dataset) if settings.dataset else data.EXAMPLES
+    theorems = data.load_jsonl(path)
+    fraction = settings.held_out / len(theorems) if len(theorems) > settings.held_out else 0.0
+    return data.held_out_split(theorems, fraction, settings.seed)
+
+
+async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, run_dir: Path) -> dict:
+    from trainer.run import ESRun
+
+    redis = connect(url)
+    train_set, held_out = load_theorems(settings)
+    sink = MetricsSink(run_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bar = _progress(settings.iterations)
+    run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+    watchdog = asyncio.create_task(_watch(local, stop)) if local else None
+    try:
+        summary = await run.run(stop)
+    finally:
+        if watchdog:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        await redis.aclose()
+        bar(None)
+    if watchdog and watchdog.done() and not watchdog.cancelled() and watchdog.exception():
+        raise watchdog.exception()
+    summary["interrupted"] = stop.is_set()
+    return summary
+
+
+async def _watch(local: LocalPipeline, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            local.check()
+        except RuntimeError:
+            stop.set()
+            raise
+        await asyncio.sleep(1.0)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr)
+
+    def update(version: int | None) -> None:
+        if version is None:
+            bar.close()
+        else:
+            bar.update(version - bar.n)
+
+    return update
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
+    TrainerSettings.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = TrainerSettings.from_args(args)
+    except SettingsError as e:
+        print(f"trainer: {e}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level)
+    if settings.algo == "grpo":
+        print("trainer: --algo grpo is not wired into the pipeline yet (trainer/grpo.py holds the algorithm); "
+              "use --algo es", file=sys.stderr)  # fmt: skip
+        return 2
+    if settings.task == "lean" and not settings.redis_url and (problem := lean_backend_problem(settings)):
+        print(f"trainer: {problem}", file=sys.stderr)
+        return 2
+    run_dir = settings.directory()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    local = None
+    started = time.monotonic()
+    try:
+        if settings.redis_url:
+            url = settings.redis_url
+        else:
+            local = LocalPipeline(settings, run_dir)
+            url = local.start()
+            print(f"trainer: local pipeline on {url}; logs in {local.logs}", file=sys.stderr)
+        summary = asyncio.run(train(settings, url, local, run_dir))
+    except KeyboardInterrupt:
+        summary = {"interrupted": True}
+    except RuntimeError as e:
+        print(f"trainer: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if local is not None:
+            local.stop()
+    if local is not None:
+        summary["children"] = local.stopped
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    plots = MetricsSink(run_dir).plots()
+    report = run_dir / "report.json"
+    report.write_bytes(orjson.dumps({"settings": settings.model_dump(), **summary}, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
+    if plots:
+        print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)
+    return 130 if summary.get("interrupted") else 0
+
 
 if __name__ == "__main__":
-    print(
-        "proofstream: the trainer (`python -m trainer --algo es|grpo`) is not built yet; "
-        "the wire and `python -m ops` are. See README.md, 'Status'.",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+    raise SystemExit(main())

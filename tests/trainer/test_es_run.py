@@ -1,0 +1,125 @@
+"""The ES trainer: the step's formula, the staleness bound, and a trainer killed with SIGKILL that resumes
+from its checkpoint and the streams without losing or double-counting a reward (real Redis, real child
+processes; the generator and verifier are played by tests/fixtures/fake_roles.py, so every member's score
+is known in advance)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis as redis_sync
+
+from streams.keys import TRAINER, Keys
+from streams.schema import PolicyUpdate, decode
+from tests.fixtures.fake_roles import fake_reward
+from trainer.es import ESConfig, MemberState, make_step, members_for, select, zscore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _member(center: int, index: int, score: float) -> MemberState:
+    m = MemberState(f"es-v{center}-m{index}", center, 1000 + index, 1, ["a", "b"])
+    m.rewards = {"x": score, "y": score}
+    return m
+
+
+def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
+    torch = pytest.importorskip("torch")
+    from producers.es import apply_step, noise
+
+    members = [_member(0, i, s) for i, s in enumerate([0.0, 0.5, 1.0, 0.5])]
+    cfg = ESConfig(population=4, sigma=0.01, alpha=0.1)
+    step = make_step(members, cfg)
+    z = zscore([0.0, 0.5, 1.0, 0.5])
+    assert step["rewards"] == z and abs(sum(z)) < 1e-12 and step["seeds"] == [1000, 1001, 1002, 1003]
+    assert step["members"] == [m.work_id for m in members]
+    theta = {"w": torch.randn(5, 3, generator=torch.Generator().manual_seed(1))}
+    updated = {"w": theta["w"].clone()}
+    from producers.es import ESStep
+
+    apply_step(updated, ESStep.from_dict(step))
+    expected = theta["w"].double() + 0.1 / 4 * sum(
+        zn * noise(s, "w", (5, 3)).double() for zn, s in zip(z, step["seeds"], strict=True)
+    )
+    assert torch.allclose(updated["w"].double(), expected, atol=1e-7)
+    assert zscore([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # no signal, no step
+
+
+def test_staleness_bound_and_population_cap():
+    cfg = ESConfig(population=3, max_staleness=1)
+    complete = [_member(5, 0, 1.0), _member(4, 1, 0.5), _member(3, 2, 0.0), _member(5, 3, 0.2), _member(4, 4, 0.1)]
+    used, stale = select(complete, 5, cfg)
+    assert [m.work_id for m in used] == ["es-v5-m0", "es-v5-m3", "es-v4-m1"]  # freshest first, at most N
+    assert [m.work_id for m in stale] == ["es-v3-m2"]  # 2 versions old: past the bound
+    assert all(5 - m.center <= 1 for m in used)
+    sync = ESConfig(population=3, max_staleness=0)
+    assert all(m.center == 5 for m in select(complete, 5, sync)[0])
+
+
+def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
+    assert members_for("r", 2, 0, 4, False) == members_for("r", 2, 0, 4, False)
+    assert members_for("r", 2, 0, 4, False) != members_for("r", 3, 0, 4, False)
+    twins = members_for("r", 2, 0, 4, True)
+    assert [s for _, s, _ in twins][::2] == [s for _, s, _ in twins][1::2] and [g for *_, g in twins] == [1, -1, 1, -1]
+
+
+def _trainer(url: str, run: str, run_dir: Path, iterations: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown",
+            "--iterations", str(iterations), "--population", "4", "--batch", "3", "--problems", "40",
+            "--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir), "--log-level", "warning"]  # fmt: skip
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_redis_url, tmp_path):
+    run, iterations = "resume", 10
+    keys = Keys(run)
+    r = redis_sync.Redis.from_url(one_redis_url)
+    roles = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_roles", one_redis_url, run, "0.05"], cwd=ROOT)
+    try:
+        first = _trainer(one_redis_url, run, tmp_path, iterations)
+        _until(lambda: r.xlen(keys.policy) >= 3 or first.poll() is not None, 120, "three versions")
+        assert first.poll() is None, first.communicate()
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = r.xlen(keys.policy)
+        assert killed_at < iterations
+        second = _trainer(one_redis_url, run, tmp_path, iterations)
+        out, err = second.communicate(timeout=180)
+        assert second.returncode == 0, err[-3000:]
+    finally:
+        roles.send_signal(signal.SIGTERM)
+        roles.wait(30)
+    updates = [decode(PolicyUpdate, f) for _, f in r.xrange(keys.policy)]
+    assert [u.policy_version for u in updates] == list(range(1, iterations + 1))  # each version once, in order
+    used = [w for u in updates for w in u.es_step["members"]]
+    assert len(used) == len(set(used))  # no member (and so no reward) went into two updates
+    for u in updates:
+        step = u.es_step
+        assert all(u.policy_version - 1 - c <= 1 for c in step["centers"])  # within the staleness bound
+        for seed, raw in zip(step["seeds"], step["raw_rewards"], strict=True):
+            # every member's score is the mean of all 3 of its rewards: none lost, none counted twice
+            assert raw == pytest.approx(sum(fake_reward(seed, i) for i in range(3)) / 3, abs=1e-6)
+    state = orjson.loads(r.hget(keys.trainer_state, "state"))
+    assert state["version"] == iterations and state["counts"]["resumes"] == 1
+    pending = r.xpending(keys.rewards, TRAINER)
+    assert pending["pending"] == 0  # every reward read was checkpointed and acked
+    metrics = [orjson.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
+    assert [m["version"] for m in metrics if not m.get("eval")][-1] == iterations
+    assert any(m.get("eval") for m in metrics)
+    report = orjson.loads((tmp_path / "report.json").read_bytes())
+    assert report["version"] == iterations and not report["interrupted"]
+    assert {p.name for p in tmp_path.glob("*.png")} == {"reward.png", "staleness.png", "throughput.png"}
+    r.close()

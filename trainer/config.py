@@ -1,0 +1,69 @@
+"""The trainer's settings (TOML table `[trainer]`, env `PROOFSTREAM_<FIELD>`, `python -m trainer --flag`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from streams.settings import RoleSettings
+
+
+class TrainerSettings(RoleSettings):
+    section = "trainer"
+
+    algo: Literal["es", "grpo"] = "es"
+    task: Literal["countdown", "lean"] = "countdown"
+    run_dir: str = Field("", description="reports, metrics, plots, checkpoints (default runs/<run>)")
+    iterations: int = Field(10, ge=1, description="policy versions to produce")
+    seed: int = 0
+
+    # data
+    dataset: str = Field("", description="jsonl of theorems (miniF2F, STP, Lean Workbook); lean task only")
+    problems: int = Field(256, ge=1, description="countdown: training problems generated from the seed")
+    held_out: int = Field(32, ge=0, description="problems kept out of training for evaluation")
+    curriculum: Literal["easy", "ramp", "none"] = Field(
+        "easy", description="countdown: easy = 2-3 numbers, + - * only (what the 135M default can reach)"
+    )
+    batch: int = Field(8, ge=1, description="theorems per member (ES) or per step (GRPO)")
+    eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
+
+    # sampling
+    temperature: float = Field(1.0, ge=0)
+    max_new_tokens: int = Field(96, ge=1)
+    prompt_format: str = "kimina"
+
+    # ES
+    preset: Literal["cpu", "paper"] = Field("cpu", description="cpu: N=8; paper: N=30 (sigma, alpha as the paper)")
+    population: int | None = Field(None, ge=2, description="overrides the preset")
+    sigma: float | None = Field(None, gt=0)
+    alpha: float | None = Field(None, gt=0)
+    antithetic: bool = False
+    max_staleness: int = Field(1, ge=0)
+    quorum: float = Field(0.75, gt=0, le=1)
+    deadline_s: float = Field(900.0, gt=0)
+
+    # GRPO
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(1e-6, gt=0)
+
+    # the local pipeline (no redis_url): children the trainer starts
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    model: str | None = None
+    verifiers: int = Field(1, ge=1, description="verifier worker processes (local mode)")
+    verifier_concurrency: int = Field(2, ge=1, description="sandboxes per verifier process (local mode)")
+    sandbox: Literal["auto", "docker", "process", "kimina"] = "auto"
+    kimina_url: str = ""
+    lean_repl_cmd: list[str] = Field(default_factory=list)
+    lean_workdir: str = ""
+    lean_image: str = "proofstream-lean:latest"
+
+    @model_validator(mode="after")
+    def _lean_needs_data(self) -> TrainerSettings:
+        if self.task == "countdown" and self.dataset:
+            raise ValueError("dataset is for the lean task; countdown problems are generated from the seed")
+        return self
+
+    def directory(self) -> Path:
+        return Path(self.run_dir or Path("runs") / self.run).expanduser()

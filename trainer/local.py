@@ -1,0 +1,159 @@
+"""The one-machine pipeline: a private Redis, a generator and verifier workers as child processes.
+
+`python -m trainer` with no Redis configured starts them, runs, and stops them all at the end, on Ctrl-C,
+and on SIGTERM. Children run in their own process groups (a Ctrl-C in the terminal reaches the trainer,
+which stops them in order: SIGTERM, a grace period, then SIGKILL of the whole group) and get SIGTERM from
+the kernel if the trainer itself dies (PR_SET_PDEATHSIG), so nothing is left running either way.
+Their logs go to `<run dir>/logs/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from streams.embedded import EmbeddedRedis
+from trainer.config import TrainerSettings
+
+log = structlog.get_logger("trainer.local")
+ROOT = Path(__file__).resolve().parents[1]
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def lean_backend_problem(settings: TrainerSettings) -> str | None:
+    """None if a Lean backend is configured and reachable; else what is missing and the ways to get one."""
+    from verifier_pool import docker_backend
+    from verifier_pool.pool import NO_LEAN
+
+    if settings.sandbox == "kimina" or settings.kimina_url:
+        if not settings.kimina_url:
+            return "sandbox = 'kimina' needs kimina_url. " + NO_LEAN
+        import httpx
+
+        try:
+            httpx.get(settings.kimina_url.rstrip("/") + "/health", timeout=5.0)
+        except httpx.HTTPError as e:
+            return f"the kimina-lean-server at {settings.kimina_url} does not answer ({e}). " + NO_LEAN
+        return None
+    if settings.lean_repl_cmd:
+        exe = settings.lean_repl_cmd[0]
+        if shutil.which(exe) is None and not Path(exe).is_file():
+            return f"lean_repl_cmd {settings.lean_repl_cmd} cannot run: {exe!r} is not on PATH. " + NO_LEAN
+        return None
+    if settings.sandbox in ("auto", "docker") and docker_backend.daemon_ready(settings.lean_image):
+        return None
+    return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
+
+
+class LocalPipeline:
+    """Redis + generator + verifiers for one run, all stopped by `stop()` (idempotent)."""
+
+    def __init__(self, settings: TrainerSettings, run_dir: Path) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.redis: EmbeddedRedis | None = None
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.stopped: list[dict] = []  # name, pid, exit status of every process this pipeline ran
+
+    @property
+    def url(self) -> str:
+        assert self.redis is not None
+        return self.redis.url
+
+    def start(self) -> str:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "redis").mkdir(exist_ok=True)  # its AOF: the same run id resumes from it
+        self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
+        base = {
+            **os.environ,
+            "PROOFSTREAM_REDIS_URL": self.url,
+            "PROOFSTREAM_RUN": self.settings.run,
+            "PROOFSTREAM_LOG_LEVEL": self.settings.log_level,
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        }
+        for key in ("PROOFSTREAM_CONFIG",):  # children take what the trainer passes, not the trainer's file
+            base.pop(key, None)
+        gen = [sys.executable, "-m", "producers", "--engine", self.settings.engine, "--name", "local-generator",
+               "--prompt-format", self.settings.prompt_format]  # fmt: skip
+        if self.settings.model:
+            gen += ["--model", self.settings.model]
+        self._spawn("generator", gen, base)
+        verifier_env = {
+            **base,
+            "PROOFSTREAM_TASKS": json.dumps([self.settings.task]),
+            "PROOFSTREAM_CONCURRENCY": str(self.settings.verifier_concurrency),
+            "PROOFSTREAM_SANDBOX": self.settings.sandbox,
+        }
+        for key, value in (("KIMINA_URL", self.settings.kimina_url), ("LEAN_WORKDIR", self.settings.lean_workdir),
+                           ("LEAN_IMAGE", self.settings.lean_image)):  # fmt: skip
+            if value:
+                verifier_env[f"PROOFSTREAM_{key}"] = value
+        if self.settings.lean_repl_cmd:
+            verifier_env["PROOFSTREAM_LEAN_REPL_CMD"] = json.dumps(self.settings.lean_repl_cmd)
+        arq = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
+        for i in range(self.settings.verifiers):
+            self._spawn(f"verifier-{i}", [arq, "workers.verifier"], verifier_env)
+        return self.url
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it; closed at stop
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+        out.close()
+        self.children.append((name, proc))
+        log.info("child_started", name=name, pid=proc.pid, log=str(self.logs / f"{name}.log"))
+
+    def check(self) -> None:
+        """Raise if a child has exited: the run cannot go on without it."""
+        for name, proc in self.children:
+            code = proc.poll()
+            if code is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"the {name} process exited with status {code}; its log ends:\n{tail}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        for _, proc in self.children:
+            if proc.poll() is None:
+                with _quiet():
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.children:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("child_killed", name=name, pid=proc.pid)
+            with _quiet():
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: sandboxes a worker left behind go too
+            self.stopped.append({"name": name, "pid": proc.pid, "exit": proc.wait()})
+        self.children.clear()
+        if self.redis is not None:
+            pid = self.redis.proc.pid if self.redis.proc else None
+            self.redis.stop()
+            self.stopped.append(
+                {"name": "redis-server", "pid": pid, "exit": self.redis.proc.poll() if self.redis.proc else None}
+            )
+            self.redis = None
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        return kind is not None and issubclass(kind, ProcessLookupError | PermissionError)
