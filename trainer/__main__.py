@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["wall_s"] = round(time.monotonic() - started, 1)
     plots = MetricsSink(run_dir).plots()
     report = run_dir / "report.json"
-    report.write_bytes(orjson.dumps({"settings": settings.model_dump(), **summary}, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+    report.write_bytes(orjson.dumps({"settings": settings.model_dump(), **summary}, option=options))
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)
