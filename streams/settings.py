@@ -28,14 +28,15 @@ class SettingsError(ValueError):
     """A configuration the role cannot run with; the message says which key and what to do."""
 
 
-def _env_value(var: str, value: str, annotation: Any) -> Any:
-    """Env values are strings; lists and tables are written as JSON (`PROOFSTREAM_TASKS='["lean"]'`)."""
-    if typing.get_origin(annotation) not in (list, dict):
+def _structured(where: str, value: Any, annotation: Any) -> Any:
+    """Env values and flags are strings; lists and tables are written as JSON
+    (`PROOFSTREAM_LEAN_REPL_CMD='["lake", "env", "repl"]'`, `--lean-repl-cmd '["lake", "env", "repl"]'`)."""
+    if typing.get_origin(annotation) not in (list, dict) or not isinstance(value, str):
         return value
     try:
         return json.loads(value)
     except json.JSONDecodeError as e:
-        raise SettingsError(f'{var} must be JSON for this setting, e.g. \'["a", "b"]\': {e}') from e
+        raise SettingsError(f'{where} must be JSON for this setting, e.g. \'["a", "b"]\': {e}') from e
 
 
 class RoleSettings(BaseModel):
@@ -60,8 +61,11 @@ class RoleSettings(BaseModel):
         for name, info in cls.model_fields.items():
             value = env.get(ENV_PREFIX + name.upper())
             if value is not None:
-                merged[name] = _env_value(ENV_PREFIX + name.upper(), value, info.annotation)
-        merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+                merged[name] = _structured(ENV_PREFIX + name.upper(), value, info.annotation)
+        for name, value in (flags or {}).items():
+            if value is not None:
+                info = cls.model_fields.get(name)
+                merged[name] = _structured("--" + name.replace("_", "-"), value, info.annotation if info else None)
         try:
             return cls.model_validate(merged)
         except ValidationError as e:

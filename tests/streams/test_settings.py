@@ -71,3 +71,11 @@ def test_list_settings_from_env_are_json():
     assert VerifierLike.load(env={"PROOFSTREAM_TASKS": '["lean", "countdown"]'}).tasks == ["lean", "countdown"]
     with pytest.raises(SettingsError, match="PROOFSTREAM_TASKS must be JSON"):
         VerifierLike.load(env={"PROOFSTREAM_TASKS": "lean,countdown"})
+
+
+def test_list_settings_from_flags_are_json_too():
+    parser = argparse.ArgumentParser()
+    VerifierLike.add_arguments(parser)
+    assert VerifierLike.from_args(parser.parse_args(["--tasks", '["countdown"]'])).tasks == ["countdown"]
+    with pytest.raises(SettingsError, match="--tasks must be JSON"):
+        VerifierLike.from_args(parser.parse_args(["--tasks", "countdown"]))
