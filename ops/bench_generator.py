@@ -2,7 +2,8 @@
 
 Both sides generate for the same work: `--orders` orders of `--prompts` Countdown problems with
 `--n` samples each, at temperature 1 with the seed each order's work id gives, on one loaded engine.
-The raw side calls `engine.generate` on the tokenized prompts. The service side publishes the orders to a
+The raw side calls `engine.generate` on the tokenized prompts, from the generator's engine thread (the one
+thread every engine call runs on; producers/engine.py says why). The service side publishes the orders to a
 private Redis and runs `GeneratorService` (read order, policy in place, prompts, generate in a thread,
 extract, settle attempts + ack) until every attempt is in the stream. Same seeds and weights: both sides
 generate the same tokens, so `ratio` is the share of the engine's speed the service path keeps.
@@ -77,35 +78,42 @@ async def service_round(url: str, engine, theorems: list[Theorem], orders: list[
     started = time.perf_counter()
     await Publisher(redis, keys).publish(orders)
     task = asyncio.create_task(service.run(stop))
-    while await redis.xlen(keys.attempts) < expected:
+    reader = connect(url)  # blocking reads on a connection of its own: no polling beside the engine
+    seen, last = 0, "0"
+    while seen < expected:
         if task.done():
             task.result()
-        await asyncio.sleep(0.01)
+        for _, entries in await reader.xread({keys.attempts: last}, block=500) or []:
+            seen, last = seen + len(entries), entries[-1][0]
     elapsed = time.perf_counter() - started
     stop.set()
     await task
     tokens = sum(decode(Attempt, f).num_tokens for _, f in await redis.xrange(keys.attempts))
+    await reader.aclose()
     await redis.aclose()
     return elapsed, tokens
 
 
 def bench(url: str, args: argparse.Namespace) -> dict:
-    from producers.engine import choose, make_engine
+    from producers.engine import ENGINE_THREAD, choose, make_engine
     from producers.model import resolve_model
 
     engine_name = choose(args.engine)
-    engine = make_engine(engine_name, resolve_model(args.model), threads=args.threads)
+    # Both sides call the engine from the service's engine thread (see producers/engine.py: ENGINE_THREAD).
+    on_engine_thread = lambda fn, *a, **k: ENGINE_THREAD.submit(fn, *a, **k).result()  # noqa: E731
+    engine = on_engine_thread(make_engine, engine_name, resolve_model(args.model), threads=args.threads)
     try:
         theorems = _theorems(args.orders * args.prompts)
         warm = _orders("warm", theorems, 1, args.prompts, args.n, 8)
-        raw_round(engine, theorems, warm)  # first-call costs (kernels, caches) on neither side's clock
+        # first-call costs (kernels, caches) on neither side's clock
+        on_engine_thread(raw_round, engine, theorems, warm)
         raw, ours = [], []
         for r in range(args.rounds):
             orders = _orders(f"r{r}", theorems, args.orders, args.prompts, args.n, args.max_new_tokens)
-            raw.append(raw_round(engine, theorems, orders))
+            raw.append(on_engine_thread(raw_round, engine, theorems, orders))
             ours.append(asyncio.run(service_round(url, engine, theorems, orders, f"bench-gen-{r}")))
     finally:
-        engine.close()
+        on_engine_thread(engine.close)
     raw_rates = [t / s for s, t in raw]
     our_rates = [t / s for s, t in ours]
     r, o = statistics.median(raw_rates), statistics.median(our_rates)

@@ -16,7 +16,7 @@ import sys
 import structlog
 
 from producers.config import GeneratorSettings
-from producers.engine import EngineUnavailable, choose, make_engine
+from producers.engine import EngineUnavailable, choose, in_engine_thread, make_engine
 from producers.model import MissingDependency, ModelNotFound, resolve_model
 from producers.service import GeneratorService
 from streams import logs
@@ -54,7 +54,7 @@ async def serve(settings: GeneratorSettings) -> int:
     except Exception as e:
         print(f"producers: cannot reach Redis at {settings.redis_url}: {e}", file=sys.stderr)
         return 1
-    engine = await asyncio.to_thread(build_engine, settings)
+    engine = await in_engine_thread(build_engine, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

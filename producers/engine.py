@@ -11,12 +11,31 @@ definition vLLM uses by default (`logprobs_mode="raw_logprobs"`), so they compar
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib.util
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 ENGINES = ("hf", "vllm")
+
+# Every call into an engine (load, generate, ES steps, weight loads) runs on this one thread. torch's CPU
+# kernels run on an OpenMP thread team that belongs to the calling thread: a second calling thread gets a
+# second team, whose idle threads spin-wait for work and take cores from the busy one. On a 2-core box
+# generating from a pool thread after loading on another cost ~20% of the tokens/s (ops bench generator).
+# One thread also means an engine never sees two calls at once.
+ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+
+T = TypeVar("T")
+
+
+async def in_engine_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run `fn(*args, **kwargs)` on the engine thread without blocking the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, functools.partial(fn, *args, **kwargs))
 
 
 class EngineUnavailable(RuntimeError):

@@ -11,14 +11,13 @@ after its digest is recomputed and matches; a mismatch is `PolicyMismatch`, neve
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
 import structlog
 from redis.asyncio import Redis
 
-from producers.engine import Engine
+from producers.engine import Engine, in_engine_thread
 from producers.model import weights_digest
 from streams.keys import Keys
 from streams.schema import PolicyUpdate, SchemaError, decode
@@ -59,7 +58,7 @@ class PolicyFollower:
         if update.algo == "es":
             if update.es_step is None:
                 raise PolicyMismatch(f"ES policy version {update.policy_version} carries no es_step")
-            await asyncio.to_thread(self.engine.es_add_step, update.policy_version, update.es_step)
+            await in_engine_thread(self.engine.es_add_step, update.policy_version, update.es_step)
         else:
             self.grpo[update.policy_version] = update
         self.latest = max(self.latest, update.policy_version)

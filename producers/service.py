@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from producers import prompts
 from producers.config import GeneratorSettings
-from producers.engine import Engine, Sampling
+from producers.engine import Engine, Sampling, in_engine_thread
 from producers.policy import PolicyFollower, PolicyMismatch
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
@@ -118,7 +118,7 @@ class GeneratorService:
             raise Poison(f"work order {order.work_id}: {e}") from e
         started = time.monotonic()
         try:
-            attempts = await asyncio.to_thread(self._generate, order, theorems, sampling)
+            attempts = await in_engine_thread(self._generate, order, theorems, sampling)
         except PolicyMismatch as e:
             self.counts["policy_errors"] += 1
             raise Poison(str(e)) from e
