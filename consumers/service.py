@@ -53,8 +53,11 @@ class VerifierService:
         await ensure_group(self.admin, self.keys.attempts, VERIFIERS)
         kinds = backends(self.settings)
         if "docker" in kinds.values():
-            # Containers of a worker that died without cleaning up (their owner process is gone).
-            removed = await asyncio.to_thread(docker_backend.remove_orphans)
+            # Containers of a worker that died without cleaning up (their owner process is gone). Only owners
+            # of this hostname: liveness can be proven only here, and a daemon shared through its socket also
+            # runs the sandboxes of other workers (other verifier containers, other hosts, test runs).
+            own_host = f"{socket.gethostname()}:"
+            removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
             if removed:
                 log.info("removed_orphan_sandboxes", count=len(removed))
         for i in range(self.settings.workers):
