@@ -27,8 +27,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# A short run that shows every part working (about 5 minutes on 2 cores): 5 ES versions of 8 members on
+# 4 easy Countdown problems each, the held-out 16 evaluated at the start and the end. RUN_ARGS adds flags.
+RUN_ARGS ?=
 run: $(STAMP)
-	$(BIN)/python -m trainer --algo es --task countdown
+	$(BIN)/python -m trainer --algo es --task countdown --run make-run-$$(date +%Y%m%d-%H%M%S) \
+	  --iterations 5 --batch 4 --max-new-tokens 64 --held-out 16 --eval-every 5 $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

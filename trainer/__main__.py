@@ -22,32 +22,15 @@ import structlog
 from streams import logs
 from streams.connect import connect
 from streams.settings import SettingsError
-from streams.theorems import Theorem
 from trainer.config import TrainerSettings
+from trainer.data import load_theorems
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink
 
 log = structlog.get_logger("trainer")
 
 
-def load_theorems(settings: TrainerSettings) -> tuple[list[Theorem], list[Theorem]]:
-    """(train, held-out) for the task: seeded Countdown problems, or a Lean jsonl (the shipped examples
-    when no dataset is named)."""
-    from trainer import data
-
-    if settings.task == "countdown":
-        curriculum = None if settings.curriculum == "none" else settings.curriculum
-        problems = data.countdown_problems(settings.problems + settings.held_out, settings.seed, curriculum=curriculum)
-        return problems[settings.held_out :], problems[: settings.held_out]
-    path = Path(settings.dataset) if settings.dataset else data.EXAMPLES
-    theorems = data.load_jsonl(path)
-    fraction = settings.held_out / len(theorems) if len(theorems) > settings.held_out else 0.0
-    return data.held_out_split(theorems, fraction, settings.seed)
-
-
 async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, run_dir: Path) -> dict:
-    from trainer.run import ESRun
-
     redis = connect(url)
     train_set, held_out = load_theorems(settings)
     sink = MetricsSink(run_dir)
@@ -56,7 +39,16 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bar = _progress(settings.iterations)
-    run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+    if settings.algo == "grpo":
+        from producers.model import resolve_model
+        from trainer.grpo_run import GRPORun
+
+        model_path = await asyncio.to_thread(resolve_model, settings.model)
+        run = GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
+    else:
+        from trainer.run import ESRun
+
+        run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
     watchdog = asyncio.create_task(_watch(local, stop)) if local else None
     try:
         summary = await run.run(stop)
@@ -107,10 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: {e}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level)
-    if settings.algo == "grpo":
-        print("trainer: --algo grpo is not wired into the pipeline yet (trainer/grpo.py holds the algorithm); "
-              "use --algo es", file=sys.stderr)  # fmt: skip
-        return 2
     if settings.task == "lean" and not settings.redis_url and (problem := lean_backend_problem(settings)):
         print(f"trainer: {problem}", file=sys.stderr)
         return 2

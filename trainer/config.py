@@ -45,8 +45,11 @@ class TrainerSettings(RoleSettings):
     deadline_s: float = Field(900.0, gt=0)
 
     # GRPO
-    group_size: int = Field(8, ge=2)
+    group_size: int = Field(8, ge=2, description="G: samples per theorem")
     lr: float = Field(1e-6, gt=0)
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: std-normalized; dr_grpo: mean only")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model; 0: off")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per step (at least: passes of 8 sequences)")
 
     # the local pipeline (no redis_url): children the trainer starts
     engine: Literal["auto", "hf", "vllm"] = "auto"

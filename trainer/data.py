@@ -46,12 +46,15 @@ import random
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.theorems import Theorem
 from verifier_pool.countdown import check as countdown_check
 from verifier_pool.countdown import partial_credit
 from verifier_pool.lean_check import theorem_name
+
+if TYPE_CHECKING:
+    from trainer.config import TrainerSettings
 
 EXAMPLES = Path(__file__).resolve().parent / "examples" / "lean_examples.jsonl"
 
@@ -446,3 +449,16 @@ def countdown_reward(numbers: list[int], target: int, answer_text: str) -> float
     numbers a value nearer the target scores more. Text with no tag and no expression scores 0.0.
     """
     return partial_credit(answer_text, countdown_check(list(numbers), target, answer_text), target)
+
+
+def load_theorems(settings: TrainerSettings) -> tuple[list[Theorem], list[Theorem]]:
+    """(train, held-out) for the task: seeded Countdown problems, or a Lean jsonl (the shipped examples
+    when no dataset is named)."""
+    if settings.task == "countdown":
+        curriculum = None if settings.curriculum == "none" else settings.curriculum
+        problems = countdown_problems(settings.problems + settings.held_out, settings.seed, curriculum=curriculum)
+        return problems[settings.held_out :], problems[: settings.held_out]
+    path = Path(settings.dataset) if settings.dataset else EXAMPLES
+    theorems = load_jsonl(path)
+    fraction = settings.held_out / len(theorems) if len(theorems) > settings.held_out else 0.0
+    return held_out_split(theorems, fraction, settings.seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -60,6 +61,11 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
     return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
 
 
+# In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
+# lifetime, `python -m trainer.eval` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
+DATA_LOCK = ".lock"
+
+
 class LocalPipeline:
     """Redis + generator + verifiers for one run, all stopped by `stop()` (idempotent)."""
 
@@ -70,6 +76,7 @@ class LocalPipeline:
         self.redis: EmbeddedRedis | None = None
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.stopped: list[dict] = []  # name, pid, exit status of every process this pipeline ran
+        self._lock = None
 
     @property
     def url(self) -> str:
@@ -79,6 +86,16 @@ class LocalPipeline:
     def start(self) -> str:
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "redis").mkdir(exist_ok=True)  # its AOF: the same run id resumes from it
+        self._lock = open(self.run_dir / "redis" / DATA_LOCK, "a+")  # noqa: SIM115 (held until stop())
+        try:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise RuntimeError(
+                f"{self.run_dir} is in use: another trainer of run {self.settings.run!r}, or `python -m "
+                "trainer.eval` reading its Redis, holds it. Wait for it to finish, or use another --run"
+            ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
         base = {
             **os.environ,
@@ -149,6 +166,9 @@ class LocalPipeline:
                 {"name": "redis-server", "pid": pid, "exit": self.redis.proc.poll() if self.redis.proc else None}
             )
             self.redis = None
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
 
 class _quiet:

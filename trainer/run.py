@@ -58,7 +58,11 @@ def es_config(settings: TrainerSettings) -> ESConfig:
     )
 
 
-class ESRun:
+class Run:
+    """What every algorithm's run shares: state, checkpoint, orders, rewards, evaluation, the loop."""
+
+    algo = ""
+
     def __init__(
         self,
         settings: TrainerSettings,
@@ -71,7 +75,6 @@ class ESRun:
         self.settings = settings
         self.redis = redis
         self.keys = Keys(settings.run)
-        self.cfg = es_config(settings)
         self.train = train
         self.held_out = held_out
         self.sink = sink
@@ -96,9 +99,8 @@ class ESRun:
 
     def state(self) -> dict[str, Any]:
         return {
-            "algo": "es",
+            "algo": self.algo,
             "version": self.version,
-            "config": vars(self.cfg),
             "next_index": {str(k): v for k, v in self.next_index.items()},
             "members": [m.to_dict() for m in self.members.values()],
             "evals": [m.to_dict() for m in self.evals.values()],
@@ -107,9 +109,9 @@ class ESRun:
         }
 
     def _load(self, doc: dict[str, Any]) -> None:
-        if doc.get("algo") != "es":
+        if doc.get("algo") != self.algo:
             raise RuntimeError(
-                f"run {self.settings.run!r} holds a {doc.get('algo')} checkpoint, not es: use another run id"
+                f"run {self.settings.run!r} holds a {doc.get('algo')} checkpoint, not {self.algo}: use another run id"
             )
         self.version = int(doc["version"])
         self.next_index.update({int(k): int(v) for k, v in doc["next_index"].items()})
@@ -148,59 +150,30 @@ class ESRun:
 
     # -- work --------------------------------------------------------------------------------------------
 
-    def _batch(self, center: int, index: int) -> list[str]:
-        """The theorems of member `index` of `center`: one batch per center, shared by its members (the ES
-        estimate compares members on the same problems), drawn by a seeded rotation through the train split."""
-        n, k = len(self.train), min(self.settings.batch, len(self.train))
-        start = (center * k + self.settings.seed * 7919) % n
-        return [self.train[(start + i) % n].theorem_id for i in range(k)]
-
-    def _order(self, m: MemberState, *, sigma: float, temperature: float) -> WorkOrder:
-        return WorkOrder(
-            work_id=m.work_id,
-            policy_version=m.center,
-            algo="es",
-            task=self.settings.task,
-            theorem_ids=m.theorem_ids,
-            member=Member(m.seed, m.sign) if sigma else None,
-            sigma=sigma,
-            sampling={"temperature": temperature, "max_new_tokens": self.settings.max_new_tokens},
-            issued_ms=int(time.time() * 1000),
-            max_staleness=None if m.work_id.startswith("eval-") else self.cfg.max_staleness,
-        )
-
     async def _publish_orders(self, members: list[MemberState]) -> None:
         if not members:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for m in members:
-                is_eval = m.work_id.startswith("eval-")
-                order = self._order(m, sigma=0.0 if is_eval else self.cfg.sigma,
-                                    temperature=0.0 if is_eval else self.settings.temperature)  # fmt: skip
-                pipe.xadd(self.keys.work, encode(order))
+                pipe.xadd(self.keys.work, encode(self._order(m)))
             await pipe.execute()
 
+    def _order(self, m: MemberState) -> WorkOrder:
+        raise NotImplementedError
+
     async def top_up(self) -> int:
-        """Issue members around the newest center until `population` are in flight. Returns how many."""
-        in_flight = sum(1 for m in self.members.values() if not m.complete)
-        want = self.cfg.population - in_flight
-        if want <= 0:
-            return 0
-        center = self.version
-        new = []
-        for index, seed, sign in members_for(
-            self.settings.run, center, self.next_index[center], want, self.cfg.antithetic
-        ):
-            m = MemberState(
-                f"es-v{center}-m{index}", center, seed, sign, self._batch(center, index), issued_at=time.time()
-            )
-            self.members[m.work_id] = m
-            new.append(m)
-        self.next_index[center] += want
-        await self.checkpoint()  # write-ahead: the members exist before their orders do
-        await self._publish_orders(new)
-        self.counts["members_issued"] += len(new)
-        return len(new)
+        raise NotImplementedError
+
+    def _ready(self) -> Any:
+        """What the next update needs, when it can happen now; else None."""
+        raise NotImplementedError
+
+    async def update(self, ready: Any) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    async def poll(self, block_ms: int) -> None:
+        """Read what has arrived (rewards; GRPO also attempts)."""
+        await self._read(block_ms=block_ms)
 
     async def issue_eval(self, version: int) -> None:
         if not self.held_out or f"eval-v{version}" in self.evals:
@@ -249,6 +222,105 @@ class ESRun:
         self._window_rewards += 1
 
     # -- updates -----------------------------------------------------------------------------------------
+
+    def _eval_done(self) -> None:
+        for work_id, m in list(self.evals.items()):
+            if m.complete:
+                version = m.center
+                result = {
+                    "version": version,
+                    "held_out_reward": round(m.score, 6),
+                    "held_out_exact": round(m.proved / max(1, m.expected), 6),
+                    "problems": m.expected,
+                }
+                self.eval_results[version] = result
+                self.sink.write({"eval": True, **result, "time": time.time()})
+                del self.evals[work_id]
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> dict[str, Any]:
+        await self.resume()
+        if self.settings.eval_every and self.version == 0:
+            await self.issue_eval(0)
+        self.progress(self.version)
+        while not stop.is_set() and self.version < self.settings.iterations:
+            await self.top_up()
+            await self.poll(block_ms=500)
+            self._eval_done()
+            ready = self._ready()
+            if ready is not None:
+                await self.update(ready)
+                if self.settings.eval_every and self.version % self.settings.eval_every == 0:
+                    await self.issue_eval(self.version)
+                self.progress(self.version)
+            elif self._unacked and time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+                await self.checkpoint()
+        if not stop.is_set() and self.settings.eval_every:
+            await self.issue_eval(self.version)
+            deadline = time.monotonic() + self.settings.deadline_s
+            while self.evals and not stop.is_set() and time.monotonic() < deadline:
+                await self.poll(block_ms=500)
+                self._eval_done()
+        await self.checkpoint()
+        return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
+
+
+class ESRun(Run):
+    algo = "es"
+
+    def __init__(self, settings: TrainerSettings, *args: Any, **kwargs: Any) -> None:
+        super().__init__(settings, *args, **kwargs)
+        self.cfg = es_config(settings)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "config": vars(self.cfg)}
+
+    def _batch(self, center: int, index: int) -> list[str]:
+        """The theorems of member `index` of `center`: one batch per center, shared by its members (the ES
+        estimate compares members on the same problems), drawn by a seeded rotation through the train split."""
+        n, k = len(self.train), min(self.settings.batch, len(self.train))
+        start = (center * k + self.settings.seed * 7919) % n
+        return [self.train[(start + i) % n].theorem_id for i in range(k)]
+
+    def _order(self, m: MemberState) -> WorkOrder:
+        is_eval = m.work_id.startswith("eval-")
+        sigma = 0.0 if is_eval else self.cfg.sigma
+        temperature = 0.0 if is_eval else self.settings.temperature
+        return WorkOrder(
+            work_id=m.work_id,
+            policy_version=m.center,
+            algo="es",
+            task=self.settings.task,
+            theorem_ids=m.theorem_ids,
+            member=Member(m.seed, m.sign) if sigma else None,
+            sigma=sigma,
+            sampling={"temperature": temperature, "max_new_tokens": self.settings.max_new_tokens},
+            issued_ms=int(time.time() * 1000),
+            max_staleness=None if m.work_id.startswith("eval-") else self.cfg.max_staleness,
+        )
+
+    async def top_up(self) -> int:
+        """Issue members around the newest center until `population` are in flight. Returns how many."""
+        in_flight = sum(1 for m in self.members.values() if not m.complete)
+        want = self.cfg.population - in_flight
+        if want <= 0:
+            return 0
+        center = self.version
+        new = []
+        for index, seed, sign in members_for(
+            self.settings.run, center, self.next_index[center], want, self.cfg.antithetic
+        ):
+            m = MemberState(
+                f"es-v{center}-m{index}", center, seed, sign, self._batch(center, index), issued_at=time.time()
+            )
+            self.members[m.work_id] = m
+            new.append(m)
+        self.next_index[center] += want
+        await self.checkpoint()  # write-ahead: the members exist before their orders do
+        await self._publish_orders(new)
+        self.counts["members_issued"] += len(new)
+        return len(new)
 
     def _ready(self) -> list[MemberState] | None:
         complete = [m for m in self.members.values() if m.complete]
@@ -299,45 +371,3 @@ class ESRun:
             "es_update", **{k: metrics[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers")}
         )
         return metrics
-
-    def _eval_done(self) -> None:
-        for work_id, m in list(self.evals.items()):
-            if m.complete:
-                version = m.center
-                result = {
-                    "version": version,
-                    "held_out_reward": round(m.score, 6),
-                    "held_out_exact": round(m.proved / max(1, m.expected), 6),
-                    "problems": m.expected,
-                }
-                self.eval_results[version] = result
-                self.sink.write({"eval": True, **result, "time": time.time()})
-                del self.evals[work_id]
-
-    # -- the loop ----------------------------------------------------------------------------------------
-
-    async def run(self, stop: asyncio.Event) -> dict[str, Any]:
-        await self.resume()
-        if self.settings.eval_every and self.version == 0:
-            await self.issue_eval(0)
-        self.progress(self.version)
-        while not stop.is_set() and self.version < self.settings.iterations:
-            await self.top_up()
-            await self._read(block_ms=500)
-            self._eval_done()
-            complete = self._ready()
-            if complete is not None:
-                await self.update(complete)
-                if self.settings.eval_every and self.version % self.settings.eval_every == 0:
-                    await self.issue_eval(self.version)
-                self.progress(self.version)
-            elif self._unacked and time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
-                await self.checkpoint()
-        if not stop.is_set() and self.settings.eval_every:
-            await self.issue_eval(self.version)
-            deadline = time.monotonic() + self.cfg.deadline_s
-            while self.evals and not stop.is_set() and time.monotonic() < deadline:
-                await self._read(block_ms=500)
-                self._eval_done()
-        await self.checkpoint()
-        return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}

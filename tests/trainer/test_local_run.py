@@ -66,3 +66,37 @@ def test_ctrl_c_stops_the_local_run_and_every_child(tmp_path):
     report = orjson.loads((tmp_path / "report.json").read_bytes())
     assert report["interrupted"] and len(report["children"]) == 3
     assert not [c for c in report["children"] if _alive(c["pid"])]
+
+
+def test_lean_task_with_no_backend_stops_at_once_naming_the_ways_to_get_one(tmp_path):
+    """No Lean here: an image name no daemon holds, no REPL command, no kimina URL. The trainer must stop
+    before starting anything, with exit code 2 and a message naming the three ways to get a backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
+    for extra in (["--lean-image", "proofstream-no-such-image:0"], ["--lean-repl-cmd", '["no-such-repl-binary"]']):
+        argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "lean", "--run", "lean-check",
+                "--run-dir", str(tmp_path / "run"), "--sandbox", "docker", *extra]  # fmt: skip
+        started = time.monotonic()
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "Lean REPL image" in done.stderr or "docker build -t proofstream-lean" in done.stderr
+        assert "lean_repl_cmd" in done.stderr and "kimina_url" in done.stderr
+        assert time.monotonic() - started < 60  # no model loaded, no child started
+        assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):
+    """Two redis-servers on one AOF would corrupt it: while something holds the run's data lock (a trainer,
+    or an eval that restarted the run's Redis), a trainer of the same run stops at once and says why."""
+    import fcntl
+
+    from trainer.local import DATA_LOCK
+
+    run_dir = tmp_path / "run"
+    (run_dir / "redis").mkdir(parents=True)
+    with open(run_dir / "redis" / DATA_LOCK, "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = _trainer(run_dir, iterations=1)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "is in use" in err and "--run" in err
+    assert not (run_dir / "redis" / "appendonlydir").exists()  # no server was started on it

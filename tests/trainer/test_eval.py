@@ -1,0 +1,205 @@
+"""`python -m trainer.eval`: the pass@k estimator, the weights of a version (ES replay, GRPO by digest), and a
+whole evaluation through the CLI. Real parts only: Redis servers of our own, the default model, the
+Countdown checker in its bubblewrap sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from streams.connect import connect
+from streams.embedded import EmbeddedRedis
+from streams.keys import Keys
+from streams.schema import PolicyUpdate, WorkOrder, encode
+from streams.theorems import register
+from tests.producers.conftest import needs_model
+from trainer import eval as ev
+from trainer.config import TrainerSettings
+from trainer.data import load_theorems
+from trainer.es import ESConfig, MemberState, make_step, member_seed
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    from producers.model import resolve_model
+
+    return resolve_model(None)  # the default model, converted once per machine (~20 s the first time)
+
+
+@pytest.fixture(autouse=True)
+def _no_proofstream_env(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("PROOFSTREAM_")]:
+        monkeypatch.delenv(name)
+
+
+def es_steps(run: str, versions: int) -> list[dict]:
+    """Real ES steps as the trainer makes them: two members per version, one rewarded, one not."""
+    steps = []
+    for v in range(1, versions + 1):
+        members = [MemberState(f"es-v{v - 1}-m{i}", v - 1, member_seed(run, v - 1, i), 1, ["x"], rewards={"a": r})
+                   for i, r in enumerate((1.0, 0.0))]  # fmt: skip
+        steps.append(make_step(members, ESConfig(population=2)))
+    return steps
+
+
+def populate(url: str, settings: TrainerSettings, policy: list[PolicyUpdate]) -> None:
+    """What the trainer leaves in its Redis: theorems, checkpoint, an evaluation order, policy entries."""
+
+    async def go() -> None:
+        redis, keys = connect(url), Keys(settings.run)
+        train, held = load_theorems(settings)
+        await register(redis, keys, train + held)
+        await redis.hset(keys.trainer_state, "state", orjson.dumps({"algo": settings.algo, "version": len(policy)}))
+        order = WorkOrder("eval-v0", 0, settings.algo, settings.task, [t.theorem_id for t in held])
+        await redis.xadd(keys.work, encode(order))
+        for update in policy:
+            await redis.xadd(keys.policy, encode(update))
+        await redis.aclose()
+
+    asyncio.run(go())
+
+
+def test_pass_at_k_equals_the_share_of_k_subsets_holding_a_pass():
+    for n in range(1, 7):
+        for c in range(n + 1):
+            outcomes = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(outcomes, k))
+                brute = sum(any(s) for s in subsets) / len(subsets)
+                assert ev.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+    assert ev.mean_pass_at_k([0, 1, 4], 4, 2) == pytest.approx((0 + 0.5 + 1) / 3)
+    with pytest.raises(ValueError):
+        ev.pass_at_k(4, 1, 5)
+
+
+def test_a_running_embedded_redis_is_found_by_its_data_directory(tmp_path):
+    server = EmbeddedRedis(data_dir=tmp_path).start()
+    try:
+        assert ev.live_server(tmp_path) == server.url
+    finally:
+        server.stop()
+    assert ev.live_server(tmp_path) is None
+
+
+def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url, tmp_path, capsys):
+    settings = TrainerSettings(run="evalbad", run_dir=str(tmp_path), problems=8, held_out=4)
+    policy = [PolicyUpdate(v, "es", es_step=s) for v, s in enumerate(es_steps("evalbad", 2), 1)]
+    populate(one_redis_url, settings, policy)
+    lean = TrainerSettings(run="evallean", task="lean", held_out=4)
+    populate(one_redis_url, lean, [])
+    base = ["--redis-url", one_redis_url, "--run", "evalbad", "--run-dir", str(tmp_path), "--problems", "8",
+            "--held-out", "4"]  # fmt: skip
+
+    def fails(*argv: str) -> str:
+        assert ev.main([*argv]) == 2
+        return capsys.readouterr().err
+
+    assert "version 7 does not exist in run 'evalbad': it has version(s) 0-2" in fails(*base, "--version", "7")
+    assert "each k must be in 1..n" in fails(*base, "--version", "1", "--samples", "2", "--k", "1,4")
+    assert "--version must be an integer" in fails(*base, "--version", "one")
+    err = fails(*base, "--run", "nosuch", "--version", "0")
+    assert "run 'nosuch' has no trainer checkpoint" in err and "'evalbad'" in err and "'evallean'" in err
+    assert "these settings give 6 problems" in fails(*base[:-1], "6", "--run", "evalbad", "--version", "0")
+    assert f"no run 'default': {tmp_path / 'nope'} does not exist" in fails("--run-dir", str(tmp_path / "nope"),
+                                                                              "--version", "0")  # fmt: skip
+    (tmp_path / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump()}))
+    assert "held_out = 5 (the run has 4)" in fails(*base[:-1], "5", "--version", "0")
+    err = fails("--redis-url", one_redis_url, "--run", "evallean", "--task", "lean", "--held-out", "4",
+                "--sandbox", "process", "--version", "0")  # fmt: skip
+    assert "no Lean backend found" in err and "kimina" in err
+
+
+@needs_model
+def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_redis_url, tmp_path, capsys, model_path):
+    import torch
+
+    from producers.es import digest, load_master, save_weights
+    from producers.model import weights_digest
+
+    settings = TrainerSettings(run="evalgrpo", algo="grpo", run_dir=str(tmp_path), problems=8, held_out=2)
+    base = load_master(model_path)
+    changed = {"model.norm.weight": base["model.norm.weight"] + 0.25}  # a folder of one tensor loads that one
+    folders = [tmp_path / "policy" / f"v{v:06d}" for v in (1, 2)]
+    for folder in folders:
+        save_weights(changed, folder / "model.safetensors")
+    policy = [PolicyUpdate(v, "grpo", weights_path=str(f), digest=weights_digest(f)) for v, f in enumerate(folders, 1)]
+    gone = PolicyUpdate(3, "grpo", weights_path=str(tmp_path / "policy" / "v000003"), digest="sha256:00")
+    populate(one_redis_url, settings, [*policy, gone])
+    save_weights({"model.norm.weight": base["model.norm.weight"] * 2}, folders[1] / "model.safetensors")
+    argv = ["--redis-url", one_redis_url, "--run", "evalgrpo", "--run-dir", str(tmp_path), "--problems", "8",
+            "--held-out", "2", "--samples", "1", "--limit", "1", "--max-new-tokens", "4",
+            "--sandbox", "process"]  # fmt: skip
+
+    assert ev.main([*argv, "--version", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "GRPO version 2" in err and "digest" in err and "refusing" in err
+    assert ev.main([*argv, "--version", "3"]) == 2
+    assert "does not exist" in (err := capsys.readouterr().err) and "versions with weights on disk: 0-2" in err
+
+    assert ev.main([*argv, "--version", "1"]) == 0, capsys.readouterr().err
+    line = orjson.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (line["version"], line["algo"], line["problems"], line["samples"]) == (1, "grpo", 1, 1)
+    doc = orjson.loads((tmp_path / "eval-v1.json").read_bytes())
+    assert doc["weights"]["digest"] == digest({**base, **changed}) != digest(base)
+    assert torch.equal(base["model.norm.weight"] + 0.25, changed["model.norm.weight"])
+
+
+@needs_model
+def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replayed_weights(tmp_path, model_path):
+    from producers.es import ESWeights, digest, load_master
+
+    run_dir = tmp_path / "run"
+    settings = TrainerSettings(run="evalcli", run_dir=str(run_dir), problems=8, held_out=4, max_new_tokens=16,
+                               sandbox="process")  # fmt: skip
+    steps = es_steps("evalcli", 2)
+    (run_dir / "redis").mkdir(parents=True)
+    server = EmbeddedRedis(data_dir=run_dir / "redis").start()  # the run's Redis, as LocalPipeline keeps it
+    try:
+        populate(server.url, settings, [PolicyUpdate(v, "es", es_step=s) for v, s in enumerate(steps, 1)])
+    finally:
+        server.stop()
+    (run_dir / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump(), "version": 2}))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
+    argv = [sys.executable, "-m", "trainer.eval", "--run-dir", str(run_dir), "--version", "2", "--samples", "2",
+            "--k", "1,2"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    replay = ESWeights(lambda: load_master(model_path), lambda named: None)  # meanwhile: the steps, replayed here
+    for v, step in enumerate(steps, 1):
+        replay.add_step(v, step)
+    expected = digest(replay.center(2))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+
+    line = orjson.loads(out.strip().splitlines()[-1])
+    assert set(line) == {"version", "algo", "task", "problems", "samples", "pass_at_k", "reward_mean", "seconds"}
+    assert (line["version"], line["algo"], line["task"], line["problems"], line["samples"]) == (
+        2,
+        "es",
+        "countdown",
+        4,
+        2,
+    )
+    assert set(line["pass_at_k"]) == {"1", "2"} and 0 <= line["pass_at_k"]["1"] <= line["pass_at_k"]["2"] <= 1
+    assert "pass@k" in err and "report.json" in err
+    doc = orjson.loads((run_dir / "eval-v2.json").read_bytes())
+    assert doc["weights"]["digest"] == expected  # bit for bit the center a generator replays
+    assert doc["sampling"]["max_new_tokens"] == 16 and doc["sandbox"] == "process"
+    held = [t.theorem_id for t in load_theorems(settings)[1]]
+    assert [p["theorem_id"] for p in doc["per_problem"]] == held
+    samples = [s for p in doc["per_problem"] for s in p["samples"]]
+    assert len(samples) == 8 and all(s["verdict"] in ("proved", "rejected", "timeout") for s in samples)
+    assert all(s["tokens"] <= 16 for s in samples)
+    assert line["reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / 8, abs=1e-6)
+    passed = [p["passed"] for p in doc["per_problem"]]
+    assert line["pass_at_k"]["1"] == pytest.approx(ev.mean_pass_at_k(passed, 2, 1), abs=1e-6)
+    assert ev.live_server(run_dir / "redis") is None  # the run's Redis was stopped again

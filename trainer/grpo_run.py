@@ -1,0 +1,267 @@
+"""The GRPO run: groups of G samples per theorem, a policy-gradient step, new weights announced by digest.
+
+The same loop as ES (trainer/run.py): keep `batch` groups in flight around the newest version (one work
+order per theorem, `samples_per_theorem` = G), collect, update, publish. GRPO also needs what was sampled:
+the trainer reads `{ps:R}:attempts` in its own group `trainer` (so trimming keeps what it has not used)
+and keeps each attempt's prompt ids, token ids and behaviour logprobs until its group is used. A group is
+ready when its G rewards and G attempts are in. The step (trainer/grpo.py) skips groups whose rewards are
+all equal; when it changes the weights, the new version is saved as a safetensors folder, the trainer's
+weights + optimizer + step go to `checkpoints/v<version>.pt`, and then the policy entry (path + digest),
+the state and the metrics are written in one MULTI. Attempts are acked only once their group's step is
+checkpointed, so a trainer killed mid-step finds them again in its pending list and redoes the step.
+
+A step whose groups all lack signal leaves the weights, and so the version, as they were; its samples still
+count (`samples` in each version's metrics: training attempts consumed by steps so far, with or without
+signal), so a run is measured in what the generators produced, not in versions. Policy folders no order can
+still name are deleted (each is a full copy of the weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from streams.keys import TRAINER
+from streams.runtime import ensure_group
+from streams.schema import Attempt, PolicyUpdate, SchemaError, WorkOrder, decode, encode, unpack_float32, unpack_int32
+from trainer.es import MemberState
+from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
+from trainer.run import Run
+
+log = structlog.get_logger("trainer.grpo_run")
+KEEP_CHECKPOINTS = 2
+# Sequences per forward/backward pass. The step's loss and gradient do not depend on it (accumulation is
+# exact, trainer/grpo.py); memory does: the default 135M model's trainer peaked at 3.7 GB RSS for 48
+# sequences of ~115 prompt + up to 64 new tokens in passes of 8, where one pass over all 48 would hold six times
+# the activations (estimated at over 10 GB in fp32).
+MICRO_BATCH_SEQUENCES = 8
+
+
+def grad_accum_for(groups: int, group_size: int, micro_batch: int = MICRO_BATCH_SEQUENCES) -> int:
+    """Micro-batches per optimizer step so that none holds more than `micro_batch` sequences."""
+    return max(1, math.ceil(groups * group_size / micro_batch))
+
+
+def unneeded_policies(folders: list[Path], needed_from: int) -> list[Path]:
+    """Policy folders (`v<version>`) older than `needed_from`, the oldest version an order may still name."""
+    return [f for f in folders if f.name.startswith("v") and f.name[1:].isdigit() and int(f.name[1:]) < needed_from]
+
+
+class GRPORun(Run):
+    algo = "grpo"
+
+    def __init__(self, settings, redis, train, held_out, sink, progress=None, *, model_path: Path) -> None:
+        super().__init__(settings, redis, train, held_out, sink, progress)
+        accum = max(settings.grad_accum, grad_accum_for(settings.batch, settings.group_size))
+        self.cfg = GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
+                              advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum)  # fmt: skip
+        self.trainer = GRPOTrainer(model_path, self.cfg, out_dir=sink.run_dir)
+        self.checkpoint_file = ""
+        # not checkpointed: re-read from the attempts group's pending list after a restart
+        self.samples: dict[str, dict[str, Any]] = {}  # attempt_id -> what the step needs
+        self.attempt_entries: dict[str, list[bytes]] = collections.defaultdict(list)  # work_id -> entry ids
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "checkpoint": self.checkpoint_file, "config": vars(self.cfg)}
+
+    def _load(self, doc: dict[str, Any]) -> None:
+        super()._load(doc)
+        self.checkpoint_file = doc.get("checkpoint", "")
+        if self.checkpoint_file:
+            self.trainer.resume(self.checkpoint_file)
+        if self.trainer.version != self.version:
+            raise RuntimeError(f"checkpoint {self.checkpoint_file} holds version {self.trainer.version}, "
+                               f"the run's state says {self.version}")  # fmt: skip
+
+    async def resume(self) -> bool:
+        await ensure_group(self.redis, self.keys.attempts, TRAINER)
+        resumed = await super().resume()
+        if resumed:
+            await self._read_attempts(pending=True)
+        return resumed
+
+    # -- work --------------------------------------------------------------------------------------------
+
+    async def issue_eval(self, version: int) -> None:
+        # A step without signal keeps the version, and the loop asks for that version's evaluation again. Its
+        # work id would be the same, so the generators' marker would drop the order as a repeat and the run
+        # would wait for its rewards until the deadline: a version is evaluated once.
+        if version in self.eval_results:
+            return
+        await super().issue_eval(version)
+
+    def _order(self, m: MemberState) -> WorkOrder:
+        is_eval = m.work_id.startswith("eval-")
+        return WorkOrder(
+            work_id=m.work_id,
+            policy_version=m.center,
+            algo="grpo",
+            task=self.settings.task,
+            theorem_ids=m.theorem_ids,
+            samples_per_theorem=m.samples,
+            sampling={
+                "temperature": 0.0 if is_eval else self.settings.temperature,
+                "max_new_tokens": self.settings.max_new_tokens,
+            },  # fmt: skip
+            issued_ms=int(time.time() * 1000),
+            max_staleness=None if is_eval else self.settings.max_staleness,
+        )
+
+    async def top_up(self) -> int:
+        in_flight = sum(1 for m in self.members.values() if not self._group_ready(m))
+        want = self.settings.batch - in_flight
+        if want <= 0:
+            return 0
+        center, first = self.version, self.next_index[self.version]
+        n = len(self.train)
+        new = []
+        for index in range(first, first + want):
+            theorem = self.train[(center * self.settings.batch + index + self.settings.seed * 7919) % n]
+            m = MemberState(f"grpo-v{center}-g{index}", center, 0, 1, [theorem.theorem_id],
+                            samples=self.cfg.group_size, issued_at=time.time())  # fmt: skip
+            self.members[m.work_id] = m
+            new.append(m)
+        self.next_index[center] += want
+        await self.checkpoint()  # write-ahead, as for ES
+        await self._publish_orders(new)
+        self.counts["groups_issued"] += len(new)
+        return len(new)
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    async def poll(self, block_ms: int) -> None:
+        await self._read_attempts()
+        await super().poll(block_ms)
+
+    async def _read_attempts(self, pending: bool = False) -> None:
+        start = "0" if pending else ">"
+        while True:
+            reply = await self.redis.xreadgroup(TRAINER, self.consumer, {self.keys.attempts: start}, count=500)
+            entries = reply[0][1] if reply else []
+            done: list[bytes] = []
+            for entry_id, fields in entries:
+                try:
+                    a = decode(Attempt, fields)
+                except SchemaError:
+                    done.append(entry_id)  # the verifiers dead-letter it; the trainer never sees its reward
+                    continue
+                if a.work_id not in self.members:  # evaluation or an order already used or dropped
+                    done.append(entry_id)
+                    continue
+                self.samples[a.attempt_id] = {
+                    "prompt_ids": unpack_int32(a.prompt_ids).tolist(),
+                    "token_ids": unpack_int32(a.token_ids).tolist(),
+                    "logprobs": unpack_float32(a.logprobs).tolist(),
+                    "policy_version": a.policy_version,
+                }
+                self.attempt_entries[a.work_id].append(entry_id)
+            if done:
+                await self.redis.xack(self.keys.attempts, TRAINER, *done)
+            if not entries or not pending:
+                return
+            start = entries[-1][0]
+
+    def _group_ready(self, m: MemberState) -> bool:
+        return m.complete and all(a in self.samples for a in m.rewards)
+
+    # -- the step ----------------------------------------------------------------------------------------
+
+    def _ready(self) -> list[MemberState] | None:
+        ready = [m for m in self.members.values() if self._group_ready(m)]
+        fresh = [m for m in ready if self.version - m.center <= self.settings.max_staleness]
+        if len(fresh) >= max(1, round(self.settings.quorum * self.settings.batch)):
+            return ready
+        if fresh and time.monotonic() - self.last_update > self.settings.deadline_s:
+            self.counts["deadline_updates"] += 1
+            return ready
+        return None
+
+    async def update(self, ready: list[MemberState]) -> dict[str, Any] | None:
+        fresh = sorted((m for m in ready if self.version - m.center <= self.settings.max_staleness),
+                       key=lambda m: (-m.center, m.work_id))[: self.settings.batch]  # fmt: skip
+        stale = [m for m in ready if self.version - m.center > self.settings.max_staleness]
+        groups = [[GRPOSample(reward=m.rewards[a], **self.samples[a]) for a in sorted(m.rewards)] for m in fresh]
+        started = time.monotonic()
+        step = await asyncio.to_thread(self.trainer.step, groups)
+        attempts = sum(len(m.rewards) for m in fresh)
+        self.counts["samples"] += attempts
+        metrics: dict[str, Any] = {
+            "version": self.trainer.version,
+            "algo": "grpo",
+            "reward_mean": round(sum(sum(m.rewards.values()) for m in fresh) / max(1, attempts), 6),
+            "pass_rate": round(sum(m.proved for m in fresh) / max(1, attempts), 6),
+            "groups": len(fresh),
+            "attempts": attempts,
+            "samples": self.counts["samples"],
+            "steps_without_signal": self.counts["steps_without_signal"],
+            "stale_dropped": len(stale),
+            "staleness": dict(collections.Counter(str(self.version - m.center) for m in fresh)),
+            "verdicts": dict(self._verdicts),
+            "groups_used": [m.work_id for m in fresh],
+            **{k: v for k, v in step.items() if k not in ("version", "reward_mean", "groups")},
+            "train_s": round(time.monotonic() - started, 2),
+            "time": time.time(),
+        }
+        extra = []
+        if step["updated"]:
+            folder, digest = await asyncio.to_thread(self.trainer.save, self.trainer.version)
+            path = self.sink.run_dir / "checkpoints" / f"v{self.trainer.version:06d}.pt"
+            path.parent.mkdir(exist_ok=True)
+            await asyncio.to_thread(self.trainer.checkpoint, path)
+            self.checkpoint_file = str(path)
+            policy = PolicyUpdate(self.trainer.version, "grpo", weights_path=str(Path(folder).resolve()),
+                                  digest=digest, created_ms=int(time.time() * 1000))  # fmt: skip
+            metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
+            extra = [
+                (self.keys.policy, encode(policy)),
+                (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)}),
+            ]
+        else:
+            self.counts["steps_without_signal"] += 1
+        used = [*fresh, *stale]
+        for m in used:
+            del self.members[m.work_id]
+            for a in m.rewards:
+                self.samples.pop(a, None)
+        entries = [e for m in used for e in self.attempt_entries.pop(m.work_id, [])]
+        self.counts["groups_used"] += len(fresh)
+        self.counts["groups_stale_dropped"] += len(stale)
+        self.counts["groups_skipped"] = self.trainer.skipped_groups
+        self.version = self.trainer.version
+        self._verdicts.clear()
+        self.last_update = time.monotonic()
+        await self.checkpoint(*extra)
+        if entries:
+            await self.redis.xack(self.keys.attempts, TRAINER, *entries)
+        self._prune_checkpoints()
+        self._prune_policies()
+        if step["updated"]:
+            self.sink.write(metrics)
+            log.info("grpo_update", version=self.version, reward_mean=metrics["reward_mean"], groups=len(fresh))
+            return metrics
+        return None
+
+    def _prune_checkpoints(self) -> None:
+        folder = self.sink.run_dir / "checkpoints"
+        files = sorted(folder.glob("v*.pt")) if folder.is_dir() else []
+        for old in files[:-KEEP_CHECKPOINTS]:
+            old.unlink(missing_ok=True)
+
+    def _prune_policies(self) -> None:
+        """Delete the folders of versions no order in flight names. An order for an older version is either
+        settled (its member or evaluation is gone from the state) or past the staleness bound (generators
+        skip it before loading anything), so none of them is ever loaded again."""
+        folder = self.sink.run_dir / "policy"
+        if not folder.is_dir():
+            return
+        needed_from = min([self.version, *(m.center for m in [*self.members.values(), *self.evals.values()])])
+        for old in unneeded_policies(sorted(folder.iterdir()), needed_from):
+            shutil.rmtree(old, ignore_errors=True)
