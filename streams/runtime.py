@@ -52,6 +52,8 @@ class Delivery(Generic[M]):
 
 
 Handler = Callable[[Delivery[M]], Awaitable[Sequence[Message]]]
+_REDIS_UNAVAILABLE = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.OutOfMemoryError, rx.ReadOnlyError)
+
 # One call for a whole batch: one outcome per delivery, in order: its results, or the exception it failed
 # with (a Poison: dead letter; any other Exception: transient). See Consumer.
 BatchHandler = Callable[[list[Delivery[M]]], Awaitable[Sequence[Sequence[Message] | Exception]]]
@@ -155,8 +157,10 @@ class Consumer(Generic[M]):
                 while not stop.is_set():
                     await self.run_once(stop)
                     backoff_s = 0.05
-            except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError) as e:
-                # Redis is down or loading its AOF. Whatever we held stays pending and is settled later.
+            except _REDIS_UNAVAILABLE as e:
+                # Redis is down, loading its AOF, full (maxmemory with noeviction refuses writes until the
+                # trimming of acked history or an operator frees memory) or a replica after a failover.
+                # Whatever we held stays pending and is settled later.
                 log.warning("redis_unavailable", consumer=self.name, error=str(e), retry_s=backoff_s)
                 await _sleep_or_stop(stop, backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)

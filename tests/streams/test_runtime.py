@@ -411,3 +411,39 @@ def test_a_consumer_takes_exactly_one_kind_of_handler(redis, keys):
     for kinds in ({}, {"handler": Recorder(), "batch_handler": BatchRecorder()}):
         with pytest.raises(ValueError, match="exactly one"):
             Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="c", output=Reward, **kinds)
+
+
+async def _oom_errors(redis) -> int:
+    stat = (await redis.info("errorstats")).get("errorstat_OOM", {})
+    return int(stat.get("count", 0)) if isinstance(stat, dict) else 0
+
+
+async def test_a_full_redis_refusing_writes_pauses_the_loop_until_memory_is_freed(redis, keys):
+    """maxmemory with noeviction makes every write answer OOM. The loop backs off and retries as for an
+    unreachable Redis: the task must not end, and once memory is there again every entry gets its result."""
+    await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
+    c = consumer(redis, keys, Recorder())
+    await c.ensure_group()
+    before = await _oom_errors(redis)
+    saved = await redis.config_get("maxmemory*")
+    stop = asyncio.Event()
+    task = None
+    try:
+        await redis.config_set("maxmemory-policy", "noeviction")
+        await redis.config_set("maxmemory", 1)  # below what the server already uses: every write is refused
+        task = asyncio.create_task(c.run(stop))
+        deadline = time.monotonic() + 10
+        while await _oom_errors(redis) < before + 2:  # refused at least twice: the loop came back after one
+            assert time.monotonic() < deadline and not task.done(), task.done() and task.exception()
+            await asyncio.sleep(0.01)  # polls an observable condition; the consumer runs concurrently
+        assert await redis.xlen(keys.rewards) == 0
+    finally:
+        await redis.config_set("maxmemory", saved["maxmemory"])
+        await redis.config_set("maxmemory-policy", saved["maxmemory-policy"])
+    deadline = time.monotonic() + 10
+    while (await rewards(redis, keys)) != Counter({f"a{i}": 1 for i in range(3)}):
+        assert time.monotonic() < deadline and not task.done(), task.done() and task.exception()
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    assert await pending(redis, keys) == 0
