@@ -7,6 +7,8 @@ is the same RESP bytes, so the subclass below changes speed only.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import hiredis
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
@@ -29,3 +31,11 @@ class HiredisPackedConnection(Connection):
 def connect(url: str, **kwargs) -> Redis:
     """Async client for `url`, with the hiredis packer and bytes responses (the codec decodes)."""
     return Redis.from_url(url, connection_class=HiredisPackedConnection, **kwargs)
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages and reports."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()

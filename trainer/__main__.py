@@ -20,7 +20,7 @@ import orjson
 import structlog
 
 from streams import logs
-from streams.connect import connect
+from streams.connect import connect, shown_url
 from streams.settings import SettingsError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     plots = MetricsSink(run_dir).plots()
     report = run_dir / "report.json"
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
-    report.write_bytes(orjson.dumps({"settings": settings.model_dump(), **summary}, option=options))
+    shown = {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
+    report.write_bytes(orjson.dumps({"settings": shown, **summary}, option=options))
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)
