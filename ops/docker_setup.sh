@@ -3,7 +3,10 @@
 #   1. install Debian's docker.io (dockerd, containerd, runc) and debootstrap when missing (needs root);
 #   2. start dockerd in the background when no daemon answers, and wait for it (bounded: DOCKERD_WAIT_S);
 #   3. build the base image (ops/images/base.sh: debootstrap minbase piped into `docker import`, no registry)
-#      and the checker image (ops/images/checker/Dockerfile) when missing or out of date.
+#      and the checker image (ops/images/checker/Dockerfile) when missing or out of date;
+#   4. install docker-compose (Debian's v1; it reads compose.yaml with -f) when no compose is there, and build the
+#      compose images (ops/images/build.sh --if-changed: proofstream-app, proofstream-redis) when missing or out
+#      of date. Without compose or a CPU torch wheel for the app image, only the compose test skips.
 # Where Docker cannot be had (not root and no daemon, no package, a daemon that will not start) it prints why
 # and exits 0: the docker tests then skip and say so. A failing image build is a real failure (exit 1).
 #
@@ -46,6 +49,19 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     skip "apt-get install ${need_apt[*]} failed"
   fi
   step_done "apt-get install ${need_apt[*]}"
+fi
+
+compose_ok() { timeout 10 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; }
+if ! compose_ok && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # Not fatal: the docker backend tests do not need compose.
+  step_start
+  if { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      docker-compose; } >/tmp/docker_setup.compose.log 2>&1; then
+    step_done "apt-get install docker-compose"
+  else
+    tail -n 5 /tmp/docker_setup.compose.log >&2
+    echo "docker_setup: apt-get install docker-compose failed -- the compose test will be skipped" >&2
+  fi
 fi
 
 # 2. the daemon ---------------------------------------------------------------------------------------------
@@ -95,4 +111,19 @@ if [ "$current_hash" != "$source_hash" ]; then
 else
   echo "docker_setup: $CHECKER_IMAGE is up to date"
 fi
-echo "docker_setup: ready (server $(docker version -f '{{.Server.Version}}'), images $BASE_IMAGE $CHECKER_IMAGE)"
+
+# 4. the compose images: build.sh stages the context and skips what is up to date (label proofstream.source-hash).
+# The app image needs this machine's CPU torch wheel: PyPI's torch is a multi-GB CUDA build.
+compose_images="no compose images"
+if ! compose_ok; then
+  echo "docker_setup: no compose (docker compose / docker-compose) -- the compose test will be skipped" >&2
+elif [ -z "${TORCH_WHEEL:-}" ] && ! ls /opt/wheels/torch-*+cpu-cp311-*.whl >/dev/null 2>&1; then
+  echo "docker_setup: no CPU torch wheel in /opt/wheels (or TORCH_WHEEL) -- the compose test will be skipped" >&2
+else
+  step_start
+  ops/images/build.sh --if-changed
+  step_done "compose images (ops/images/build.sh --if-changed)"
+  compose_images="${APP_IMAGE:-proofstream-app:latest} ${REDIS_IMAGE:-proofstream-redis:latest}"
+fi
+echo "docker_setup: ready (server $(docker version -f '{{.Server.Version}}'), images $BASE_IMAGE $CHECKER_IMAGE" \
+  "$compose_images)"
