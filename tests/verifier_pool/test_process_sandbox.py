@@ -126,7 +126,8 @@ async def test_hang_is_killed_within_the_deadline_and_nothing_survives(sandbox):
     started = time.monotonic()
     with pytest.raises(SandboxTimeout):
         await sandbox.request({"cmd": "FIXTURE:hang"}, 0.5)
-    assert time.monotonic() - started < 0.5 + 1.0  # the timeout, then kill and reap
+    # the timeout, then kill, reap and start the replacement (a Python start: over 1 s at load 6 on 2 cores)
+    assert time.monotonic() - started < 0.5 + 2.5
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert [pid for pid in tree if _running(pid)] == []
