@@ -31,7 +31,7 @@ import structlog
 
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
-from streams.schema import Attempt, PolicyUpdate, SchemaError, WorkOrder, decode, encode, unpack_float32, unpack_int32
+from streams.schema import Attempt, PolicyUpdate, SchemaError, decode, encode, unpack_float32, unpack_int32
 from trainer.es import MemberState
 from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
 from trainer.run import Run
@@ -98,22 +98,8 @@ class GRPORun(Run):
             return
         await super().issue_eval(version)
 
-    def _order(self, m: MemberState) -> WorkOrder:
-        is_eval = m.work_id.startswith("eval-")
-        return WorkOrder(
-            work_id=m.work_id,
-            policy_version=m.center,
-            algo="grpo",
-            task=self.settings.task,
-            theorem_ids=m.theorem_ids,
-            samples_per_theorem=m.samples,
-            sampling={
-                "temperature": 0.0 if is_eval else self.settings.temperature,
-                "max_new_tokens": self.settings.max_new_tokens,
-            },  # fmt: skip
-            issued_ms=int(time.time() * 1000),
-            max_staleness=None if is_eval else self.settings.max_staleness,
-        )
+    def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
+        return {"samples_per_theorem": m.samples}
 
     async def top_up(self) -> int:
         in_flight = sum(1 for m in self.members.values() if not self._group_ready(m))

@@ -159,6 +159,25 @@ class Run:
             await pipe.execute()
 
     def _order(self, m: MemberState) -> WorkOrder:
+        """The work order of a member (ES), a group (GRPO) or an evaluation (greedy, no staleness bound)."""
+        is_eval = m.work_id.startswith("eval-")
+        return WorkOrder(
+            work_id=m.work_id,
+            policy_version=m.center,
+            algo=self.algo,
+            task=self.settings.task,
+            theorem_ids=m.theorem_ids,
+            sampling={
+                "temperature": 0.0 if is_eval else self.settings.temperature,
+                "max_new_tokens": self.settings.max_new_tokens,
+            },
+            issued_ms=int(time.time() * 1000),
+            max_staleness=None if is_eval else self.settings.max_staleness,
+            **self._order_fields(m, is_eval),
+        )
+
+    def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
+        """The algorithm's own work-order fields."""
         raise NotImplementedError
 
     async def top_up(self) -> int:
@@ -283,22 +302,9 @@ class ESRun(Run):
         start = (center * k + self.settings.seed * 7919) % n
         return [self.train[(start + i) % n].theorem_id for i in range(k)]
 
-    def _order(self, m: MemberState) -> WorkOrder:
-        is_eval = m.work_id.startswith("eval-")
+    def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
         sigma = 0.0 if is_eval else self.cfg.sigma
-        temperature = 0.0 if is_eval else self.settings.temperature
-        return WorkOrder(
-            work_id=m.work_id,
-            policy_version=m.center,
-            algo="es",
-            task=self.settings.task,
-            theorem_ids=m.theorem_ids,
-            member=Member(m.seed, m.sign) if sigma else None,
-            sigma=sigma,
-            sampling={"temperature": temperature, "max_new_tokens": self.settings.max_new_tokens},
-            issued_ms=int(time.time() * 1000),
-            max_staleness=None if m.work_id.startswith("eval-") else self.cfg.max_staleness,
-        )
+        return {"member": Member(m.seed, m.sign) if sigma else None, "sigma": sigma}
 
     async def top_up(self) -> int:
         """Issue members around the newest center until `population` are in flight. Returns how many."""
