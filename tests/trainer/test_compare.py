@@ -1,0 +1,191 @@
+"""`python -m trainer.compare`: the budget -> iterations conversion, curves and tables from metrics records, the
+flags it refuses, and one short real comparison (both pipelines, the hf engine, a handful of tokens)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from streams.embedded import EmbeddedRedis
+from streams.keys import Keys
+from trainer import compare
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_version_costs_population_x_batch_in_es_and_batch_x_group_size_in_grpo():
+    assert compare.samples_per_version("es", population=8, batch=8) == 64
+    assert compare.samples_per_version("grpo", batch=4, group_size=8) == 32
+    with pytest.raises(ValueError):
+        compare.samples_per_version("ppo", batch=1)
+
+
+def test_the_budget_buys_whole_versions_and_evaluations_spread_over_them():
+    p = compare.plan("es", 512, 64, eval_points=4)
+    assert (p.iterations, p.eval_every, p.samples) == (8, 2, 512)
+    p = compare.plan("grpo", 500, 32, eval_points=4)  # 15 versions = 480 samples; the 20 left are not spent
+    assert (p.iterations, p.eval_every, p.samples) == (15, 3, 480)
+    assert compare.plan("es", 64, 64, eval_points=4).eval_every == 1
+    with pytest.raises(ValueError, match="buys no version"):
+        compare.plan("grpo", 63, 64, eval_points=4)
+
+
+def test_plans_from_flags_give_each_algorithm_its_own_trainer_flags():
+    args = compare.parser().parse_args(["--budget", "256", "--es-population", "4", "--grpo-group-size", "4"])
+    es, grpo = compare.plans(args)
+    assert (es.samples_per_version, es.iterations) == (32, 8)
+    assert es.flags == ("--population", "4", "--batch", "8")
+    assert (grpo.samples_per_version, grpo.iterations) == (32, 8)
+    assert grpo.flags == ("--batch", "8", "--group-size", "4", "--lr", "1e-05")
+    argv = compare.trainer_argv(grpo, ["--seed", "0"], "c-grpo", Path("/tmp/c/grpo"), ["--engine", "hf"])
+    assert argv[1:] == ["-m", "trainer", "--algo", "grpo", "--seed", "0", "--iterations", "8", "--eval-every", "2",
+                        *grpo.flags, "--run", "c-grpo", "--run-dir", "/tmp/c/grpo", "--engine", "hf"]  # fmt: skip
+
+
+def test_flags_the_comparison_sets_are_refused_as_pass_through():
+    assert compare.refused(["--engine", "hf", "--model", "m"]) == []
+    problems = compare.refused(["--lr=1e-4", "--iterations", "3", "--engine", "hf"])
+    assert problems == [
+        "--lr is set by the comparison: use --grpo-lr",
+        "--iterations is set by the comparison: use --budget",
+    ]
+    assert compare.main(["--budget", "64", "--batch", "2"]) == 2
+    assert compare.main(["--budget", "10"]) == 2  # buys no version at 64 samples a version
+
+
+def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(argv, env, log_path):
+        ran.append(argv[argv.index("--algo") + 1])
+        return 130, 1.0  # python -m trainer after SIGINT/SIGTERM
+
+    monkeypatch.setattr(compare, "run_one", fake_run)
+    assert compare.main(["--budget", "64", "--out", str(tmp_path / "c")]) == 1
+    assert ran == ["es"]  # GRPO never started
+    result = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert not result["ok"] and list(result["algos"]) == ["es"] and result["algos"]["es"]["returncode"] == 130
+    assert "(exit 130)" in (tmp_path / "c" / "compare.md").read_text()
+
+
+def test_a_sigterm_to_the_comparison_reaches_the_trainer(tmp_path):
+    child = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(130)); "
+             "print('ready', flush=True); time.sleep(60)")  # fmt: skip
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    code, wall_s = compare.run_one([sys.executable, "-c", child], dict(os.environ), tmp_path / "t.log")
+    assert code == 130 and wall_s < 30  # the stand-in trainer got the SIGTERM and stopped
+    assert signal.getsignal(signal.SIGTERM) == before and "ready" in (tmp_path / "t.log").read_text()
+
+
+ES_RECORDS = [
+    {"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 4},
+    {"version": 1, "algo": "es", "attempts": 64, "reward_mean": 0.1},
+    {"version": 2, "algo": "es", "attempts": 60, "reward_mean": 0.1},  # a straggler cut: 60 used
+    {"eval": True, "version": 2, "held_out_reward": 0.2, "held_out_exact": 0.25, "problems": 4},
+    {"version": 3, "algo": "es", "attempts": 64, "reward_mean": 0.1},
+    {"eval": True, "version": 3, "held_out_reward": 0.15, "held_out_exact": 0.0, "problems": 4},
+]
+GRPO_RECORDS = [
+    {"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 4},
+    # a step without signal (64 samples) came first: version 1 is at 128 samples, not 64
+    {"version": 1, "algo": "grpo", "attempts": 64, "samples": 128},
+    {"eval": True, "version": 1, "held_out_reward": 0.12, "held_out_exact": 0.0, "problems": 4},
+    {"version": 2, "algo": "grpo", "attempts": 64, "samples": 192},
+    {"eval": True, "version": 2, "held_out_reward": 0.3, "held_out_exact": 0.5, "problems": 4},
+]
+
+
+def test_curves_put_each_evaluation_at_the_samples_its_version_consumed():
+    es = compare.curve(ES_RECORDS)
+    assert [(p["version"], p["samples"], p["held_out_reward"], p["held_out_exact"]) for p in es] == [
+        (0, 0, 0.1, 0.0), (2, 124, 0.2, 0.25), (3, 188, 0.15, 0.0)]  # fmt: skip
+    assert compare.samples_used(ES_RECORDS) == 188
+    grpo = compare.curve(list(reversed(GRPO_RECORDS)))  # order in the file does not matter
+    assert [(p["version"], p["samples"]) for p in grpo] == [(0, 0), (1, 128), (2, 192)]
+    assert compare.samples_used(GRPO_RECORDS) == 192
+    assert (
+        compare.curve([{"eval": True, "version": 4, "held_out_reward": 0, "held_out_exact": 0}])[0]["samples"] is None
+    )
+    assert compare.samples_used([]) == 0
+
+
+def test_generated_for_training_is_the_generators_count_less_evaluation(tmp_path):
+    assert compare.generated_for_training(tmp_path, "r", ES_RECORDS) is None  # no Redis data: not a local run
+    (tmp_path / "redis").mkdir()
+    server = EmbeddedRedis(data_dir=tmp_path / "redis").start()  # what the run's local pipeline leaves behind
+    client = redis_sync.Redis.from_url(server.url)
+    client.hset(Keys("r").generator_stats, "g", json.dumps({"orders": 30, "attempts": 212}))
+    client.close()
+    server.stop()
+    assert compare.generated_for_training(tmp_path, "r", ES_RECORDS) == 212 - 12
+    assert compare.generated_for_training(tmp_path, "other", ES_RECORDS) is None
+
+
+def _result(tmp_path: Path) -> dict:
+    args = compare.parser().parse_args(["--budget", "192"])
+    es, grpo = compare.plans(args)
+    result = {"out": str(tmp_path), "budget": 192, "ok": True, "wall_s": 100.0, "extra": ["--engine", "hf"],
+              "settings": {**vars(args), "model": "m", "engine": "hf"}, "algos": {}}  # fmt: skip
+    for p, records in ((es, ES_RECORDS), (grpo, GRPO_RECORDS)):
+        run_dir = tmp_path / p.algo
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run_dir / "report.json").write_text(json.dumps({"version": 3 if p.algo == "es" else 2, "wall_s": 40.0}))
+        result["algos"][p.algo] = compare.result_for(p, p.algo, run_dir, ["python", "-m", "trainer"], 0, 42.0)
+    return result
+
+
+def test_the_table_json_and_plot_from_two_runs(tmp_path):
+    result = _result(tmp_path)
+    compare.write(result, tmp_path)
+    md = (tmp_path / "compare.md").read_text()
+    assert "| ES | 2 | 124 | 0.200 | 0.250 |" in md
+    assert "| GRPO | 1 | 128 | 0.120 | 0.000 |" in md
+    assert "| ES | 64 | 3 | 188 | - | 0.100 -> 0.150 | 0.000 -> 0.000 | 0 min 42 s |" in md
+    assert "learning rate 1e-05" in md and "generator precision: float32" in md
+    assert json.loads((tmp_path / "compare.json").read_text())["algos"]["grpo"]["samples_used"] == 192
+    assert (tmp_path / "compare.png").stat().st_size > 1000
+    line = compare.summary_line(result)
+    assert line["grpo"]["held_out_exact"] == 0.5 and line["es"]["samples_used"] == 188
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
+    out = tmp_path / "cmp"
+    argv = [sys.executable, "-m", "trainer.compare", "--task", "countdown", "--budget", "8", "--out", str(out),
+            "--es-population", "2", "--es-batch", "4", "--grpo-batch", "2", "--grpo-group-size", "4",
+            "--max-new-tokens", "16", "--held-out", "2", "--problems", "8", "--eval-points", "1",
+            "--engine", "hf"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=840)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # compare passes it on: the trainer stops its pipeline
+        proc.communicate(timeout=60)
+        raise
+    assert proc.returncode == 0, stderr[-3000:] + "".join(p.read_text()[-3000:] for p in out.glob("*.log"))
+    line = json.loads(stdout.strip().splitlines()[-1])
+    assert line["ok"] and line["budget"] == 8 and line["out"] == str(out)
+    result = json.loads((out / "compare.json").read_text())
+    es, grpo = result["algos"]["es"], result["algos"]["grpo"]
+    assert es["plan"]["iterations"] == 1 and grpo["plan"]["iterations"] == 1
+    assert [p["version"] for p in es["curve"]] == [0, 1] and es["samples_used"] == 8
+    assert [p["version"] for p in grpo["curve"]] == [0, 1] and grpo["samples_used"] >= 8
+    assert es["curve"][0]["held_out_reward"] == grpo["curve"][0]["held_out_reward"]  # the same base model and split
+    for r in (es, grpo):
+        assert r["generated_for_training"] >= r["samples_used"]
+    md = (out / "compare.md").read_text()
+    assert "| ES | 0 | 0 |" in md and "| GRPO | 1 |" in md and "--engine hf" in md
+    assert (out / "compare.png").stat().st_size > 1000
+    # the GRPO generator loaded the announced weights after checking their digest
+    assert '"grpo_weights_loaded"' in (out / "grpo" / "logs" / "generator.log").read_text()
