@@ -26,15 +26,14 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import orjson
 from pydantic import Field
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from ops import bench_es, bench_generator, bench_wire, dlq, inspect, text
-from streams.connect import connect
+from ops import bench_es, bench_generator, bench_pipeline, bench_wire, dlq, inspect, text
+from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
 
@@ -186,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
     benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    for module in (bench_wire, bench_generator, bench_es):
+    for module in (bench_wire, bench_generator, bench_es, bench_pipeline):
         module.add_parser(benches)
     return parser
 
@@ -197,14 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _fail(message: str, code: int) -> int:
     print(f"ops: {message}", file=sys.stderr)
     return code
-
-
-def _shown(url: str) -> str:
-    """The URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
 
 
 async def _run(fn: Command, redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -235,13 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         t = settings.timeout_s
         redis = connect(settings.redis_url, socket_connect_timeout=t, socket_timeout=t)
     except ValueError as e:  # from_url: a scheme or a query it does not know
-        return _fail(f"bad redis url {_shown(settings.redis_url)!r}: {e}", 2)
+        return _fail(f"bad redis url {shown_url(settings.redis_url)!r}: {e}", 2)
     try:
         return asyncio.run(_run(args.command_fn, redis, keys, args))
     except KeyboardInterrupt:
         return 0 if getattr(args, "follow", False) else 130  # Ctrl-C is how --follow ends
     except (rx.ConnectionError, rx.TimeoutError) as e:
-        return _fail(f"cannot reach Redis at {_shown(settings.redis_url)}: {e}", 1)
+        return _fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
     except rx.ResponseError as e:
         return _fail(f"Redis refused: {e}", 1)
     except dlq.OpsError as e:
