@@ -37,6 +37,7 @@ import orjson
 import redis
 
 from streams.keys import Keys
+from trainer.config import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")
@@ -276,7 +277,7 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         "1 every version uses exactly its samples a version (below 1, an update takes the first to finish and "
         "the stragglers go into the next). Both pipelines are asynchronous: a full population (ES) or batch "
         "(GRPO) is kept in flight, so most of a version's samples may come from the policy one version older "
-        "(max_staleness 1, the trainers' default; `staleness` in each run's metrics.jsonl)",
+        f"(max_staleness {s.get('max_staleness', 1)}; `staleness` in each run's metrics.jsonl)",
     ]
     if es:
         p = es["plan"]
@@ -450,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
             **{k: v for k, v in vars(args).items() if k != "out"},
             "model": _value(extra, "--model", "default (SmolLM2-135M-Instruct)"),
             "engine": _value(extra, "--engine", "auto"),
+            "max_staleness": int(
+                _value(extra, "--max-staleness", str(TrainerSettings.model_fields["max_staleness"].default))
+            ),
         },  # fmt: skip
         "extra": extra,
         "algos": {},

@@ -84,7 +84,7 @@ class ESConfig:
     sigma: float = 0.001
     alpha: float = 0.0005
     antithetic: bool = False
-    max_staleness: int = 1
+    max_staleness: int = 2
     quorum: float = 0.75  # share of the population that must report before an update
     deadline_s: float = 600.0  # an update waits at most this long past the quorum-less wait, given >= 2 members
 
