@@ -90,14 +90,6 @@ class GRPORun(Run):
 
     # -- work --------------------------------------------------------------------------------------------
 
-    async def issue_eval(self, version: int) -> None:
-        # A step without signal keeps the version, and the loop asks for that version's evaluation again. Its
-        # work id would be the same, so the generators' marker would drop the order as a repeat and the run
-        # would wait for its rewards until the deadline: a version is evaluated once.
-        if version in self.eval_results:
-            return
-        await super().issue_eval(version)
-
     def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
         return {"samples_per_theorem": m.samples}
 

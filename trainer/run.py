@@ -195,7 +195,10 @@ class Run:
         await self._read(block_ms=block_ms)
 
     async def issue_eval(self, version: int) -> None:
-        if not self.held_out or f"eval-v{version}" in self.evals:
+        """Evaluate `version` on the held-out split, once: a second order would carry the same work id, which
+        the generators drop as a repeat, and the run would wait for its rewards until the deadline (a GRPO
+        step without signal keeps the version; the end of a run asks for the last version again)."""
+        if not self.held_out or f"eval-v{version}" in self.evals or version in self.eval_results:
             return
         m = MemberState(f"eval-v{version}", version, 0, 1, [t.theorem_id for t in self.held_out], issued_at=time.time())
         self.evals[m.work_id] = m
