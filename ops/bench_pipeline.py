@@ -98,14 +98,11 @@ class Roles(LocalPipeline):
             while r.hlen(keys.generator_stats) < generators or r.hlen(keys.verifier_stats) < 1:
                 self.check()
                 if time.monotonic() > deadline:
-                    tails = "\n".join(f"{name}: ...{self._tail(name)}" for name, _ in self.children)
+                    tails = "\n".join(f"{name}: ...{self.log_tail(name)}" for name, _ in self.children)
                     raise RuntimeError(f"bench roles not ready after {READY_TIMEOUT_S:.0f} s; their logs end:\n{tails}")
                 time.sleep(0.05)
         finally:
             r.close()
-
-    def _tail(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
 
     def stop_roles(self) -> list[dict]:
         """Stop every role (each drains: the entry in hand is settled) and return what each recorded; a role
@@ -144,7 +141,7 @@ async def train(settings: TrainerSettings, args: argparse.Namespace, roles: Role
     problems = list(countdown_problems(settings.problems, 0))
     es_run = TimedESRun(settings, redis, problems, [], MetricsSink(settings.directory()), train_s=args.train_ms / 1000)
     stop = asyncio.Event()
-    watch = asyncio.create_task(_watch(roles, stop, args.timeout_s))
+    watch = asyncio.create_task(roles.watch(stop, every_s=0.5, timeout_s=args.timeout_s))
     try:
         await es_run.run(stop)
     finally:
@@ -154,19 +151,6 @@ async def train(settings: TrainerSettings, args: argparse.Namespace, roles: Role
     if isinstance(stopped_by, RuntimeError):  # a role died, or the time ran out: the trainer was stopped
         raise stopped_by
     return es_run.published
-
-
-async def _watch(roles: Roles, stop: asyncio.Event, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            roles.check()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the bench did not finish within --timeout-s {timeout_s:.0f}")
-        except RuntimeError:
-            stop.set()
-            raise
-        await asyncio.sleep(0.5)
 
 
 # -- the figures -------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         from trainer.run import ESRun
 
         run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
-    watchdog = asyncio.create_task(_watch(local, stop)) if local else None
+    watchdog = asyncio.create_task(local.watch(stop)) if local else None
     try:
         summary = await run.run(stop)
     finally:
@@ -63,16 +63,6 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         raise watchdog.exception()
     summary["interrupted"] = stop.is_set()
     return summary
-
-
-async def _watch(local: LocalPipeline, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            local.check()
-        except RuntimeError:
-            stop.set()
-            raise
-        await asyncio.sleep(1.0)
 
 
 def _progress(total: int):

@@ -164,12 +164,12 @@ def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, 
     """Run one trainer to the end, its output in `log_path`. (exit status, wall seconds). A SIGTERM to this
     process is passed on to the trainer, which stops its pipeline and exits 130; if this process dies, the
     kernel sends the trainer SIGTERM (PR_SET_PDEATHSIG), so no trainer is left running without it."""
-    from trainer.local import _die_with_parent
+    from streams.embedded import die_with_parent
 
     started = time.monotonic()
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)  # fmt: skip
+                                preexec_fn=die_with_parent)  # fmt: skip
         previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
             code = proc.wait()

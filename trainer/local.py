@@ -9,6 +9,7 @@ Their logs go to `<run dir>/logs/`.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -26,7 +27,6 @@ from trainer.config import TrainerSettings
 
 log = structlog.get_logger("trainer.local")
 ROOT = Path(__file__).resolve().parents[1]
-_die_with_parent = die_with_parent  # the children's preexec_fn (trainer.compare uses it too)
 
 
 def lean_backend_problem(settings: TrainerSettings) -> str | None:
@@ -124,18 +124,36 @@ class LocalPipeline:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it; closed at stop
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         out.close()
         self.children.append((name, proc))
         log.info("child_started", name=name, pid=proc.pid, log=str(self.logs / f"{name}.log"))
+
+    def log_tail(self, name: str) -> str:
+        """The end of child `name`'s log."""
+        return (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
 
     def check(self) -> None:
         """Raise if a child has exited: the run cannot go on without it."""
         for name, proc in self.children:
             code = proc.poll()
             if code is not None:
-                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
+                tail = self.log_tail(name)
                 raise RuntimeError(f"the {name} process exited with status {code}; its log ends:\n{tail}")
+
+    async def watch(self, stop: asyncio.Event, *, every_s: float = 1.0, timeout_s: float | None = None) -> None:
+        """Until `stop` is set (or the task is cancelled): when a child exits, or `timeout_s` passes, set `stop`
+        and raise RuntimeError saying why."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not stop.is_set():
+            try:
+                self.check()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"not finished within {timeout_s:.0f} s")
+            except RuntimeError:
+                stop.set()
+                raise
+            await asyncio.sleep(every_s)
 
     def stop(self, grace_s: float = 30.0) -> None:
         for _, proc in self.children:

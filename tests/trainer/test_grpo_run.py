@@ -17,8 +17,8 @@ from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery
 from streams.schema import Attempt, Reward, WorkOrder, pack_float32, pack_int32
 from tests.trainer.test_grpo import tiny_llama
-from trainer.__main__ import load_theorems
 from trainer.config import TrainerSettings
+from trainer.data import load_theorems
 from trainer.grpo_run import GRPORun, grad_accum_for, unneeded_policies
 from trainer.metrics import MetricsSink
 
