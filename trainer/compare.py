@@ -135,17 +135,15 @@ def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]
     """Attempts the run's generators published (their own final count, in the run's Redis, opened again from
     its AOF in `run_dir/redis`), less those of evaluation orders (one per held-out problem each). None when
     the run kept no Redis data there (a run against an external Redis) or no generator reported."""
-    from streams.embedded import EmbeddedRedis
+    from trainer.eval import EvalError, run_redis  # the run's Redis, under the data directory's lock
 
-    if not (run_dir / "redis").is_dir():
-        return None
-    server = EmbeddedRedis(data_dir=run_dir / "redis").start()
     try:
-        client = redis.Redis.from_url(server.url)
-        figures = [orjson.loads(v) for v in client.hvals(Keys(run).generator_stats)]
-        client.close()
-    finally:
-        server.stop()
+        with run_redis(TrainerSettings(run=run), run_dir) as (url, _):
+            client = redis.Redis.from_url(url)
+            figures = [orjson.loads(v) for v in client.hvals(Keys(run).generator_stats)]
+            client.close()
+    except EvalError:  # no Redis data in the run directory
+        return None
     if not figures:
         return None
     evaluation = sum(int(r.get("problems") or 0) for r in records if r.get("eval"))
