@@ -12,6 +12,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 import orjson
 import structlog
@@ -26,12 +27,17 @@ from verifier_pool import docker_backend
 from verifier_pool.config import VerifierSettings
 from verifier_pool.pool import backends, make_checkers
 
+CheckersFor = Callable[[VerifierSettings, int], dict]
+
 log = structlog.get_logger("consumers.service")
 
 
 class VerifierService:
-    def __init__(self, settings: VerifierSettings, redis_url: str) -> None:
+    def __init__(self, settings: VerifierSettings, redis_url: str, checkers_for: CheckersFor | None = None) -> None:
+        """`checkers_for(settings, index)` builds consumer `index`'s checkers, one per task; by default the
+        sandboxes and checkers the settings name (verifier_pool.pool). A benchmark passes stand-ins."""
         self.settings = settings
+        self.checkers_for = checkers_for
         self.redis_url = redis_url
         self.keys = Keys(settings.run)
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
@@ -51,17 +57,9 @@ class VerifierService:
     async def start(self) -> None:
         """Start every sandbox (warm before the first attempt arrives), then the consumer tasks."""
         await ensure_group(self.admin, self.keys.attempts, VERIFIERS)
-        kinds = backends(self.settings)
-        if "docker" in kinds.values():
-            # Containers of a worker that died without cleaning up (their owner process is gone). Only owners
-            # of this hostname: liveness can be proven only here, and a daemon shared through its socket also
-            # runs the sandboxes of other workers (other verifier containers, other hosts, test runs).
-            own_host = f"{socket.gethostname()}:"
-            removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
-            if removed:
-                log.info("removed_orphan_sandboxes", count=len(removed))
+        checkers_for = self.checkers_for or await self._configured_checkers()
         for i in range(self.settings.workers):
-            checkers = make_checkers(self.settings, i, kinds)
+            checkers = checkers_for(self.settings, i)
             await asyncio.gather(*(c.sandbox.start() for c in checkers.values()))
             redis = connect(self.redis_url)
             sandbox_ids = ",".join(c.sandbox.sandbox_id for c in checkers.values())
@@ -92,6 +90,18 @@ class VerifierService:
         await self.report()
         await self.admin.aclose()
         log.info("verifier_pool_stopped", worker=self.worker_id)
+
+    async def _configured_checkers(self) -> CheckersFor:
+        kinds = backends(self.settings)
+        if "docker" in kinds.values():
+            # Containers of a worker that died without cleaning up (their owner process is gone). Only owners
+            # of this hostname: liveness can be proven only here, and a daemon shared through its socket also
+            # runs the sandboxes of other workers (other verifier containers, other hosts, test runs).
+            own_host = f"{socket.gethostname()}:"
+            removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
+            if removed:
+                log.info("removed_orphan_sandboxes", count=len(removed))
+        return lambda settings, index: make_checkers(settings, index, kinds)
 
     async def sweep(self) -> None:
         await sweeps.dead_letter_overdue(self.admin, self.keys, self.keys.attempts, VERIFIERS, self.consumer_settings)

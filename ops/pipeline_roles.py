@@ -33,7 +33,6 @@ from typing import Any
 
 import orjson
 
-import consumers.service
 from consumers.service import VerifierService
 from producers.config import GeneratorSettings
 from producers.engine import EngineStats, Sample, Sampling
@@ -175,21 +174,14 @@ class FixedLatencyChecker:
 async def run_verifier(url: str, run: str, slots: int, verify_s: float, stop: asyncio.Event) -> dict:
     lanes: list[list[tuple[float, float, int]]] = [[] for _ in range(slots)]  # one per slot: its checks
 
-    def make_checkers(settings: VerifierSettings, index: int, kinds: dict[str, str]) -> dict:
+    def checkers_for(settings: VerifierSettings, index: int) -> dict:
         lane = lanes[index]
         return {task: FixedLatencyChecker(verify_s, f"synthetic-{task}-{index}", lane) for task in settings.tasks}
 
-    # VerifierService.start builds each slot's checkers through these two names of its module. Replacing
-    # them in this process only swaps the sandboxes; every other line of the verifier path runs as deployed.
-    consumers.service.backends = lambda settings: {task: "synthetic" for task in settings.tasks}
-    consumers.service.make_checkers = make_checkers
+    # Only the sandboxes are swapped; every other line of the verifier path runs as deployed.
     settings = VerifierSettings(run=run, redis_url=url, concurrency=slots, tasks=["countdown"], sandbox="process")
-    service = VerifierService(settings, url)
+    service = VerifierService(settings, url, checkers_for=checkers_for)
     await service.start()
-    if not all(isinstance(c, FixedLatencyChecker) for checkers in service.checkers for c in checkers.values()):
-        await service.stop(timeout_s=1)
-        raise RuntimeError("VerifierService no longer builds its checkers through consumers.service.make_checkers: "
-                           "ops/pipeline_roles.py must plug its checkers in another way")  # fmt: skip
     await service.report()  # the bench's "ready"
     try:
         await stop.wait()
