@@ -480,14 +480,10 @@ class Timing:
 
 def verifier_settings(settings: TrainerSettings, config: str | None):
     """What the local pipeline hands its verifier (trainer/local.py), over the config's [verifier] table."""
+    from trainer.local import verifier_fields
     from verifier_pool.config import VerifierSettings
 
-    flags: dict[str, Any] = {"run": settings.run, "tasks": [settings.task], "sandbox": settings.sandbox,
-                             "concurrency": settings.verifier_concurrency}  # fmt: skip
-    for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd"):
-        if getattr(settings, key):
-            flags[key] = getattr(settings, key)
-    return VerifierSettings.load(config_path=config, flags=flags)
+    return VerifierSettings.load(config_path=config, flags={"run": settings.run, **verifier_fields(settings)})
 
 
 async def judge(checker, theorem: Theorem, answer: str) -> tuple[str, float, str, str]:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -52,6 +53,17 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
     if settings.sandbox in ("auto", "docker") and docker_backend.daemon_ready(settings.lean_image):
         return None
     return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
+
+
+def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
+    """The verifier settings a run implies (its task, sandboxes, Lean backend): what the local pipeline's
+    workers get as PROOFSTREAM_* and what `python -m trainer.eval` builds its checkers from."""
+    fields: dict[str, Any] = {"tasks": [settings.task], "concurrency": settings.verifier_concurrency,
+                              "sandbox": settings.sandbox}  # fmt: skip
+    for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd"):
+        if getattr(settings, key):
+            fields[key] = getattr(settings, key)
+    return fields
 
 
 # In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
@@ -104,18 +116,9 @@ class LocalPipeline:
         if self.settings.model:
             gen += ["--model", self.settings.model]
         self._spawn("generator", gen, base)
-        verifier_env = {
-            **base,
-            "PROOFSTREAM_TASKS": json.dumps([self.settings.task]),
-            "PROOFSTREAM_CONCURRENCY": str(self.settings.verifier_concurrency),
-            "PROOFSTREAM_SANDBOX": self.settings.sandbox,
-        }
-        for key, value in (("KIMINA_URL", self.settings.kimina_url), ("LEAN_WORKDIR", self.settings.lean_workdir),
-                           ("LEAN_IMAGE", self.settings.lean_image)):  # fmt: skip
-            if value:
-                verifier_env[f"PROOFSTREAM_{key}"] = value
-        if self.settings.lean_repl_cmd:
-            verifier_env["PROOFSTREAM_LEAN_REPL_CMD"] = json.dumps(self.settings.lean_repl_cmd)
+        verifier_env = {**base}
+        for key, value in verifier_fields(self.settings).items():
+            verifier_env[f"PROOFSTREAM_{key.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
         arq = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
         for i in range(self.settings.verifiers):
             self._spawn(f"verifier-{i}", [arq, "workers.verifier"], verifier_env)
