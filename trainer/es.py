@@ -108,12 +108,20 @@ def members_for(run: str, center: int, start: int, count: int, antithetic: bool)
     return out
 
 
+def split_fresh(
+    complete: list[MemberState], version: int, max_staleness: int, limit: int
+) -> tuple[list[MemberState], list[MemberState]]:
+    """(work to use for the update of `version`: freshest first, at most `limit`; work too stale to use).
+    ES members here, GRPO groups in trainer/grpo_run.py."""
+    fresh = [m for m in complete if version - m.center <= max_staleness]
+    stale = [m for m in complete if version - m.center > max_staleness]
+    fresh.sort(key=lambda m: (-m.center, m.work_id))
+    return fresh[:limit], stale
+
+
 def select(complete: list[MemberState], version: int, cfg: ESConfig) -> tuple[list[MemberState], list[MemberState]]:
     """(members to use for the update of `version`, members too stale to use): freshest first, at most N."""
-    fresh = [m for m in complete if version - m.center <= cfg.max_staleness]
-    stale = [m for m in complete if version - m.center > cfg.max_staleness]
-    fresh.sort(key=lambda m: (-m.center, m.work_id))
-    return fresh[: cfg.population], stale
+    return split_fresh(complete, version, cfg.max_staleness, cfg.population)
 
 
 def make_step(members: list[MemberState], cfg: ESConfig) -> dict[str, Any]:

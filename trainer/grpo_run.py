@@ -32,7 +32,7 @@ import structlog
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
 from streams.schema import Attempt, PolicyUpdate, SchemaError, decode, encode, unpack_float32, unpack_int32
-from trainer.es import MemberState
+from trainer.es import MemberState, split_fresh
 from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
 from trainer.run import Run
 
@@ -163,9 +163,7 @@ class GRPORun(Run):
         return None
 
     async def update(self, ready: list[MemberState]) -> dict[str, Any] | None:
-        fresh = sorted((m for m in ready if self.version - m.center <= self.settings.max_staleness),
-                       key=lambda m: (-m.center, m.work_id))[: self.settings.batch]  # fmt: skip
-        stale = [m for m in ready if self.version - m.center > self.settings.max_staleness]
+        fresh, stale = split_fresh(ready, self.version, self.settings.max_staleness, self.settings.batch)
         groups = [[GRPOSample(reward=m.rewards[a], **self.samples[a]) for a in sorted(m.rewards)] for m in fresh]
         started = time.monotonic()
         step = await asyncio.to_thread(self.trainer.step, groups)
