@@ -2,13 +2,14 @@
 
 Per attempt: look up the canonical problem in `{ps:R}:theorems` (an attempt naming an unknown theorem is
 poison: dead-lettered with the reason), consult the verdict cache, else run the task's checker in this
-consumer's sandbox. Verdicts `proved` / `rejected` / `timeout` become rewards; `error` (the
-infrastructure failed) raises, so the attempt stays pending and is redelivered: a verifier failure is
-never a reward of 0.
+consumer's sandbox (when its turn comes: consumers.service). Verdicts `proved` / `rejected` / `timeout`
+become rewards; `error` (the infrastructure failed) raises, so the attempt stays pending and is redelivered:
+a verifier failure is never a reward of 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Mapping
@@ -58,15 +59,19 @@ def verdict_digest(theorem: Theorem, proof: str, environment: str) -> str:
 
 
 class VerifyHandler:
-    """The handler a verifier consumer runs; owns nothing but its checkers (one sandbox each)."""
+    """The handler a verifier consumer runs. Its checkers (one sandbox each) may be shared with the other
+    consumers of the same `turn`: a lock that lets one of them check at a time, while the others settle
+    their last attempt, read the next and look it up in the cache (consumers.service)."""
 
-    def __init__(self, redis: Redis, keys: Keys, checkers: Mapping[str, Checker], sandbox_id: str) -> None:
+    def __init__(self, redis: Redis, keys: Keys, checkers: Mapping[str, Checker], sandbox_id: str,
+                 turn: asyncio.Lock | None = None) -> None:  # fmt: skip
         self.redis = redis
         self.keys = keys
         self.checkers = checkers
         self.sandbox_id = sandbox_id
+        self.turn = turn or asyncio.Lock()
         self._theorems: dict[str, Theorem] = {}  # canonical records never change within a run
-        self.busy_s = 0.0  # time spent checking, for the pool's utilization figure
+        self.busy_s = 0.0  # time its sandboxes spent checking for it, for the pool's utilization figure
 
     async def __call__(self, d: Delivery[Attempt]) -> list[Reward]:
         a = d.message
@@ -79,13 +84,15 @@ class VerifyHandler:
         judgement, cached = await self._cached(digest), True
         if judgement is None:
             cached = False
-            judgement = await checker.check(theorem, a.proof)
+            async with self.turn:  # the sandbox's check, from when it is free: the wait is not verify time
+                start = time.perf_counter()
+                judgement = await checker.check(theorem, a.proof)
+                self.busy_s += time.perf_counter() - start
             if judgement.verdict == "error":
                 raise VerifierFault(judgement.detail)
             if judgement.verdict in CACHEABLE:
                 await self.redis.hset(self.keys.verdicts, digest, judgement.encode())
         verify_ms = (time.perf_counter() - start) * 1000
-        self.busy_s += verify_ms / 1000
         log.info("verified", attempt_id=a.attempt_id, theorem_id=a.theorem_id, verdict=judgement.verdict,
                  reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
         return [Reward(

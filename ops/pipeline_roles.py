@@ -7,9 +7,9 @@ Each role is the deployed service with only its model or its sandbox replaced:
   the order's ack) around `SyntheticEngine`, whose `generate` sleeps `gen_ms` for each attempt it returns,
   on the engine thread, as an accelerator would be busy: one generator process is one accelerator, its
   calls run one at a time.
-- `verifier`: `consumers.service.VerifierService` (N consumer tasks, `VerifyHandler`: theorem lookup,
-  verdict cache, reward, settle) whose checkers are `FixedLatencyChecker`s: each check awaits `verify_ms`,
-  as a check awaits its sandbox; the pool's N slots check N attempts at once.
+- `verifier`: `consumers.service.VerifierService` (N slots, two consumer tasks each, `VerifyHandler`:
+  theorem lookup, verdict cache, reward, settle) whose checkers are `FixedLatencyChecker`s: each check awaits
+  `verify_ms` (a thread's sleep, as a check awaits its sandbox's answer); the N slots check N attempts at once.
 
 The latencies are real waiting in the role's own process. Each process records when it was busy: the start
 and end of every engine call or check, per generator or slot (a lane), on `time.monotonic` (one clock for
@@ -161,7 +161,10 @@ class FixedLatencyChecker:
     async def check(self, theorem: Theorem, proof: str) -> Judgement:
         started = time.monotonic()
         if self.verify_s:
-            await asyncio.sleep(self.verify_s)  # the sandbox is busy; the event loop serves the other slots
+            # The sandbox is busy; the event loop serves the other slots. A thread's sleep, not asyncio.sleep:
+            # a sandbox's answer wakes the loop as I/O, at once, where a timer's epoll wait is rounded up to
+            # whole milliseconds each time the loop wakes for other I/O meanwhile (up to 1 ms a check).
+            await asyncio.to_thread(time.sleep, self.verify_s)
         self.busy.append((started, time.monotonic(), 1))
         self.sandbox.figures.requests += 1
         self.sandbox.figures.total_requests += 1
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="bench-generator", help="generator: consumer name")
     parser.add_argument("--gen-ms", type=float, default=20.0, help="generator: milliseconds per attempt")
     parser.add_argument("--verify-ms", type=float, default=15.0, help="verifier: milliseconds per check")
-    parser.add_argument("--slots", type=int, default=1, help="verifier: checks at once (consumer tasks)")
+    parser.add_argument("--slots", type=int, default=1, help="verifier: checks at once (slots)")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logs.configure(args.log_level)

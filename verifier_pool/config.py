@@ -10,11 +10,14 @@ from pydantic import Field, model_validator
 from streams.runtime import claim_idle_ms_for
 from streams.settings import RoleSettings
 
+# Consumer tasks per slot of sandboxes: one checks while the other settles and reads (consumers.service).
+TASKS_PER_SLOT = 2
+
 
 class VerifierSettings(RoleSettings):
     section = "verifier"
 
-    concurrency: int = Field(0, ge=0, description="consumer tasks (one sandbox each); 0: the CPU count")
+    concurrency: int = Field(0, ge=0, description="checks at once (slots of warm sandboxes); 0: the CPU count")
     sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
         "auto", description="auto: docker if a daemon answers and the image exists, else process"
     )
@@ -60,5 +63,7 @@ class VerifierSettings(RoleSettings):
 
     @property
     def claim_idle_ms(self) -> int:
-        """Reclaim deadline: the longest legitimate check (a cold header plus a proof) plus a margin."""
-        return claim_idle_ms_for(self.header_timeout_s + 2 * self.proof_timeout_s, self.claim_margin_s)
+        """Reclaim deadline: the longest legitimate handling of an attempt plus a margin. A check takes at most
+        a cold header plus a proof; an attempt may wait for the check ahead of it in its slot, then its own."""
+        longest_check_s = self.header_timeout_s + 2 * self.proof_timeout_s
+        return claim_idle_ms_for(TASKS_PER_SLOT * longest_check_s, self.claim_margin_s)

@@ -1,0 +1,108 @@
+"""A verifier slot's two consumer tasks take turns at its sandbox (consumers.service): while one checks, the
+other has already read the next attempt; the sandbox never checks two at once; a stop finishes both.
+
+Real Redis and the real VerifierService; the checker is a stand-in whose checks wait for the test to open a
+gate, so "while the first check runs" is a state the test holds, not a timing it hopes for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from consumers.service import VerifierService
+from streams.groups import group_states
+from streams.keys import VERIFIERS
+from streams.publisher import Publisher
+from streams.schema import Attempt, Reward, decode
+from streams.theorems import Theorem, register
+from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
+from verifier_pool.judgement import Judgement
+from verifier_pool.sandbox import SandboxStats
+
+
+class GatedSandbox:
+    backend = "gated"
+    sandbox_id = "gated-0"
+
+    async def start(self) -> None:
+        pass
+
+    async def kill(self) -> None:
+        pass
+
+    def stats(self) -> SandboxStats:
+        return SandboxStats(self.sandbox_id, self.backend, starts=1)
+
+
+class GatedChecker:
+    """Each check waits until `gate` is open; counts the checks running at once."""
+
+    environment = "gated-checker-1"
+
+    def __init__(self) -> None:
+        self.sandbox = GatedSandbox()
+        self.gate = asyncio.Event()
+        self.entered = 0
+        self.running = 0
+        self.most_at_once = 0
+
+    async def check(self, theorem: Theorem, proof: str) -> Judgement:
+        self.entered += 1
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            await self.gate.wait()
+        finally:
+            self.running -= 1
+        return Judgement("rejected", "wrong_answer", "gated", score=0.5)
+
+
+async def verifiers_group(redis, keys):
+    [g] = [g for g in await group_states(redis, keys.attempts) if g.name == VERIFIERS]
+    return g
+
+
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_slot_reads_the_next_attempt_while_its_sandbox_checks_and_stop_finishes_both(redis, redis_url, keys):
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    attempts = [Attempt(attempt_id=f"a{i}", work_id="w", theorem_id="cd1", policy_version=0, sample_index=i,
+                        proof=f"<answer>{i}</answer>", task="countdown") for i in range(3)]  # fmt: skip
+    await Publisher(redis, keys).publish(attempts)
+    checker = GatedChecker()
+    settings = VerifierSettings(run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"])
+    service = VerifierService(settings, redis_url, checkers_for=lambda s, i: {"countdown": checker})
+    await service.start()
+    try:
+        assert len(service.consumers) == TASKS_PER_SLOT == 2
+
+        async def first_check_running_and_next_read() -> bool:
+            return checker.entered == 1 and (await verifiers_group(redis, keys)).pending == 2
+
+        # The first check holds the sandbox; the slot's other task has read the second attempt meanwhile
+        # (it waits for its turn with the attempt in hand), and nobody has read the third.
+        await until(first_check_running_and_next_read, "the second attempt to be read during the first check")
+        assert checker.running == 1
+        # Stopping now (what `stop` does first): both tasks finish the attempt in hand, one after the
+        # other, and read nothing more.
+        service.stop_event.set()
+        checker.gate.set()
+    finally:
+        checker.gate.set()
+        await service.stop()
+    rewards = [decode(Reward, f) for _, f in await redis.xrange(keys.rewards)]
+    assert sorted(r.attempt_id for r in rewards) == ["a0", "a1"]
+    assert checker.most_at_once == 1  # one check at a time in the slot's sandbox
+    g = await verifiers_group(redis, keys)
+    assert (g.pending, g.lag) == (0, 1)  # both settled; a2 never taken
+
+
+def test_the_reclaim_deadline_allows_for_the_check_ahead_in_the_slot():
+    s = VerifierSettings(proof_timeout_s=60, header_timeout_s=600, claim_margin_s=30)
+    longest_check_ms = (600 + 2 * 60) * 1000
+    assert s.claim_idle_ms >= TASKS_PER_SLOT * longest_check_ms  # waiting for one check, then its own
