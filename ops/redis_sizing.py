@@ -4,7 +4,7 @@ Publishes N attempts of a realistic shape with the real Publisher, verifies them
 runtime (settle script: idempotency marker, reward, ack; plus the verdict cache entry the verifier writes),
 reads and acks the rewards as the trainer does, trims the acked attempts as the verifiers' sweep does, and
 reads `INFO memory` (used_memory) and `MEMORY USAGE` along the way. Printed per attempt: the attempt entry,
-the reward entry (the rewards stream is not trimmed during a run), the idempotency marker (TTL 7 days), the
+the reward entry (kept until the trainer acked it `history_s` ago), the idempotency marker (TTL 7 days), the
 verdict cache entry, and the totals while in flight and after the attempt is trimmed. Runs on a private
 redis-server unless --redis-url names one; its keys are a run of their own (`sizing-<hex>`), deleted at the
 end, so a live server is not flushed (but then other writers blur the totals).
@@ -109,7 +109,7 @@ async def measure(url: str, profile: str, n: int) -> dict:
                 await redis.xack(keys.rewards, TRAINER, *ids)
             read += len(ids)
         rewards_bytes = await redis.memory_usage(keys.rewards, samples=0)
-        await trim_acked(redis, keys.attempts)  # what the verifiers' sweep does; rewards are not trimmed
+        await trim_acked(redis, keys.attempts)  # what the verifiers' sweep does; rewards stay for history_s
         run_keeps = await used(redis)
         figures["bytes_per_attempt"] = {
             "attempt_entry": round((after_attempts - start) / n),

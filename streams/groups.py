@@ -70,8 +70,9 @@ def _next_id(entry_id: str) -> str:
     return f"{ms}-{int(seq) + 1}"
 
 
-async def trim_acked(redis: Redis, stream: str) -> int:
-    """Delete history every group has acked: XTRIM MINID at the oldest entry any group still needs.
+async def trim_acked(redis: Redis, stream: str, keep_s: float = 0.0) -> int:
+    """Delete history every group has acked: XTRIM MINID at the oldest entry any group still needs, or at
+    the entries of the last `keep_s` seconds (by Redis's clock, which stamps the ids), whichever is older.
 
     An entry is still needed by a group if it is pending there or lies past the group's last delivered
     id. Never MAXLEN: that drops entries nobody has read. A stream with no group is left alone.
@@ -82,5 +83,8 @@ async def trim_acked(redis: Redis, stream: str) -> int:
     keep_from = []
     for g in groups:
         keep_from.append(g.oldest_pending_id or _next_id(g.last_delivered_id))
+    if keep_s > 0:
+        seconds, micros = await redis.time()
+        keep_from.append(f"{max(0, seconds * 1000 + micros // 1000 - int(keep_s * 1000))}-0")
     min_id = min(keep_from, key=id_order)
     return await redis.xtrim(stream, minid=min_id, approximate=False)

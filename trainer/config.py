@@ -45,6 +45,7 @@ class TrainerSettings(RoleSettings):
     max_staleness: int = Field(2, ge=0)
     quorum: float = Field(0.75, gt=0, le=1)
     deadline_s: float = Field(900.0, gt=0)
+    history_s: float = Field(3600.0, ge=0, description="acked rewards and work orders kept for inspection this long")
 
     # GRPO
     group_size: int = Field(8, ge=2, description="G: samples per theorem")

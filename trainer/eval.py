@@ -56,7 +56,7 @@ from streams import logs
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, SchemaError, WorkOrder, decode
+from streams.schema import PolicyUpdate, SchemaError, decode
 from streams.settings import SettingsError
 from streams.theorems import Theorem
 from trainer.config import TrainerSettings
@@ -333,37 +333,11 @@ async def _held_out(
         if registered != theorem:
             problem = "is not registered" if registered is None else "differs from the one registered"
             raise EvalError(f"held-out problem {theorem.theorem_id!r} {problem} in {keys.theorems}: {not_the_runs}")
-    ids, count = await trainer_split(redis, keys, state)
-    if (ids is not None and ids != [t.theorem_id for t in held]) or (count is not None and count != len(held)):
-        found = f"{len(ids)} problems {ids[:3]}..." if ids is not None else f"{count} problems"
-        raise EvalError(f"the trainer evaluated {found}, these settings give {len(held)} problems "
-                        f"{[t.theorem_id for t in held[:3]]}...: {not_the_runs}")  # fmt: skip
+    ids = state.get("eval_ids")  # what the run itself evaluated (its checkpoint); absent if it never did
+    if ids and ids != [t.theorem_id for t in held]:
+        raise EvalError(f"the trainer evaluated {len(ids)} problems {ids[:3]}..., these settings give {len(held)} "
+                        f"problems {[t.theorem_id for t in held[:3]]}...: {not_the_runs}")  # fmt: skip
     return held[:limit] if limit else held
-
-
-async def trainer_split(
-    redis: Redis, keys: Keys, state: dict[str, Any], scan: int = 5000
-) -> tuple[list | None, int | None]:
-    """What the run itself evaluated: the theorem ids of an evaluation order (in the checkpoint while in
-    flight, else the first `eval-v*` order among the work stream's first `scan` entries; eval-v0 is among
-    the first orders), else the size of a finished evaluation. (None, None) when the run never evaluated."""
-    if state.get("evals"):
-        return list(state["evals"][0]["theorem_ids"]), None
-    start, seen = "-", 0
-    while seen < scan:
-        entries = await redis.xrange(keys.work, start, "+", count=500)
-        for _, fields in entries:
-            if fields.get(b"work_id", b"").startswith(b"eval-v"):
-                try:
-                    return list(decode(WorkOrder, fields).theorem_ids), None
-                except SchemaError:
-                    continue  # the generators dead-letter it; another eval order may tell
-        if len(entries) < 500:
-            break
-        seen += len(entries)
-        start = b"(" + entries[-1][0]
-    done = [r.get("problems") for r in state.get("eval_results", {}).values()]
-    return None, (done[0] if done else None)
 
 
 def _ranges(values: list[int]) -> str:

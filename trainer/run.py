@@ -17,6 +17,10 @@ The loop, until `iterations` versions exist:
 
 Evaluation orders (`eval-v<version>`: the center, greedy, on the held-out split) go through the same
 pipeline every `eval_every` versions and at the end.
+
+After each update, and at the end, the rewards and work orders that every group has acked and that are
+older than `history_s` are trimmed from their streams (`streams.groups.trim_acked`): a long run's Redis
+holds what is in flight plus the last hour, not every attempt's reward since the start.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import orjson
 import structlog
 from redis.asyncio import Redis
 
+from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
 from streams.schema import DeadLetter, Member, PolicyUpdate, Reward, SchemaError, WorkOrder, decode, encode
@@ -86,6 +91,7 @@ class Run:
         self.members: dict[str, MemberState] = {}
         self.evals: dict[str, MemberState] = {}
         self.eval_results: dict[int, dict[str, Any]] = {}
+        self.eval_ids: list[str] = []  # the held-out split as evaluated: what trainer.eval checks its own against
         self.counts: collections.Counter[str] = collections.Counter()
         self.last_update = time.monotonic()
         # not checkpointed: rewards read since the last checkpoint (entry ids to ack once it is written)
@@ -105,6 +111,7 @@ class Run:
             "members": [m.to_dict() for m in self.members.values()],
             "evals": [m.to_dict() for m in self.evals.values()],
             "eval_results": {str(k): v for k, v in self.eval_results.items()},
+            "eval_ids": self.eval_ids,
             "counts": dict(self.counts),
         }
 
@@ -118,6 +125,7 @@ class Run:
         self.members = {m["work_id"]: MemberState.from_dict(m) for m in doc["members"]}
         self.evals = {m["work_id"]: MemberState.from_dict(m) for m in doc["evals"]}
         self.eval_results = {int(k): v for k, v in doc["eval_results"].items()}
+        self.eval_ids = list(doc.get("eval_ids", []))
         self.counts.update(doc["counts"])
 
     async def resume(self) -> bool:
@@ -147,6 +155,12 @@ class Run:
             await self.redis.xack(self.keys.rewards, TRAINER, *self._unacked)
             self._unacked.clear()
         self._last_checkpoint = time.monotonic()
+
+    async def trim_history(self) -> None:
+        """Trim the rewards and work orders every group has acked, keeping the last `history_s` seconds."""
+        for name, stream in (("rewards", self.keys.rewards), ("work", self.keys.work)):
+            if trimmed := await trim_acked(self.redis, stream, keep_s=self.settings.history_s):
+                self.counts[f"trimmed_{name}"] += trimmed
 
     # -- work --------------------------------------------------------------------------------------------
 
@@ -200,7 +214,8 @@ class Run:
         step without signal keeps the version; the end of a run asks for the last version again)."""
         if not self.held_out or f"eval-v{version}" in self.evals or version in self.eval_results:
             return
-        m = MemberState(f"eval-v{version}", version, 0, 1, [t.theorem_id for t in self.held_out], issued_at=time.time())
+        self.eval_ids = [t.theorem_id for t in self.held_out]
+        m = MemberState(f"eval-v{version}", version, 0, 1, self.eval_ids, issued_at=time.time())
         self.evals[m.work_id] = m
         await self.checkpoint()
         await self._publish_orders([m])
@@ -273,6 +288,7 @@ class Run:
             ready = self._ready()
             if ready is not None:
                 await self.update(ready)
+                await self.trim_history()
                 if self.settings.eval_every and self.version % self.settings.eval_every == 0:
                     await self.issue_eval(self.version)
                 self.progress(self.version)
@@ -285,6 +301,7 @@ class Run:
                 await self.poll(block_ms=500)
                 self._eval_done()
         await self.checkpoint()
+        await self.trim_history()
         return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
 
 

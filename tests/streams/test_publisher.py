@@ -72,3 +72,17 @@ async def test_trim_leaves_a_stream_without_groups_alone(redis, keys):
     await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
     assert await trim_acked(redis, keys.attempts) == 0
     assert await redis.xlen(keys.attempts) == 3
+
+
+async def test_trim_keeps_the_last_seconds_of_acked_history(redis, keys):
+    """Entries stamped an hour ago and now, all acked: keep_s=600 trims the old ones only, 0 trims all."""
+    await ensure_group(redis, keys.rewards, "trainer")
+    seconds, _ = await redis.time()
+    hour_ago_ms = (seconds - 3600) * 1000
+    old = [await redis.xadd(keys.rewards, {"i": i}, id=f"{hour_ago_ms}-{i}") for i in range(3)]
+    new = [await redis.xadd(keys.rewards, {"i": i}) for i in range(3, 5)]
+    await redis.xreadgroup("trainer", "c", {keys.rewards: ">"})
+    await redis.xack(keys.rewards, "trainer", *old, *new)
+    assert await trim_acked(redis, keys.rewards, keep_s=600) == 3
+    assert [eid for eid, _ in await redis.xrange(keys.rewards)] == new
+    assert await trim_acked(redis, keys.rewards) == 2

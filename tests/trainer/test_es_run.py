@@ -1,7 +1,7 @@
 """The ES trainer: the step's formula, the staleness bound, and a trainer killed with SIGKILL that resumes
-from its checkpoint and the streams without losing or double-counting a reward (real Redis, real child
-processes; the generator and verifier are played by tests/fixtures/fake_roles.py, so every member's score
-is known in advance)."""
+from its checkpoint and the streams without losing or double-counting a reward, while trimming the acked
+history as it goes (real Redis, real child processes; the generator and verifier are played by
+tests/fixtures/fake_roles.py, so every member's score is known in advance)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import orjson
 import pytest
 import redis as redis_sync
 
+from streams.groups import id_order
 from streams.keys import TRAINER, Keys
 from streams.schema import PolicyUpdate, decode
 from tests.fixtures.fake_roles import fake_reward
@@ -72,7 +73,8 @@ def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
 def _trainer(url: str, run: str, run_dir: Path, iterations: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown",
             "--iterations", str(iterations), "--population", "4", "--batch", "3", "--problems", "40",
-            "--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir), "--log-level", "warning"]  # fmt: skip
+            "--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir), "--log-level", "warning",
+            "--history-s", "0"]  # fmt: skip
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -116,6 +118,12 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     assert state["version"] == iterations and state["counts"]["resumes"] == 1
     pending = r.xpending(keys.rewards, TRAINER)
     assert pending["pending"] == 0  # every reward read was checkpointed and acked
+    # ... and trimmed (history_s 0) as the run went and at its end: the rewards left are only those the
+    # trainer never read (the fake roles went on with the orders in flight after it finished)
+    assert state["counts"]["trimmed_rewards"] > 0 and state["counts"]["trimmed_work"] > 0
+    [group] = [g for g in r.xinfo_groups(keys.rewards) if g["name"] in (TRAINER, TRAINER.encode())]
+    last_read = id_order(group["last-delivered-id"])
+    assert all(id_order(eid) > last_read for eid, _ in r.xrange(keys.rewards))
     metrics = [orjson.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
     assert [m["version"] for m in metrics if not m.get("eval")][-1] == iterations
     assert any(m.get("eval") for m in metrics)

@@ -17,7 +17,7 @@ import pytest
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, WorkOrder, encode
+from streams.schema import PolicyUpdate, encode
 from streams.theorems import register
 from tests.producers.conftest import needs_model
 from trainer import eval as ev
@@ -52,15 +52,14 @@ def es_steps(run: str, versions: int) -> list[dict]:
 
 
 def populate(url: str, settings: TrainerSettings, policy: list[PolicyUpdate]) -> None:
-    """What the trainer leaves in its Redis: theorems, checkpoint, an evaluation order, policy entries."""
+    """What the trainer leaves in its Redis: theorems, a checkpoint naming the split it evaluated, policy."""
 
     async def go() -> None:
         redis, keys = connect(url), Keys(settings.run)
         train, held = load_theorems(settings)
         await register(redis, keys, train + held)
-        await redis.hset(keys.trainer_state, "state", orjson.dumps({"algo": settings.algo, "version": len(policy)}))
-        order = WorkOrder("eval-v0", 0, settings.algo, settings.task, [t.theorem_id for t in held])
-        await redis.xadd(keys.work, encode(order))
+        state = {"algo": settings.algo, "version": len(policy), "eval_ids": [t.theorem_id for t in held]}
+        await redis.hset(keys.trainer_state, "state", orjson.dumps(state))
         for update in policy:
             await redis.xadd(keys.policy, encode(update))
         await redis.aclose()
