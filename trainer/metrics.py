@@ -31,7 +31,9 @@ class MetricsSink:
         if self._tracker is not None:
             step = int(record.get("version", 0))
             numbers = {
-                k: float(v) for k, v in record.items() if isinstance(v, int | float) and k not in ("version", "time")
+                k: float(v)
+                for k, v in record.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("version", "time")
             }
             prefix = "eval/" if record.get("eval") else ""
             self._tracker({prefix + k: v for k, v in numbers.items()}, step)

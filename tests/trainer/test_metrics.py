@@ -1,0 +1,36 @@
+"""The run's metrics: the JSONL in the run directory and, with TensorBoard installed (a dev dependency), the
+same numbers as TensorBoard scalars, read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from trainer.metrics import MetricsSink
+
+
+def test_versions_and_evaluations_reach_the_jsonl_and_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = MetricsSink(tmp_path)
+    records = [
+        {"version": 1, "reward_mean": 0.25, "pass_rate": 0.125, "algo": "es", "time": 1.0},
+        {"version": 2, "reward_mean": 0.5, "pass_rate": 0.25, "algo": "es", "time": 2.0},
+        {"eval": True, "version": 2, "held_out_reward": 0.75, "problems": 4, "time": 3.0},
+    ]
+    for record in records:
+        sink.write(record)
+    assert [orjson.loads(line) for line in sink.path.read_bytes().splitlines()] == records == sink.records()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+
+    def scalars(tag: str) -> list[tuple[int, float]]:
+        return [(e.step, pytest.approx(e.value)) for e in events.Scalars(tag)]
+
+    assert scalars("reward_mean") == [(1, 0.25), (2, 0.5)]
+    assert scalars("pass_rate") == [(1, 0.125), (2, 0.25)]
+    assert scalars("eval/held_out_reward") == [(2, 0.75)]
+    tags = set(events.Tags()["scalars"])
+    assert not tags & {"time", "version", "algo", "eval/eval"}  # numbers only (not flags), the step is the version
