@@ -5,20 +5,49 @@ arq reads the settings class's own `__dict__` (inherited attributes are ignored)
 `arq.worker.Worker` parameters, so `verifier` is a plain class with every setting spelt out, and this
 module keeps no other globals named like Worker parameters. Settings come from the TOML file
 ($PROOFSTREAM_CONFIG, table [verifier]) and PROOFSTREAM_* variables; arq owns the command line.
+
+Redis restarts. The consumer tasks ride out an outage themselves (streams.runtime); arq's own loop does not:
+its first failed command (worker.py `_poll_iteration`'s ZRANGEBYSCORE, the health check's PSETEX, a cron
+job's enqueue or bookkeeping) ends `Worker.main`, and `Worker.close` then fails on the same dead Redis before
+it reaches `on_shutdown`: exit 1, no drain. arq passes `RedisSettings.retry` and `retry_on_error` to redis-py
+(connections.py `create_pool`), whose client retries every command and reconnect through them; the policy is
+streams.ride_out's: no retry while arq starts (arq's own conn_retries decide), retry for as long as it
+takes once the worker is up, and for at most STOP_GRACE_S once it stops.
+
+Shutdown. After the start, SIGTERM and SIGINT come here rather than to arq's handler, which would cancel the
+main loop and leave the drain to `Worker.close`, behind a Redis call. Here the pool drains first (bounded:
+VerifierService.stop), then arq's own `handle_sig` stops the loop and `close` follows. If Redis is still down
+by then, arq's pool is closed and let go of: `close` returns at once without one (worker.py `close`), the
+health key expires by itself, and the worker exits 0 having drained. arq has no hook for this: the CLI always
+builds `arq.worker.Worker` (a settings class cannot name a subclass) and `on_stop` is not a parameter, so the
+worker is found from `on_startup` (`_arq_worker`) and its `_pool` dropped by hand: the two places that rely
+on arq 0.28's insides, checked at every start and by tests/test_workers_redis_restart.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import signal
 import sys
 
+import structlog
 from arq import cron
 from arq.connections import RedisSettings
+from arq.version import VERSION as ARQ_VERSION
+from arq.worker import Worker
 
 from consumers.service import VerifierService
 from streams import logs
 from streams.keys import Keys
+from streams.ride_out import UNAVAILABLE, RideOut
 from streams.settings import SettingsError
 from verifier_pool.config import VerifierSettings
+
+log = structlog.get_logger("workers")
+
+STOP_GRACE_S = 5.0  # a stopping worker waits this long for Redis to come back before it lets go of it
+_RETRY = RideOut(client="arq")  # arq's pool's policy: starting, then riding out, then stopping (streams.ride_out)
 
 
 def _load() -> VerifierSettings:
@@ -39,24 +68,80 @@ async def _startup(ctx: dict) -> None:
     service = VerifierService(_SETTINGS, _SETTINGS.redis_url)
     ctx["service"] = service
     await service.start()
+    # Only now: a signal during the start goes to arq's handler, whose close() must not wait for Redis.
+    worker = _arq_worker(ctx)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, ctx, worker, sig)
+    _RETRY.ride_out()
+
+
+def _arq_worker(ctx: dict) -> Worker:
+    """The arq Worker running this process. arq gives `on_startup` only its ctx, but awaits it from inside
+    `Worker.main` (worker.py, `await self.on_startup(self.ctx)`), so the current task's coroutine is that
+    method's and its `self` is the worker."""
+    frame = getattr(asyncio.current_task().get_coro(), "cr_frame", None)
+    worker = frame.f_locals.get("self") if frame is not None else None
+    if not isinstance(worker, Worker) or worker.ctx is not ctx:
+        raise RuntimeError(f"workers.verifier: arq {ARQ_VERSION} does not run on_startup inside Worker.main as "
+                           "0.28.0 does; its shutdown handling must be revisited for this version")  # fmt: skip
+    return worker
+
+
+def _on_signal(ctx: dict, worker: Worker, sig: signal.Signals) -> None:
+    if "drain" in ctx:
+        return  # a second signal: the drain under way is bounded already
+    log.info("verifier_stopping", signal=sig.name)
+    ctx["drain"] = asyncio.create_task(_drain_then_stop(ctx, worker, sig), name="drain")
+
+
+async def _drain_then_stop(ctx: dict, worker: Worker, sig: signal.Signals) -> None:
+    # arq's loop keeps riding out an outage meanwhile: it must end by our cancel, not by its own error.
+    try:
+        await ctx["service"].stop()
+        try:
+            await asyncio.wait_for(worker.pool.ping(), STOP_GRACE_S)  # a Redis that is restarting: wait a little
+        except TimeoutError:
+            # arq's close() would delete its health key first (worker.py `close`), fail on the dead Redis,
+            # skip on_shutdown and exit 1. Without a pool it returns at once; the key expires by itself.
+            log.warning("redis_unreachable_at_stop", waited_s=STOP_GRACE_S,
+                        health_key_expires_s=verifier.health_check_interval)  # fmt: skip
+            await worker.pool.aclose()
+            worker._pool = None
+    finally:
+        _RETRY.stop_within(STOP_GRACE_S)  # close()'s own calls, should Redis go away now: bounded
+        worker.handle_sig(sig)  # arq's own stop: cancels its job tasks and main loop; close() follows
 
 
 async def _shutdown(ctx: dict) -> None:
-    if "service" in ctx:
+    if "drain" in ctx:
+        await ctx["drain"]  # done already (it stopped the loop): re-raises a failed drain
+    elif "service" in ctx:  # stopped during the start, by arq's own signal handler
         await ctx["service"].stop()
 
 
 async def _sweep(ctx: dict) -> None:
     """Dead letters no live consumer would reach, dead consumers, acked history."""
-    await ctx["service"].sweep()
+    if "drain" in ctx:
+        return  # stopping: the service's clients are closed or closing
+    try:
+        await ctx["service"].sweep()
+    except UNAVAILABLE as e:  # Redis went away mid-sweep: the next tick sweeps (arq would log a failed job)
+        log.warning("sweep_skipped", error=str(e))
 
 
 async def _report(ctx: dict) -> None:
-    await ctx["service"].report()
+    if "drain" in ctx:
+        return  # stopping: the drain reports last
+    try:
+        await ctx["service"].report()
+    except UNAVAILABLE as e:  # the next tick reports
+        log.warning("report_skipped", error=str(e))
 
 
 class verifier:  # noqa: N801 - the name users type: `arq workers.verifier`
-    redis_settings = RedisSettings.from_dsn(_SETTINGS.redis_url)
+    redis_settings = dataclasses.replace(RedisSettings.from_dsn(_SETTINGS.redis_url), retry=_RETRY,
+                                         retry_on_error=list(UNAVAILABLE))  # fmt: skip
     queue_name = f"{Keys(_SETTINGS.run).prefix}:arq"  # per run, so `--check` reads this run's health key
     on_startup = _startup
     on_shutdown = _shutdown

@@ -3,9 +3,15 @@
 Delivery is at least once, the effect exactly once (DESIGN.md, "The wire"):
 - new entries come from XREADGROUP `>` in batches; each is decoded and handed to the handler, which returns
   the result messages; results are published and inputs acked by one Lua script per batch (`settle.py`);
-- entries idle past their deadline (the work's own timeout plus a margin) are taken over with XAUTOCLAIM;
-  their delivery counts are read from XPENDING first, an entry over the limit goes to the dead letters,
-  and the rest are processed one at a time so a poison entry cannot drag batch neighbours with it;
+- while `run` is handling a batch, a background task claims the batch's entries again to this consumer
+  every `claim_refresh_ms` (`claims.py`: only those it still owns), so however long a handler takes, its
+  entries stay fresh; an entry idle past `claim_idle_ms` therefore belongs to a consumer that is dead or
+  stalled (SIGSTOP, swap, a long GC pause), and a live one takes it over with XAUTOCLAIM; its delivery
+  count is read from XPENDING first, an entry over the limit goes to the dead letters, and the rest are
+  processed one at a time so a poison entry cannot drag batch neighbours with it;
+- a consumer that wakes from a stall settles what it finished (the settle script publishes nothing for an
+  entry another consumer settled first, and the done marker lets one result through in any order), but
+  never refreshes or releases an entry another consumer has reclaimed meanwhile;
 - a `Poison` from the handler, or an entry that cannot be decoded, is dead-lettered at once (redelivery
   would fail the same way); any other handler exception is transient: the entry stays pending and is
   released for a retry after `retry_delay_ms`;
@@ -13,7 +19,9 @@ Delivery is at least once, the effect exactly once (DESIGN.md, "The wire"):
 - a role may give a batch handler instead (one call per batch, one outcome per entry; see `Consumer`).
 
 Redis connection errors are not the input's fault: `run` logs them, backs off and goes on; nothing is
-acked that was not settled, so a restarted Redis costs time, never entries.
+acked that was not settled, so a restarted Redis costs time, never entries. (A Redis outage longer than
+`claim_idle_ms` leaves every held entry overdue when it comes back: another consumer may then take one over
+before its owner's next refresh, which costs a duplicate check, never a duplicate result.)
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import structlog
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
+from streams.claims import Claims
 from streams.groups import id_order
 from streams.keys import Keys
 from streams.schema import DeadLetter, M, Message, SchemaError, decoder, fast_init
@@ -63,9 +72,11 @@ BatchHandler = Callable[[list[Delivery[M]]], Awaitable[Sequence[Sequence[Message
 class ConsumerSettings:
     batch_size: int = 64
     block_ms: int = 500
-    # Deadline after which a pending entry is another consumer's to take: the longest legitimate handling
-    # time of one entry plus a margin. Roles derive it from their own timeout (`claim_idle_ms_for`).
-    claim_idle_ms: int = 60_000
+    # A pending entry idle this long is another consumer's to take. Live consumers refresh what they hold
+    # every `claim_refresh_ms` (`Consumer.run`), so this bounds how long a dead or stalled consumer's work
+    # waits, whatever a handler may take: a few refresh periods, not the longest legitimate handling.
+    claim_idle_ms: int = 25_000
+    claim_refresh_ms: int | None = None  # None: a fifth of claim_idle_ms (5 s with the default)
     claim_every_ms: int = 1_000  # how often to look for entries to reclaim when new ones keep coming
     max_deliveries: int = 5
     retry_delay_ms: int = 1_000  # a transiently failed entry becomes claimable again after this
@@ -73,15 +84,19 @@ class ConsumerSettings:
     flush_ms: int = 50  # settle outcomes at least this often while a slow batch is in hand
 
     def __post_init__(self) -> None:
+        if self.claim_refresh_ms is None:  # a frozen dataclass sets its derived default this way
+            object.__setattr__(self, "claim_refresh_ms", max(1, self.claim_idle_ms // 5))
         if self.retry_delay_ms > self.claim_idle_ms:
             raise ValueError("retry_delay_ms must not exceed claim_idle_ms")
+        if not 0 < self.claim_refresh_ms * 3 <= self.claim_idle_ms:
+            # Several refreshes must fit in the deadline: one late refresh (a busy loop, a slow Redis round
+            # trip) must not hand a live consumer's entry to another.
+            raise ValueError(
+                f"claim_refresh_ms ({self.claim_refresh_ms}) must be positive and at most a third of "
+                f"claim_idle_ms ({self.claim_idle_ms}); leave it unset for a fifth"
+            )
         if self.batch_size < 1 or self.max_deliveries < 1:
             raise ValueError("batch_size and max_deliveries must be at least 1")
-
-
-def claim_idle_ms_for(timeout_s: float, margin_s: float = 30.0) -> int:
-    """Reclaim deadline for entries whose handling may legitimately take `timeout_s`."""
-    return int((timeout_s + margin_s) * 1000)
 
 
 @dataclass
@@ -93,6 +108,7 @@ class Stats:
     transient_failures: int = 0
     reclaimed: int = 0
     released: int = 0
+    claims_lost: int = 0  # entries in hand that another consumer reclaimed (this one stalled past the deadline)
 
 
 class Consumer(Generic[M]):
@@ -121,6 +137,7 @@ class Consumer(Generic[M]):
         settings: ConsumerSettings | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
         batch_handler: BatchHandler[M] | None = None,
+        prefetch: Callable[[list[M]], Awaitable[None]] | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give a consumer exactly one of handler and batch_handler")
@@ -133,6 +150,9 @@ class Consumer(Generic[M]):
         self.name = name
         self.handler = handler
         self.batch_handler = batch_handler
+        # Called with a batch's messages before `handler` takes them one by one: what the handler would ask
+        # Redis per entry (the verifier's verdict cache) it can look up for the whole batch in one round trip.
+        self.prefetch = prefetch
         self.output_type = output
         # A consumer with no results still needs a key for the script; nothing is ever written to it.
         self.output = keys.stream(output.stream) if output else self.source
@@ -142,6 +162,12 @@ class Consumer(Generic[M]):
         self.gate = gate
         self.stats = Stats()
         self._settle = Settler(redis)
+        self._claims = Claims(redis, self.source, group, name)
+        self._held: list = []  # the batch in hand, (entry id, fields, deliveries) each: what `run` refreshes
+        self._gone: set[bytes] = set()  # of the batch in hand, those no longer ours: settled, released, taken
+        # A refresh and a release of the same entry must not cross: a refresh landing after the release would
+        # reset the idle time the release backdated, and the entry would wait a whole deadline for nothing.
+        self._claims_lock = asyncio.Lock()
         self._claim_cursor = b"0-0"
         self._next_claim = 0.0
 
@@ -149,7 +175,19 @@ class Consumer(Generic[M]):
         await ensure_group(self.redis, self.source, self.group)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until `stop` is set. Survives Redis restarts; only a bug escapes."""
+        """Consume until `stop` is set. Survives Redis restarts; only a bug escapes.
+
+        Refreshes the claim on the batch in hand from a background task for as long as it runs, the
+        drain after `stop` included (`run_once` alone does not: a test drives it to play a stalled owner)."""
+        finished = asyncio.Event()
+        refresher = asyncio.create_task(self._keep_claims(finished), name=f"{self.name}-claims")
+        try:
+            await self._run(stop, refresher)
+        finally:
+            finished.set()
+            await refresher
+
+    async def _run(self, stop: asyncio.Event, refresher: asyncio.Task) -> None:
         backoff_s = 0.05
         while not stop.is_set():
             try:
@@ -157,6 +195,8 @@ class Consumer(Generic[M]):
                 while not stop.is_set():
                     await self.run_once(stop)
                     backoff_s = 0.05
+                    if refresher.done():  # it only ends early on a bug: without it, claims would lapse
+                        refresher.result()
             except _REDIS_UNAVAILABLE as e:
                 # Redis is down, loading its AOF, full (maxmemory with noeviction refuses writes until the
                 # trimming of acked history or an operator frees memory) or a replica after a failover.
@@ -164,6 +204,41 @@ class Consumer(Generic[M]):
                 log.warning("redis_unavailable", consumer=self.name, error=str(e), retry_s=backoff_s)
                 await _sleep_or_stop(stop, backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
+
+    async def _keep_claims(self, finished: asyncio.Event) -> None:
+        """Every `claim_refresh_ms`, claim the batch in hand again, so no live consumer's entry goes idle."""
+        period_s = self.settings.claim_refresh_ms / 1000
+        while not finished.is_set():
+            await _sleep_or_stop(finished, period_s)
+            async with self._claims_lock:
+                batch, gone = self._held, self._gone
+                held = [entry[0] for entry in batch if entry[0] not in gone]
+                if not held or finished.is_set():
+                    continue
+                try:
+                    kept = await self._claims.refresh(held)
+                except _REDIS_UNAVAILABLE as e:  # the main loop has its own backoff; try again next period
+                    log.warning("claim_refresh_failed", consumer=self.name, error=str(e))
+                    continue
+            if len(kept) == len(held) or self._held is not batch:
+                continue
+            # Not ours any more: settled by us (a mid-batch flush), or reclaimed by another consumer while this
+            # one was stalled past the deadline. Neither is refreshed again; only the second is worth a line.
+            dropped = set(held) - set(kept)
+            gone.update(dropped)
+            taken = await self._reclaimed_by_others(dropped)
+            if taken:
+                self.stats.claims_lost += len(taken)
+                log.warning("claims_lost", consumer=self.name, stream=self.source, count=len(taken),
+                            entry_ids=[e.decode() for e in taken[:10]])  # fmt: skip
+
+    async def _reclaimed_by_others(self, ids: set[bytes]) -> list[bytes]:
+        """Which of `ids` are still pending in the group, hence owned by another consumer."""
+        out = []
+        for eid in sorted(ids, key=id_order):
+            if await self.redis.xpending_range(self.source, self.group, min=eid, max=eid, count=1):
+                out.append(eid)
+        return out
 
     async def run_once(self, stop: asyncio.Event | None = None) -> int:
         """One iteration: reclaim what is overdue, else read new entries; handle and settle them."""
@@ -255,21 +330,35 @@ class Consumer(Generic[M]):
 
     async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:
         """Handle and settle `entries`, each (entry id, fields, deliveries); on stop, release the rest."""
-        if self.batch_handler is not None:
-            return await self._handle_batch_at_once(entries, stop)
+        self._held = entries
+        if self._gone:
+            self._gone = set()
+        try:
+            if self.batch_handler is not None:
+                return await self._handle_batch_at_once(entries, stop)
+            return await self._handle_one_by_one(entries, stop)
+        finally:
+            self._held = []
+
+    async def _handle_one_by_one(self, entries: list, stop: asyncio.Event) -> int:
         s = self._settlement()
         monotonic = time.monotonic
         flush_s = self.settings.flush_ms / 1000
         flush_at = monotonic() + flush_s
         failed: list = []
         handler, output_type, stats = self.handler, self.output_type, self.stats
+        messages = None
+        if self.prefetch is not None:  # admitted up front (a bad entry is a dead letter in `s` now)
+            messages = [self._admit(s, entry) for entry in entries]
+            await self.prefetch([m for m in messages if m is not None])
         for i, entry in enumerate(entries):
             if stop.is_set():
-                await self._release(entries[i:])
+                admitted = messages[i:] if messages is not None else [True] * (len(entries) - i)
+                await self._release([e for e, m in zip(entries[i:], admitted, strict=True) if m is not None])
                 break
             stats.processed += 1
             entry_id, _fields, deliveries = entry
-            message = self._admit(s, entry)
+            message = self._admit(s, entry) if messages is None else messages[i]
             if message is not None:
                 try:
                     results = await handler(Delivery(entry_id, message, deliveries))
@@ -378,19 +467,19 @@ class Consumer(Generic[M]):
     async def _release(self, entries: list, after_ms: int = 0, counted: bool = False) -> None:
         """Hand entries back without acking them: make them claimable by any consumer in `after_ms`.
 
-        XCLAIM to ourselves with IDLE backdated. An entry we never started (`counted=False`) gets its
-        delivery count restored with RETRYCOUNT, so a graceful shutdown costs it no delivery; a failed one
-        keeps the delivery it used. There is no "nack" in Redis Streams; this is its honest equivalent.
+        XCLAIM to ourselves with IDLE backdated, only for entries still ours (`claims.py`: after a stall,
+        another consumer may hold them now). An entry we never started (`counted=False`) gets its delivery
+        count restored with RETRYCOUNT, so a graceful shutdown costs it no delivery; a failed one keeps the
+        delivery it used. There is no "nack" in Redis Streams; this is its honest equivalent.
         """
-        idle = self.settings.claim_idle_ms - after_ms
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for entry_id, _fields, deliveries in entries:
-                pipe.xclaim(
-                    self.source, self.group, self.name, 0, [entry_id],
-                    idle=idle, retrycount=deliveries if counted else deliveries - 1, justid=True,
-                )  # fmt: skip
-            await pipe.execute()
-        self.stats.released += len(entries)
+        back = 0 if counted else 1
+        async with self._claims_lock:
+            self._gone.update(entry_id for entry_id, _fields, _deliveries in entries)
+            released = await self._claims.release(
+                [(entry_id, deliveries - back) for entry_id, _fields, deliveries in entries],
+                idle_ms=self.settings.claim_idle_ms - after_ms,
+            )  # fmt: skip
+        self.stats.released += released
 
 
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:

@@ -4,8 +4,10 @@ Countdown checker. It answers `--check`, turns attempts into rewards, and drains
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.service import VerifierService
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
@@ -91,3 +94,37 @@ def test_worker_without_redis_url_says_what_to_do():
     result = subprocess.run([ARQ, "workers.verifier"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "PROOFSTREAM_REDIS_URL" in result.stderr
+
+
+def dead_redis_url() -> str:
+    with socket.socket() as s:  # a port nothing listens on once this socket is closed
+        s.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+
+
+@pytest.mark.timeout(120)
+def test_health_check_against_an_unreachable_redis_fails_instead_of_waiting_for_it():
+    # The pool's policy waits out outages only once the worker is up (streams.ride_out): `--check` and a
+    # worker's start keep arq's own patience (5 tries, 1 s apart) and then fail.
+    env = worker_env(dead_redis_url(), "dead")
+    started = time.monotonic()
+    result = subprocess.run([ARQ, "workers.verifier", "--check"], cwd=ROOT, env=env, capture_output=True, timeout=90)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60, "arq's own retries take ~5 s; this waited for Redis instead"
+
+
+async def test_sweep_and_report_skip_a_tick_while_redis_is_unreachable(monkeypatch, capsys):
+    # A cron job that raises is logged by arq as a failed job with a traceback; an outage is not a failure.
+    url = dead_redis_url()
+    monkeypatch.setenv("PROOFSTREAM_REDIS_URL", url)
+    monkeypatch.setenv("PROOFSTREAM_TASKS", '["countdown"]')
+    monkeypatch.delenv("PROOFSTREAM_CONFIG", raising=False)
+    workers = importlib.reload(importlib.import_module("workers"))
+    service = VerifierService(workers._SETTINGS, url)
+    try:
+        await workers._sweep({"service": service})
+        await workers._report({"service": service})
+    finally:
+        await service.admin.aclose()
+    logged = capsys.readouterr().err
+    assert '"sweep_skipped"' in logged and '"report_skipped"' in logged, logged

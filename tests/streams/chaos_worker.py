@@ -30,6 +30,7 @@ from streams.connect import connect  # noqa: E402
 from streams.keys import VERIFIERS, Keys  # noqa: E402
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison  # noqa: E402
 from streams.schema import Attempt, Reward  # noqa: E402
+from tests.fixtures.parent import watch_parent  # noqa: E402
 
 POISON = "POISON"
 
@@ -71,14 +72,6 @@ def make_handler(args: argparse.Namespace):
     return handle
 
 
-async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        if os.getppid() != parent:
-            stop.set()
-            return
-        await asyncio.sleep(0.5)  # a liveness poll, not synchronization
-
-
 async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level)
@@ -97,7 +90,7 @@ async def main(argv: list[str] | None = None) -> int:
         redis, Keys(args.run), message_type=Attempt, group=VERIFIERS, name=args.name,
         handler=make_handler(args), output=Reward, settings=settings,
     )  # fmt: skip
-    watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
+    watcher = asyncio.create_task(watch_parent(os.getppid(), stop))
     try:
         await consumer.run(stop)
     finally:
