@@ -16,7 +16,12 @@ checker that spews output is blocked in its write(), not buffered here), stderr 
 in SandboxCrashed messages. stdin only ever carries JSON (json.dumps escapes every control character), so
 the daemon's detach keys (ctrl-p ctrl-q) can never occur in it.
 
-Lifecycle: start() creates, attaches and starts a container; request() restarts first when the container is
+Lifecycle: start() creates, attaches and starts a container, and returns only once the checker in it answered
+its handshake (`DockerSandboxConfig.handshake`); a container whose checker does not answer (its command is
+missing, exits, or prints something else) is removed and start() raises SandboxUnavailable, so a broken image
+is the infrastructure's failure, never a crash blamed on a proof. `identity` is then the image id the
+container runs (sha256:...) plus the checker's own digest when its handshake reply carries one: what judges,
+for the verdict cache key. request() restarts first when the container is
 gone, after `max_requests` answers, or once its memory (cgroup usage less inactive file cache, as `docker
 stats` shows it) passed `max_memory_bytes`; a timeout or a crash kills and removes the container (a forced
 remove: the daemon SIGKILLs every process in it, then removes it; killing a client would leave the
@@ -46,7 +51,7 @@ from typing import Any
 
 import structlog
 
-from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, ReplStream
+from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake, ReplStream, handshake
 from verifier_pool.sandbox import SandboxCrashed, SandboxStats, SandboxTimeout, SandboxUnavailable
 
 log = structlog.get_logger("verifier_pool.docker")
@@ -90,6 +95,9 @@ class DockerSandboxConfig:
     runtime: str | None = None  # an OCI runtime registered with the daemon, e.g. "runsc" (gVisor)
     base_url: str | None = None  # the daemon, e.g. "unix:///var/run/docker.sock"; None: DOCKER_HOST or default
     api_timeout_s: float = 30.0  # per Docker API call
+    # Asked right after the container starts; start() returns only once the checker answered it.
+    handshake: Handshake = LEAN_HANDSHAKE
+    handshake_timeout_s: float = 30.0  # the checker's own start (interpreter, REPL binary), not its work
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -106,6 +114,8 @@ class DockerSandboxConfig:
                 raise ValueError(f"{name} must be positive or None, not {value}")
         if self.tmp_bytes <= 0 or self.memory_check_interval_s < 0:
             raise ValueError("tmp_bytes must be positive and memory_check_interval_s non-negative")
+        if self.handshake_timeout_s <= 0:
+            raise ValueError(f"handshake_timeout_s must be positive, not {self.handshake_timeout_s}")
 
 
 # -- the daemon -------------------------------------------------------------------------------------------
@@ -350,6 +360,7 @@ class DockerSandbox:
         self.config = config
         self.sandbox_id = sandbox_id or f"docker-{uuid.uuid4().hex[:8]}"
         self.owner = config.owner or default_owner()
+        self.identity = ""  # set by each start that the checker answered; "" while none has
         self._stats = SandboxStats(sandbox_id=self.sandbox_id, backend=self.backend)
         self._client = None
         self._container = None
@@ -363,8 +374,10 @@ class DockerSandbox:
     # -- the Sandbox protocol --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """(Re)start: a fresh container, attached and running. SandboxUnavailable if it cannot be."""
+        """(Re)start: a fresh container, attached, running, and its checker answered the handshake.
+        SandboxUnavailable if it cannot be; then no container of this start is left."""
         await self.kill()
+        self.identity = ""  # until this start's checker answered: nothing may be judged under the old one
         started = time.monotonic()
         if self._client is None:
             self._client = await asyncio.to_thread(_connect, self.config.base_url, self.config.api_timeout_s)
@@ -391,6 +404,10 @@ class DockerSandbox:
                 raise
             self._protocol = protocol
             await asyncio.to_thread(container.start)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.kill()
+            raise
         except SandboxUnavailable:
             await self.kill()
             raise
@@ -400,6 +417,20 @@ class DockerSandbox:
         self._stream = ReplStream(
             protocol.stdout, _AttachWriter(protocol), max_response_bytes=self.config.max_response_bytes
         )
+        try:
+            reply = await handshake(self._stream, self.config.handshake, self.config.handshake_timeout_s)
+        except asyncio.CancelledError:  # a worker stopped while starting: no container of this start stays
+            with contextlib.suppress(Exception):
+                await self.kill()
+            raise
+        except SandboxUnavailable as e:
+            detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if protocol.stdout.at_eof() else 0)
+            with contextlib.suppress(SandboxUnavailable):  # the handshake's failure is the one to report
+                await self.kill()
+            raise SandboxUnavailable(f"{self.config.image} ({self.config.argv[0]} ...): {e} ({detail})") from e
+        image_id = container.attrs.get("Image", "")  # the id of what runs, whatever the tag names by now
+        digest = reply.get("digest")
+        self.identity = f"{image_id}+{digest}" if isinstance(digest, str) and digest else image_id
         self._over_memory = False
         self._memory_checked = float("-inf")
         self._cgroup_dir = None

@@ -1,50 +1,64 @@
 """The `process` sandbox backend: a checker (the Lean REPL, the Countdown checker) run under bubblewrap, or
-under util-linux's `unshare` where bwrap is missing, for machines without Docker.
+under util-linux's `unshare` where bwrap is missing, for machines without Docker. It blocks what the docker
+backend blocks (tests/verifier_pool/test_sandbox_probes.py tries each from inside, on every backend here).
 
 What every sandbox gets:
-- rlimits through `prlimit` (inherited across exec and fork, so they bind the checker and its children;
-  each applies per process): RLIMIT_AS (address space), RLIMIT_CPU (CPU seconds over the process's
-  lifetime, a backstop: the per-request limit is the wall-clock timeout), RLIMIT_FSIZE (largest file
-  written), RLIMIT_NPROC (processes of the uid, host-wide; binds a non-root uid only).
-- its own session and process group; kill() SIGKILLs the namespace's init and the group, then waits until
-  every process of the tree is gone. The pid namespace makes that complete: when its init dies the kernel
-  kills everything in it, including processes that called setsid() to leave our group.
+- its own host uid when the worker is root (verifier_pool.sandbox_uids: a leased uid from an unused range,
+  unique on the host), so RLIMIT_NPROC binds and each sandbox has a process quota of its own: a
+  neighbour's fork bomb cannot stall another's restart. Paths the sandbox needs but its uid cannot reach
+  (an interpreter under /root, mode 0700) are bound from the root side first (process_argv.STAGE: a private mount
+  namespace where root binds them under a traversable directory), never by loosening host permissions.
+  A non-root worker's sandboxes all run as the worker's uid: they share its process quota.
+- a private root (the same on both tools): an empty tmpfs holding read-only binds of /usr, the /bin /sbin
+  /lib* symlinks or dirs, a few /etc files for the dynamic linker, and `ro_paths` (+ `workdir`); nothing
+  else of the host (no /run, /var/run, /root, /home, no host unix socket, no checkout beyond what is
+  bound); a fresh read-only /proc; a read-only /dev with the usual character devices (no writable
+  /dev/shm); a private size-limited tmpfs /tmp, the only writable place.
+- new user, pid, network (nothing but its own loopback, so no abstract unix socket of the host either),
+  ipc, uts and mount namespaces; no capabilities; no nested user namespace beyond the one that locks the
+  mounts.
+- rlimits through `prlimit` (inherited across exec and fork): RLIMIT_AS (address space, per process),
+  RLIMIT_CPU (lifetime CPU seconds, a backstop), RLIMIT_FSIZE, RLIMIT_NPROC (processes of the uid).
+- one memory cap for the whole tree, `memory_limit_bytes`, twice over: a memory cgroup where the host lets
+  the worker make one (verifier_pool.memcg: cgroup v2 with the memory controller delegated, or a writable
+  v1 memory hierarchy; the chain's first program enters it, so every process is born inside), and always
+  a watchdog that polls the tree's anonymous and shared memory (PSS, resident or swapped: what the kernel
+  cannot reclaim; proctree.charged_bytes) plus its private /tmp's usage every `memory_poll_s` during each
+  request and, past the cap, kills the tree. Either way the request raises SandboxCrashed("memory cap
+  ...") when the checker died of it, so the checkers' "crash twice -> rejected" rule applies (a memory
+  bomb is the input's fault); under a cgroup the kernel may instead kill only a child, and the checker
+  answers without it.
+- a handshake (verifier_pool.repl.Handshake): start() returns only once the checker answered it, else it
+  kills the tree and raises SandboxUnavailable (an interpreter the uid cannot exec, a missing toolchain).
+  `identity` is the reply's "digest", or a digest of the checker binary (path, size, mtime) and argv.
 - a clean environment (PATH, HOME=/tmp, LANG=C.UTF-8 plus `env`): the worker's secrets never reach it.
-- its stderr drained continuously (a full pipe would block the checker); the last few KB go into
-  SandboxCrashed messages.
+- death with the worker, however it dies, even during start(): the chain's leader gets PDEATHSIG from
+  `setpriv` (after any uid change, which clears it) and a guard then checks that its parent is still the
+  worker (closing the gap between fork and prctl); the sandbox tool runs as the init of a pid namespace
+  that dies with the leader (unshare --kill-child), so the kernel kills everything under it. That is what
+  bwrap alone missed: its inner process arms its own death signal only after its setup, and one orphaned
+  before that waited forever for its dead parent (the bwrap a SIGKILLed worker left running). Last, a
+  lifeline pipe (process_argv.LIFELINE) whose only write end the worker holds kills the checker from inside at EOF.
+- its stderr drained continuously; the last few KB go into SandboxCrashed messages.
 - replacement: right after a timeout or crash, after `max_requests` answers, or once the tree's resident
   memory passed `max_memory_bytes` (Lean REPLs grow), the checker is killed and the next one started at
-  once, so that `stats().starts` changes before the next request (callers key REPL env ids on it). A
-  sandbox that died between requests, or whose restart failed, is started on the next request.
-
-bwrap (the argv is `bwrap_argv` below): new user, pid, network (nothing but its own loopback), ipc, uts
-and cgroup namespaces, no nested user namespaces (--disable-userns where supported), all capabilities
-dropped, a new session, killed with its parent. The root is an empty tmpfs, remounted read-only, holding
-read-only binds of /usr, the /bin /sbin /lib* symlinks or dirs, a few /etc files for the dynamic linker,
-and `ro_paths` (+ `workdir`); a fresh /proc remounted read-only (so /proc/sys and /proc/sysrq-trigger
-cannot be written even by host uid 0), a minimal /dev, and a private size-limited tmpfs /tmp, the only
-writable place.
-
-unshare (fallback): new user (mapped to root), pid, network (loopback down), ipc, uts and mount namespaces;
-a setup script mounts a private size-limited tmpfs on /tmp and a minimal /dev, remounts every other mount
-read-only, caps nested user namespaces at the one it then enters to lock those mounts and drop
-capabilities before exec'ing the checker. Unlike bwrap it shows the whole host filesystem (read-only):
-`ro_paths` are not needed, and paths under /tmp are hidden by the private /tmp, so they are refused.
+  once, so that `stats().starts` changes before the next request (callers key REPL env ids on it).
 
 What it does NOT protect against:
 - kernel bugs: no seccomp filter, every syscall is reachable, and user namespaces widen that surface.
-- a worker running as root without `uid`: the checker stays uid 0 on the host (user namespaces remap the
-  name, not the owner checks), so it can read every root-only file in view (under unshare: the whole
-  host), RLIMIT_NPROC does not bind (the kernel exempts root) and a fork bomb is limited only by the
-  host's pid_max. Set `uid` (e.g. 65534) whenever the worker runs as root; then `ro_paths` must be
-  readable by that uid (not under /root), and RLIMIT_NPROC counts every process of that uid on the host.
-- memory as a whole: RLIMIT_AS caps each process's address space, not their sum, and no cgroup memory limit
-  is applied (none is available here); the recycle threshold is checked between requests only.
+- memory between two polls, where no cgroup can be made (a non-root worker without a delegated cgroup v2
+  subtree): a tree may overshoot the cap by what it allocates in `memory_poll_s` (RLIMIT_AS still caps
+  each process), and SysV shared memory that no process maps any longer is counted by nobody (it dies
+  with the ipc namespace). File-backed pages are not counted by the watchdog (the kernel reclaims them).
 - CPU share: RLIMIT_CPU is a lifetime total, not a quota; a busy checker competes with its neighbours until
   its wall-clock timeout.
-- reading what is in view: everything bound (under bwrap) or everything (under unshare) that the uid can
-  read; side channels (timing, /proc/cpuinfo); the pdeathsig of --die-with-parent follows the thread that
-  spawned the sandbox, so spawn from the event loop's long-lived thread.
+- a non-root worker: every sandbox runs as the worker's uid and shares its RLIMIT_NPROC quota (a fork bomb
+  in one can make a neighbour's restart fail until the bomb's request times out) and may read what that
+  uid may read among the bound paths.
+- an explicit `uid` shared by several sandboxes: they share its process quota. Leave `uid` unset.
+- reading what is bound: the uid can read everything in the bound paths it has permission for; side
+  channels (timing, /proc/cpuinfo). A unix socket inside a bound path answers (a read-only bind does not
+  stop connect()): bind toolchain directories, never a directory where a service keeps its socket.
 """
 
 from __future__ import annotations
@@ -52,11 +66,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import os
 import shutil
 import signal
-import subprocess
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -65,25 +78,27 @@ from typing import Any
 
 import structlog
 
-from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, ReplStream
+from verifier_pool import memcg, proctree, sandbox_uids
+from verifier_pool.process_argv import (  # noqa: F401  (_probe, _bwrap_supports, available: this module's API)
+    GUARD,
+    ISOLATION_TOOLS,
+    STAGE,
+    _bwrap_supports,
+    _probe,
+    available,
+    bwrap_argv,
+    checker_digest,
+    checker_env,
+    private_root,
+    reachable_by_others,
+    rlimit_argv,
+    unshare_argv,
+)
+from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake, ReplStream, handshake
 from verifier_pool.sandbox import SandboxCrashed, SandboxStats, SandboxTimeout, SandboxUnavailable
 
 log = structlog.get_logger("verifier_pool.process")
 
-ISOLATION_TOOLS = ("bwrap", "unshare")  # preference order
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What the dynamic linker and a toolchain's wrapper scripts read; no secrets (no shadow, no ssl keys).
-_ETC_FILES = (
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/alternatives",
-    "/etc/localtime",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/nsswitch.conf",
-)
-_BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 _INSTALL_HINT = (
     "install bubblewrap (`apt-get install -y bubblewrap`), or util-linux's unshare with unprivileged user "
     "namespaces enabled (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 on older "
@@ -93,54 +108,37 @@ _GONE_TIMEOUT_S = 2.0  # kill() waits this long for the tree to vanish; SIGKILL'
 _EXIT_GRACE_S = 1.0  # after EOF on stdout, how long a crash gets to finish writing stderr and exit
 _LEADER_EXIT_S = 0.5  # bwrap/unshare exit within ms of their child's death
 
-# Runs as root of the new user namespace, before the checker: $1 workdir, $2 /tmp size, $3 status fd,
-# $4 unshare binary, then the checker's argv. Any failure exits before "ready", so start() reports it.
-_UNSHARE_SETUP = r"""
-set -eu
-workdir=$1 tmp_bytes=$2 status_fd=$3 unshare_bin=$4
-shift 4
-# The checker may enter exactly one more user namespace: the one below that locks the mounts.
-echo 1 > /proc/sys/user/max_user_namespaces
-mount -t tmpfs -o "size=$tmp_bytes,mode=1777,nosuid,nodev" tmpfs /tmp
-# A minimal /dev: the host's device nodes would be the checker's to open if it is uid 0 on the host.
-mkdir /tmp/.dev
-for d in null zero full random urandom; do
-  touch "/tmp/.dev/$d"; mount --bind "/dev/$d" "/tmp/.dev/$d"
-done
-mount -t tmpfs -o mode=755,nosuid tmpfs /dev
-for d in null zero full random urandom; do
-  touch "/dev/$d"; mount --bind "/tmp/.dev/$d" "/dev/$d"; umount "/tmp/.dev/$d"
-done
-rm -rf /tmp/.dev
-ln -s /proc/self/fd /dev/fd
-awk '{print $5}' /proc/self/mountinfo | while read -r mp; do
-  mp=$(printf '%b' "$mp")
-  [ "$mp" = /tmp ] && continue
-  if ! mount -o remount,bind,ro "$mp" 2>/dev/null && [ -e "$mp" ]; then
-    echo "proofstream sandbox: cannot make $mp read-only" >&2; exit 1
-  fi
-done
-cd "$workdir"
-eval "echo ready >&$status_fd; exec $status_fd>&-"
-exec "$unshare_bin" --user --mount -- "$@"
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class ProcessSandboxConfig:
     argv: tuple[str, ...]  # the checker, e.g. ("lake", "env", "repl"); argv[0] resolved on `env`'s PATH
-    ro_paths: tuple[str, ...] = ()  # bound read-only (bwrap): the Lean toolchain, the Python prefix, ...
+    ro_paths: tuple[str, ...] = ()  # bound read-only: the Lean toolchain, the Python prefix, ...
     workdir: str = "/tmp"  # the checker's cwd (the Lean project); bound read-only unless under /tmp
     env: Mapping[str, str] = field(default_factory=dict)  # added to PATH, HOME=/tmp, LANG=C.UTF-8
-    memory_limit_bytes: int | None = 8 << 30  # RLIMIT_AS; kimina's image uses 8 GB for Mathlib
+    # RLIMIT_AS per process, and the cap on the whole tree (resident memory + private /tmp, polled); kimina's
+    # image uses 8 GB for Mathlib
+    memory_limit_bytes: int | None = 8 << 30
+    memory_poll_s: float = 0.05  # the tree cap's polling period during a request
+    # "auto": also a memory cgroup capped at memory_limit_bytes where the host lets us make one
+    # (verifier_pool.memcg); "off": the watchdog alone
+    memory_cgroup: str = "auto"
     cpu_limit_s: int | None = 3600  # RLIMIT_CPU per process over its lifetime, a backstop
     fsize_limit_bytes: int | None = 64 << 20  # RLIMIT_FSIZE
-    nproc_limit: int | None = 512  # RLIMIT_NPROC: all processes of the uid host-wide; ignored for root (`uid`)
-    tmp_bytes: int = 256 << 20  # size of the private /tmp (it is memory)
-    uid: int | None = None  # run as this host uid (the worker must be root); None: the worker's own
+    nproc_limit: int | None = 512  # RLIMIT_NPROC: all processes of the sandbox's uid (its own, by default)
+    tmp_bytes: int = 256 << 20  # size of the private /tmp (it is memory, counted by the tree cap)
+    # Run as this host uid (the worker must be root). None: a uid of its own, leased from
+    # [uid_base, uid_base + uid_count) when the worker is root; the worker's uid otherwise.
+    uid: int | None = None
     gid: int | None = None  # defaults to uid
+    uid_base: int = sandbox_uids.DEFAULT_UID_BASE
+    uid_count: int = sandbox_uids.DEFAULT_UID_COUNT
+    state_dir: str = "/run/proofstream"  # root workers: uid lock files and the staging mount point
+    handshake: Handshake = LEAN_HANDSHAKE  # start() returns once the checker answered it
     max_requests: int | None = None  # recycle after this many answers; None: never
     max_memory_bytes: int | None = None  # recycle once the tree's resident memory exceeds this
+    # How often that is read, after a request: walking the tree's /proc costs ~0.6 ms, as much as a Countdown
+    # check. It is a soft limit (Lean REPLs grow over many proofs); the hard one is the memory cap above.
+    memory_check_every_s: float = 1.0
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     start_timeout_s: float = 10.0
     stderr_tail_bytes: int = 4096
@@ -151,133 +149,17 @@ class ProcessSandboxConfig:
             raise ValueError("argv is empty: give the checker command, e.g. ('lake', 'env', 'repl')")
         if self.isolation not in ("auto", *ISOLATION_TOOLS):
             raise ValueError(f"isolation must be auto, bwrap or unshare, not {self.isolation!r}")
-        for path in (*self.ro_paths, self.workdir):
+        for path in (*self.ro_paths, self.workdir, self.state_dir):
             if not os.path.isabs(path):
                 raise ValueError(f"sandbox paths must be absolute: {path!r}")
         for name in ("memory_limit_bytes", "cpu_limit_s", "fsize_limit_bytes", "nproc_limit", "max_requests"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive or None, not {value}")
-
-
-def available() -> str | None:
-    """The isolation tool that works on this machine ("bwrap" or "unshare"), or None."""
-    return next((tool for tool in ISOLATION_TOOLS if _probe(tool) is None), None)
-
-
-@functools.cache
-def _probe(tool: str) -> str | None:
-    """None if `tool` can build a sandbox here, else why not. Installed is not enough: user namespaces may
-    be disabled (sysctl, AppArmor), so actually run `true` in one."""
-    path = shutil.which(tool)
-    if path is None:
-        return f"{tool} not found on PATH"
-    if tool == "bwrap":
-        argv = [path, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
-    else:
-        argv = [path, "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--mount-proc", "true"]
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"{tool} failed to run: {e}"
-    if done.returncode != 0:
-        return f"{tool} exited {done.returncode}: {done.stderr.decode(errors='replace').strip()[-300:]}"
-    return None
-
-
-@functools.cache
-def _bwrap_supports(bwrap: str, option: str) -> bool:
-    # --disable-userns and --size came with bwrap 0.8 / 0.5; older distributions ship older ones.
-    help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout
-    return option in help_text
-
-
-def _check_paths(config: ProcessSandboxConfig) -> None:
-    missing = [p for p in (*config.ro_paths, config.workdir) if not os.path.exists(p)]
-    if missing:
-        raise SandboxUnavailable(f"sandbox paths missing on this machine: {missing}")
-
-
-def _bind_paths(config: ProcessSandboxConfig) -> list[str]:
-    _check_paths(config)
-    paths = list(config.ro_paths)
-    if not _under(config.workdir, ["/tmp", *paths]):
-        paths.append(config.workdir)
-    return paths
-
-
-def bwrap_argv(bwrap: str, config: ProcessSandboxConfig, status_fd: int) -> list[str]:
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
-    if _bwrap_supports(bwrap, "--disable-userns"):
-        argv.append("--disable-userns")
-    argv += ["--json-status-fd", str(status_fd), "--proc", "/proc", "--dev", "/dev"]
-    if _bwrap_supports(bwrap, "--size"):
-        argv += ["--size", str(config.tmp_bytes)]
-    argv += ["--tmpfs", "/tmp"]  # before the binds, so that paths under /tmp can be bound on top of it
-    for top in _SYSTEM_DIRS:
-        if os.path.islink(top):
-            argv += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    for path in _ETC_FILES:
-        argv += ["--ro-bind-try", path, path]
-    binds = _bind_paths(config)
-    for path in binds:
-        argv += ["--ro-bind", path, path]
-    # The root is a tmpfs (writable, unbounded) until remounted; /proc/sys would be writable to a checker that
-    # is uid 0 on the host.
-    argv += ["--remount-ro", "/proc", "--remount-ro", "/", "--chdir", config.workdir, "--"]
-    checker = _resolve_argv(config)
-    visible = [*_SYSTEM_DIRS, *(os.path.realpath(d) for d in _SYSTEM_DIRS), *binds]
-    for path in (checker[0], os.path.realpath(checker[0])):
-        if not _under(path, visible):
-            raise SandboxUnavailable(f"checker {path} is not inside the sandbox: add its directory to ro_paths")
-    return argv + checker
-
-
-def _under(path: str, roots: list[str] | tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-
-def unshare_argv(unshare: str, config: ProcessSandboxConfig, status_fd: int) -> list[str]:
-    _check_paths(config)
-    hidden = [p for p in (*config.ro_paths, config.workdir, config.argv[0]) if _under(p, ["/tmp"]) and p != "/tmp"]
-    if hidden:
-        raise SandboxUnavailable(f"{hidden} under /tmp, which the unshare sandbox replaces: use bwrap or move them")
-    argv = []
-    setpriv = shutil.which("setpriv")
-    if setpriv:  # unshare has no --die-with-parent: take the sandbox down if the worker dies
-        argv += [setpriv, "--pdeathsig", "KILL", "--"]
-    argv += [unshare, "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount"]
-    argv += ["--mount-proc", "--ipc", "--uts", "--", "/bin/bash", "-c", _UNSHARE_SETUP, "proofstream-sandbox"]
-    argv += [config.workdir, str(config.tmp_bytes), str(status_fd), unshare]
-    return argv + _resolve_argv(config)
-
-
-def _resolve_argv(config: ProcessSandboxConfig) -> list[str]:
-    """argv with argv[0] made absolute: a missing checker must fail start(), not crash every request (which
-    the caller would blame on the proofs)."""
-    env_path = _checker_env(config)["PATH"]
-    program = config.argv[0] if os.path.isabs(config.argv[0]) else shutil.which(config.argv[0], path=env_path)
-    if program is None or not os.access(program, os.X_OK):
-        raise SandboxUnavailable(f"checker {config.argv[0]!r} not found or not executable (PATH={env_path})")
-    return [program, *config.argv[1:]]
-
-
-def _checker_env(config: ProcessSandboxConfig) -> dict[str, str]:
-    return {**_BASE_ENV, **config.env}
-
-
-def rlimit_argv(prlimit: str, config: ProcessSandboxConfig) -> list[str]:
-    argv = [prlimit]
-    limits = {
-        "as": config.memory_limit_bytes,
-        "cpu": config.cpu_limit_s,
-        "fsize": config.fsize_limit_bytes,
-        "nproc": config.nproc_limit,
-    }
-    argv += [f"--{name}={value}" for name, value in limits.items() if value is not None]
-    return [*argv, "--"]
+        if self.memory_cgroup not in ("auto", "off"):
+            raise ValueError(f"memory_cgroup must be auto or off, not {self.memory_cgroup!r}")
+        if self.memory_poll_s <= 0:
+            raise ValueError(f"memory_poll_s must be positive, not {self.memory_poll_s}")
 
 
 class ProcessSandbox:
@@ -288,6 +170,7 @@ class ProcessSandbox:
     def __init__(self, config: ProcessSandboxConfig, sandbox_id: str | None = None) -> None:
         self.config = config
         self.sandbox_id = sandbox_id or f"process-{uuid.uuid4().hex[:8]}"
+        self.identity = ""
         self._stats = SandboxStats(sandbox_id=self.sandbox_id, backend=self.backend)
         self._proc: asyncio.subprocess.Process | None = None
         self._stream: ReplStream | None = None
@@ -295,61 +178,89 @@ class ProcessSandbox:
         self._stderr_task: asyncio.Task | None = None
         self._in_flight = False  # still True after an exchange that never finished (cancelled): out of step
         self._status_transport: asyncio.ReadTransport | None = None
+        self._uid_lease: sandbox_uids.UidLease | None = None
+        self._over_cap: str | None = None  # set by the memory watchdog when it killed the tree
+        self._cgroup: memcg.MemoryCgroup | None = None  # made on the first start, kept across restarts
+        self._memory_checked_at = -float("inf")  # time.monotonic() of the recycle threshold's last reading
+        self._lifeline: int | None = None  # the write end of the running sandbox's lifeline (LIFELINE)
 
     # -- the Sandbox protocol --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """(Re)start the checker; returns once the sandbox is set up. SandboxUnavailable if it cannot be."""
-        await self.kill()
+        """(Re)start the checker; returns once it answered its handshake. SandboxUnavailable if it cannot."""
+        await self._stop()
         status_read, status_write = os.pipe()
+        lifeline_read, self._lifeline = os.pipe()  # not inheritable: no other sandbox gets this write end
         try:
-            tool, argv = await asyncio.to_thread(self._argv, status_write)
+            tool, argv = await asyncio.to_thread(self._argv, status_write, lifeline_read)
             started = time.monotonic()
-            self._proc = await self._spawn(argv, status_write)
+            self._proc = await self._spawn(argv, status_write, lifeline_read)
         except BaseException:
             os.close(status_read)
+            self._close_lifeline()
             raise
         finally:
             os.close(status_write)  # the sandbox holds its own copy; EOF on ours means it gave up
+            os.close(lifeline_read)
         self._stderr_tail = bytearray()
         self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc.stderr))
         self._stream = ReplStream(
             self._proc.stdout, self._proc.stdin, max_response_bytes=self.config.max_response_bytes
         )
-        status = await self._read_status(status_read)
-        if not status:
+        try:
+            if not await self._read_status(status_read):
+                raise SandboxUnavailable(f"{tool} could not set up the sandbox")
+            reply = await handshake(self._stream, self.config.handshake, self.config.start_timeout_s)
+            identity = reply.get("digest") or await asyncio.to_thread(checker_digest, self.config)
+        except (SandboxUnavailable, OSError) as e:
             detail = await self._exit_detail(wait_s=_EXIT_GRACE_S)
-            await self.kill()
-            raise SandboxUnavailable(f"{tool} could not set up the sandbox ({detail})")
-        if self._stats.starts == 0 and os.geteuid() == 0 and self.config.uid is None:
-            log.warning("sandbox_checker_is_host_root", sandbox=self.sandbox_id, hint="set uid, e.g. 65534")
+            await self._stop()
+            raise SandboxUnavailable(f"{e} ({detail})") from e
+        except BaseException:  # cancelled: nothing of a half-started sandbox stays behind
+            await self._stop()
+            raise
+        if self._stats.starts == 0 and self.config.uid is not None and os.geteuid() == 0:
+            hint = "sandboxes given one uid share its process quota; leave uid unset for a uid each"
+            log.warning("sandbox_uid_given", sandbox=self.sandbox_id, uid=self.config.uid, hint=hint)
+        self.identity = str(identity)
         self._in_flight = False
         self._stats.requests = 0
         self._stats.starts += 1
         self._stats.extra["isolation"] = tool
-        log.info("sandbox_started", sandbox=self.sandbox_id, isolation=tool, start_ms=_ms_since(started))
+        self._stats.extra["uid"] = self._uid()
+        self._stats.extra["memory_cgroup"] = self._cgroup.path if self._cgroup is not None else None
+        log.info(
+            "sandbox_started", sandbox=self.sandbox_id, isolation=tool, uid=self._uid(), start_ms=_ms_since(started)
+        )
 
     async def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if self._needs_restart():  # not started yet, an exchange cut off by cancellation, a failed restart
             await self.start()
         assert self._stream is not None and self._proc is not None
         self._in_flight = True
+        self._over_cap = None
+        oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        watchdog = asyncio.create_task(self._watch_memory(self._proc))
         try:
-            response = await self._stream.exchange(payload, timeout_s)
+            try:
+                response = await self._stream.exchange(payload, timeout_s)
+            finally:
+                watchdog.cancel()
         except ValueError:
             self._in_flight = False  # refused before anything was sent: the checker is still in step
             raise
         except SandboxTimeout:
+            if self._over_cap is not None:  # killed by the watchdog as the timer fired
+                await self._crashed(SandboxCrashed(self._over_cap))
             self._stats.timeouts += 1
             log.warning("sandbox_timeout", sandbox=self.sandbox_id, timeout_s=timeout_s)
             await self._replace()
             raise
         except SandboxCrashed as e:
-            self._stats.crashes += 1
-            detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if self._proc.stdout.at_eof() else 0)
-            log.warning("sandbox_crashed", sandbox=self.sandbox_id, error=str(e), detail=detail)
-            await self._replace()
-            raise SandboxCrashed(f"{e} ({detail})") from e
+            if self._over_cap is None and self._cgroup is not None and self._cgroup.oom_kills() > oom_kills:
+                cap = self.config.memory_limit_bytes
+                self._over_cap = f"memory cap: the kernel killed the sandbox's processes at its cgroup's {cap} bytes"
+            await self._crashed(SandboxCrashed(self._over_cap) if self._over_cap is not None else e)
         self._in_flight = False
         self._stats.requests += 1
         self._stats.total_requests += 1
@@ -358,11 +269,78 @@ class ProcessSandbox:
         return response
 
     async def kill(self) -> None:
+        """Stop the checker for good (until the next start): the whole tree, then the uid's lease."""
+        await self._stop()
+        lease, self._uid_lease = self._uid_lease, None
+        if lease is not None:
+            lease.release()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.remove()
+
+    async def memory_bytes(self) -> int | None:
+        if self._proc is None or self._proc.returncode is not None:
+            return None
+        rss = proctree.resident_bytes(proctree.tree_pids(self._proc.pid))
+        self._stats.memory_bytes = rss
+        return rss
+
+    def stats(self) -> SandboxStats:
+        return dataclasses.replace(self._stats, extra=dict(self._stats.extra))
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The sandbox's leader (the chain ending in bwrap/unshare): its pid is also the process group id.
+        None if not running."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    @property
+    def stderr_tail(self) -> str:
+        return self._stderr_tail.decode("utf-8", "replace")
+
+    def _uid(self) -> int:
+        if self.config.uid is not None:
+            return self.config.uid
+        return self._uid_lease.uid if self._uid_lease is not None else os.geteuid()
+
+    async def _crashed(self, error: SandboxCrashed) -> None:
+        self._stats.crashes += 1
+        detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if self._proc.stdout.at_eof() else 0)
+        log.warning("sandbox_crashed", sandbox=self.sandbox_id, error=str(error), detail=detail)
+        await self._replace()
+        raise SandboxCrashed(f"{error} ({detail})") from error
+
+    async def _watch_memory(self, proc: asyncio.subprocess.Process) -> None:
+        """During one request: kill the tree once its resident memory plus its /tmp pass the cap."""
+        cap = self.config.memory_limit_bytes
+        if cap is None:
+            return
+        while proc.returncode is None:
+            await asyncio.sleep(self.config.memory_poll_s)
+            pids = proctree.tree_pids(proc.pid)
+            used = proctree.charged_bytes(pids)
+            if used <= cap and len(pids) > 1:  # /tmp is seen through any process inside: the last one
+                used += proctree.tmpfs_used_bytes(pids[-1], "/tmp")
+            if used > cap:
+                self._over_cap = f"memory cap: the sandbox's processes and /tmp held {used} bytes > {cap}"
+                log.warning("sandbox_memory_cap", sandbox=self.sandbox_id, used_bytes=used, cap_bytes=cap)
+                _kill_tree_now(proc.pid)  # the exchange then reads EOF and raises SandboxCrashed
+                return
+
+    def _close_lifeline(self) -> None:
+        fd, self._lifeline = self._lifeline, None
+        if fd is not None:
+            os.close(fd)
+
+    async def _stop(self) -> None:
         """SIGKILL the namespace's init, then the process group; return once no process of the tree is left."""
+        self._close_lifeline()
         proc, self._proc, self._stream = self._proc, None, None
         if proc is None:
             return
-        tree = _process_tree(proc.pid)
+        tree = proctree.process_tree(proc.pid)
         # The leader's child is the pid namespace's init (not in our group under bwrap's --new-session). Kill
         # it first and let the leader reap it and exit: killed together, the init would be orphaned to the
         # host's pid 1, which in some containers never reaps. Its death takes the whole namespace with it.
@@ -389,28 +367,7 @@ class ProcessSandbox:
         if stderr_task is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stderr_task, 1.0)
-        await _wait_gone(tree, _GONE_TIMEOUT_S)
-
-    async def memory_bytes(self) -> int | None:
-        if self._proc is None or self._proc.returncode is not None:
-            return None
-        rss = _tree_rss_bytes(self._proc.pid)
-        self._stats.memory_bytes = rss
-        return rss
-
-    def stats(self) -> SandboxStats:
-        return dataclasses.replace(self._stats, extra=dict(self._stats.extra))
-
-    # -- internals ---------------------------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        """The sandbox's leader (bwrap/unshare): its pid is also the process group id. None if not running."""
-        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
-
-    @property
-    def stderr_tail(self) -> str:
-        return self._stderr_tail.decode("utf-8", "replace")
+        await proctree.wait_gone(tree, _GONE_TIMEOUT_S)
 
     def _needs_restart(self) -> bool:
         return self._proc is None or self._proc.returncode is not None or self._in_flight
@@ -420,8 +377,13 @@ class ProcessSandbox:
         if max_requests is not None and self._stats.requests >= max_requests:
             log.info("sandbox_recycle", sandbox=self.sandbox_id, reason="requests", requests=self._stats.requests)
             return True
-        if self.config.max_memory_bytes is not None:
-            rss = _tree_rss_bytes(self._proc.pid)
+        now = time.monotonic()
+        if (
+            self.config.max_memory_bytes is not None
+            and now - self._memory_checked_at >= self.config.memory_check_every_s
+        ):
+            self._memory_checked_at = now
+            rss = proctree.resident_bytes(proctree.tree_pids(self._proc.pid))
             self._stats.memory_bytes = rss
             if rss > self.config.max_memory_bytes:
                 log.info("sandbox_recycle", sandbox=self.sandbox_id, reason="memory", memory_bytes=rss)
@@ -432,21 +394,83 @@ class ProcessSandbox:
         """Kill the checker and start the next one now, not on the next request: then stats().starts already
         names the process the next request reaches (callers key REPL env ids on it), and the next request
         does not wait for a start."""
-        await self.kill()
+        await self._stop()
         try:
             await self.start()
         except SandboxUnavailable as e:
             # Not the outcome of the request that got us here; the next request retries and raises it.
             log.error("sandbox_restart_failed", sandbox=self.sandbox_id, error=str(e))
 
-    def _argv(self, status_fd: int) -> tuple[str, list[str]]:
+    def _argv(self, status_fd: int, lifeline_fd: int) -> tuple[str, list[str]]:
         """(isolation tool, full argv). Blocking (the first call probes the tools), so run in a thread."""
+        try:
+            return self._build_argv(status_fd, lifeline_fd)
+        except OSError as e:  # the state dir, a lock file: the host's setup, not the proof's
+            raise SandboxUnavailable(f"cannot prepare the sandbox: {e}") from e
+
+    def _build_argv(self, status_fd: int, lifeline_fd: int) -> tuple[str, list[str]]:
         tool, path = self._isolation_tool()
-        prlimit = shutil.which("prlimit")
-        if prlimit is None:
-            raise SandboxUnavailable("prlimit not found: install util-linux")
+        tools = {name: shutil.which(name) for name in ("prlimit", "setpriv", "unshare")}
+        missing = [name for name, found in tools.items() if found is None]
+        if missing:
+            raise SandboxUnavailable(f"{', '.join(missing)} not found: install util-linux")
+        root = private_root(self.config)
+        chain: list[str] = []
+        cgroup = self._memory_cgroup()
+        if cgroup is not None:  # first, so that every process of the chain is born inside
+            chain += ["/bin/sh", "-c", memcg.ENTER, "proofstream-cgroup", cgroup.procs_file]
+        uid = self._sandbox_uid()
+        if uid is not None:
+            # Sources the uid cannot reach are bound from root's side first (bwrap and unshare open them as
+            # the uid); permissions on the host stay as they are.
+            hidden = [src for src, _ in root.binds if not reachable_by_others(src)]
+            if hidden:
+                stage = os.path.join(self.config.state_dir, "stage")
+                _ensure_dir(stage, 0o755)
+                chain += [tools["unshare"], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE]
+                chain += ["proofstream-stage", stage, str(len(hidden)), *hidden]
+                root = root.staged(stage, hidden)
+            gid = self.config.gid if self.config.gid is not None else uid
+            chain += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+        else:
+            chain += [tools["setpriv"]]
+        # PDEATHSIG is set after the uid change (which clears it), and the guard closes the fork-to-prctl gap.
+        chain += ["--pdeathsig", "KILL", "--", "/bin/sh", "-c", GUARD, "proofstream-guard", str(os.getpid())]
         build = bwrap_argv if tool == "bwrap" else unshare_argv
-        return tool, rlimit_argv(prlimit, self.config) + build(path, self.config, status_fd)
+        if tool == "bwrap" and _probe("unshare") is None:
+            # bwrap's inner process sets its death signal only after its setup, and one orphaned before
+            # that waits forever for its dead parent (an eventfd): the bwrap a SIGKILLed worker left
+            # running. Under a pid namespace whose init dies with us (unshare's --kill-child), the kernel
+            # takes it down with the rest. unshare's flow has that init already. Where unshare may not make
+            # user namespaces (AppArmor allowing bwrap alone) this is skipped: the lifeline still ends a
+            # checker, but a bwrap orphaned mid-setup may stay, idle.
+            # --mount-proc: bwrap reads /proc/<its pid>/ns, and a /proc of the outer pid namespace names
+            # another process (in a container as uid 10001: "open /proc/2/ns/ns failed"; tests/deploy).
+            chain += [tools["unshare"], "--user", "--map-current-user", "--pid", "--fork", "--kill-child"]
+            chain += ["--mount", "--mount-proc", "--"]
+        sandbox = build(path, self.config, status_fd, root, lifeline_fd)
+        return tool, chain + rlimit_argv(tools["prlimit"], self.config) + sandbox
+
+    def _memory_cgroup(self) -> memcg.MemoryCgroup | None:
+        """This sandbox's memory cgroup, made on the first call where the host allows; None otherwise."""
+        cap = self.config.memory_limit_bytes
+        if self._cgroup is None and cap is not None and self.config.memory_cgroup == "auto":
+            try:
+                self._cgroup = memcg.create(f"proofstream-{os.getpid()}-{self.sandbox_id}", cap)
+            except OSError as e:  # the watchdog still caps the tree
+                log.warning("sandbox_memory_cgroup_failed", sandbox=self.sandbox_id, error=str(e))
+        return self._cgroup
+
+    def _sandbox_uid(self) -> int | None:
+        """The host uid to drop to (None: stay the worker's). Blocking: leases a uid on the first call."""
+        if self.config.uid is not None:
+            return self.config.uid
+        if os.geteuid() != 0:
+            return None
+        if self._uid_lease is None:
+            lock_dir = os.path.join(self.config.state_dir, "sandbox-uids")
+            self._uid_lease = sandbox_uids.lease(lock_dir, self.config.uid_base, self.config.uid_count)
+        return self._uid_lease.uid
 
     def _isolation_tool(self) -> tuple[str, str]:
         wanted = ISOLATION_TOOLS if self.config.isolation == "auto" else (self.config.isolation,)
@@ -458,21 +482,18 @@ class ProcessSandbox:
             reasons.append(why)
         raise SandboxUnavailable(f"no working isolation tool ({'; '.join(reasons)}): {_INSTALL_HINT}")
 
-    async def _spawn(self, argv: list[str], status_fd: int) -> asyncio.subprocess.Process:
-        uid = self.config.uid
-        gid = self.config.gid if self.config.gid is not None else uid
+    async def _spawn(self, argv: list[str], status_fd: int, lifeline_fd: int) -> asyncio.subprocess.Process:
+        # From the event loop's thread: PDEATHSIG fires when the spawning *thread* exits, and this one lives
+        # as long as the worker (a to_thread pool thread may be retired while the sandbox runs).
         try:
             return await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=_checker_env(self.config),
+                env=checker_env(self.config),
                 start_new_session=True,  # its own group, so killpg reaches every process that stayed in it
-                pass_fds=(status_fd,),
-                user=uid,
-                group=gid,
-                extra_groups=[] if uid is not None else None,  # drop root's supplementary groups too
+                pass_fds=(status_fd, lifeline_fd),
             )
         except OSError as e:
             raise SandboxUnavailable(f"cannot spawn the sandbox {argv[0]}: {e}") from e
@@ -514,56 +535,15 @@ def _ms_since(started: float) -> int:
     return round((time.monotonic() - started) * 1000)
 
 
-def _read_stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) from /proc/<pid>/stat, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces and parentheses
-    return int(fields[1]), fields[0].decode(), int(fields[19])
+def _ensure_dir(path: str, mode: int) -> None:
+    os.makedirs(path, mode=mode, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()}, writable only by it")
 
 
-def _process_tree(root: int) -> dict[int, tuple[int, int]]:
-    """{pid: (parent pid, start time)} of `root` and all its descendants. Orphans inside the pid namespace
-    are re-parented to its init, itself a descendant, so nothing in the namespace escapes this walk."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, tuple[int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _read_stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-            stats[int(entry)] = (stat[0], stat[2])
-    tree, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats and pid not in tree:
-            tree[pid] = stats[pid]
-            todo += children.get(pid, [])
-    return tree
-
-
-def _alive(pid: int, start_time: int) -> bool:
-    stat = _read_stat(pid)
-    return stat is not None and stat[2] == start_time and stat[1] != "Z"  # same process, not yet a zombie
-
-
-async def _wait_gone(tree: dict[int, tuple[int, int]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(pid, start) for pid, (_, start) in tree.items()):
-        if time.monotonic() > deadline:
-            left = [pid for pid, (_, start) in tree.items() if _alive(pid, start)]
-            # The infrastructure's fault (a process stuck in the kernel), not the proof's.
-            raise SandboxUnavailable(f"processes {left} survived SIGKILL for {timeout_s} s")
-        await asyncio.sleep(0.01)
-
-
-def _tree_rss_bytes(root: int) -> int:
-    total_kib = 0
-    for pid in _process_tree(root):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                total_kib += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-        except OSError:
-            continue  # exited while we were summing
-    return total_kib * 1024
+def _kill_tree_now(leader: int) -> None:
+    """SIGKILL every process of the tree at once (the watchdog's stop; _stop then reaps and waits)."""
+    for pid in proctree.tree_pids(leader)[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -9,13 +9,56 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Protocol
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout
+from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
+
+T = TypeVar("T")
 
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20  # a REPL answer to one proof is a few KB; 1 MiB is already abuse
 _READ_CHUNK_BYTES = 64 * 1024
 _TERMINATOR = b"\n\n"  # the end of the response's last line, then the empty line
+# The exchange's timer (`awake_timeout`) reads the clock at least this often; a reading that comes this much
+# later than asked means the worker was not running in between (stopped, swapped out, a long GC pause).
+_TICK_S = 0.25
+STALL_TOLERANCE_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """A request a healthy checker answers at once without doing any work, and what its answer must hold.
+
+    A sandbox counts as started only once its checker answered this (DESIGN.md, "Verdicts"): a missing or
+    unreadable interpreter, a bad uid or a broken image then fails start() (infrastructure, SandboxUnavailable)
+    instead of crashing every request, which would be blamed on the proofs."""
+
+    request: Mapping[str, Any]
+    expect: Mapping[str, Any]  # items the reply must contain
+
+    def accepts(self, reply: Mapping[str, Any]) -> bool:
+        return all(reply.get(k) == v for k, v in self.expect.items())
+
+
+# The Lean REPL answers a command naming an unknown env before elaborating anything (REPL/Main.lean,
+# `runCommand`: `if notFound then return .inr ⟨"Unknown environment."⟩`), so this costs no Lean work and
+# no env id. The fake REPL (tests/fixtures/fake_repl.py) answers it the same way.
+LEAN_HANDSHAKE = Handshake({"cmd": "", "env": 2**31 - 1}, {"message": "Unknown environment."})
+
+
+async def handshake(stream: ReplStream, hs: Handshake, timeout_s: float) -> dict[str, Any]:
+    """Ask `hs` on a freshly started checker; its reply, or SandboxUnavailable saying why it is not one."""
+    try:
+        reply = await stream.exchange(dict(hs.request), timeout_s)
+    except (SandboxTimeout, SandboxCrashed) as e:
+        raise SandboxUnavailable(f"the checker did not answer its handshake: {e}") from e
+    if not hs.accepts(reply):
+        raise SandboxUnavailable(
+            f"the checker answered its handshake with {str(reply)[:200]}, expected {dict(hs.expect)}"
+        )
+    return reply
 
 
 class _Writer(Protocol):
@@ -60,19 +103,18 @@ class ReplStream:
 
     async def exchange(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send `payload`, return the parsed response. SandboxTimeout when no complete response arrives
-        within `timeout_s` (writing included); SandboxCrashed on EOF, garbage or an oversized response."""
+        within `timeout_s` of this worker's awake time (writing included; time the worker was stalled is not
+        the proof's: `awake_timeout`); SandboxCrashed on EOF, garbage or an oversized response."""
         data = encode_request(payload)
+        return _parse(await awake_timeout(self._send_and_read(data), timeout_s))
+
+    async def _send_and_read(self, data: bytes) -> bytes:
         try:
-            async with asyncio.timeout(timeout_s):
-                try:
-                    self._writer.write(data)
-                    await self._writer.drain()
-                except (BrokenPipeError, ConnectionResetError) as e:
-                    raise SandboxCrashed(f"checker closed its input: {e}") from e
-                raw = await self._read_response()
-        except TimeoutError as e:
-            raise SandboxTimeout(f"no complete response within {timeout_s:g} s") from e
-        return _parse(raw)
+            self._writer.write(data)
+            await self._writer.drain()
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise SandboxCrashed(f"checker closed its input: {e}") from e
+        return await self._read_response()
 
     async def _read_response(self) -> bytes:
         buffer = bytearray()
@@ -93,6 +135,46 @@ class ReplStream:
                 tail = bytes(buffer[-200:]).decode("utf-8", "replace")
                 raise SandboxCrashed(f"checker closed its output (EOF) after {len(buffer)} bytes: {tail!r}")
             buffer += chunk
+
+
+async def awake_timeout(aw: Awaitable[T], timeout_s: float) -> T:
+    """`aw`'s result, or SandboxTimeout once it has run for `timeout_s` of the time this process was awake.
+
+    A plain timer counts wall-clock time, so a worker stopped mid-check (SIGSTOP, swapped out, a long GC
+    pause) wakes to a timer that fired while it slept, and would score the proof `timeout` though the proof
+    never used its time: the checker runs in another process and has often answered into the pipe meanwhile.
+    Here the clock is read every `_TICK_S`; a reading that comes more than `STALL_TOLERANCE_S` later than
+    asked is a stall, and the excess is not charged to the check. Nor is a timeout ever declared on the
+    reading that ends a stall: the loop first takes one more turn, so a reply that arrived while the worker
+    slept is read and wins. The checker gets at least `timeout_s` of the worker's awake time, more only by
+    the stalls; a proof that really loops still ends in SandboxTimeout once its budget is spent.
+    """
+    task = asyncio.ensure_future(aw)
+    charged_s = stalled_s = 0.0
+    last = time.monotonic()
+    try:
+        while True:
+            asked_s = max(min(_TICK_S, timeout_s - charged_s), 0.0)
+            await asyncio.wait((task,), timeout=asked_s)
+            if task.done():
+                return task.result()
+            now = time.monotonic()
+            late_s = (now - last) - asked_s
+            last = now
+            if late_s > STALL_TOLERANCE_S:
+                stalled_s += late_s
+                charged_s += asked_s
+                continue  # not on this reading: the reply may be in the pipe, unread
+            charged_s += asked_s + max(late_s, 0.0)
+            if charged_s >= timeout_s:
+                stalled = f" (and {stalled_s:.1f} s more while the worker was stalled)" if stalled_s else ""
+                raise SandboxTimeout(f"no complete response within {timeout_s:g} s{stalled}")
+    finally:
+        if not task.done():
+            task.cancel()
+            # Let the cancellation land before returning: the caller kills the checker next, and no read may
+            # be left pending on a stream it no longer owns.
+            await asyncio.wait((task,))
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

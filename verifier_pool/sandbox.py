@@ -51,10 +51,14 @@ class Sandbox(Protocol):
 
     sandbox_id: str
     backend: str
+    # What judges, for the verdict cache key (consumers.verifier.verdict_digest): the image id (docker), the
+    # checker's digest from its handshake or the toolchain's (process). "" until the first start.
+    identity: str
 
     async def start(self) -> None:
-        """Start the checker and wait until it can take a request (the warm-up, e.g. `import Mathlib`
-        elaborated once, is done by the caller's first request, not here)."""
+        """Start the checker and return once it answered its handshake (verifier_pool.repl.Handshake); a
+        checker that cannot start or does not answer raises SandboxUnavailable. The warm-up (e.g. `import
+        Mathlib` elaborated once) is done by the caller's first request, not here."""
 
     async def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one JSON request and return the JSON response. Raises SandboxTimeout / SandboxCrashed."""

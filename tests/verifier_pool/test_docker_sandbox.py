@@ -17,6 +17,7 @@ import pytest
 
 from verifier_pool import docker_backend
 from verifier_pool.docker_backend import COUNTDOWN_ARGV, DockerSandbox, DockerSandboxConfig
+from verifier_pool.pool import COUNTDOWN_HANDSHAKE
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,6 +35,10 @@ needs_docker = pytest.mark.skipif(_WHY is not None, reason=f"docker sandbox test
 # Answers one framed request with what the sandbox looks like from inside; argv[1] is the bridge gateway.
 PROBE = r"""
 import json, os, socket, sys
+while sys.stdin.readline().strip():  # the handshake (the Lean one, DockerSandboxConfig's default)
+    pass
+sys.stdout.write(json.dumps({"message": "Unknown environment."}) + "\n\n")
+sys.stdout.flush()
 while sys.stdin.readline().strip():
     pass
 def attempt(action):
@@ -144,7 +149,7 @@ async def make_sandbox():
 
 @needs_docker
 async def test_countdown_in_a_hardened_container(make_sandbox):
-    sandbox = await make_sandbox(argv=COUNTDOWN_ARGV)
+    sandbox = await make_sandbox(argv=COUNTDOWN_ARGV, handshake=COUNTDOWN_HANDSHAKE)
     good = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "<answer>(3 + 4) * 5</answer>"}}
     assert (await sandbox.request(good, 10))["ok"] is True
     bad = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "7 * 5"}}
@@ -300,6 +305,80 @@ async def test_missing_image_is_unavailable():
     sandbox = DockerSandbox(_config(image=missing))
     with pytest.raises(SandboxUnavailable, match="not found"):
         await sandbox.start()
+    assert (sandbox.identity, sandbox.stats().starts) == ("", 0)
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+
+
+def _in_image(code: str) -> str:
+    client = _docker_client()
+    try:
+        return client.containers.run(IMAGE, ["python3", "-c", code], remove=True).decode().strip()
+    finally:
+        client.close()
+
+
+@needs_docker
+async def test_identity_is_the_image_id_and_the_checkers_digest(make_sandbox):
+    client = _docker_client()
+    image_id = client.images.get(IMAGE).id
+    client.close()
+    assert image_id.startswith("sha256:")
+    # The Countdown checker's handshake digest, computed here from the copy inside the image.
+    source = "/opt/proofstream/verifier_pool/countdown.py"
+    digest = _in_image(f"import hashlib; print(hashlib.sha256(open({source!r}, 'rb').read()).hexdigest()[:16])")
+    countdown = await make_sandbox(argv=COUNTDOWN_ARGV, handshake=COUNTDOWN_HANDSHAKE)
+    assert countdown.identity == f"{image_id}+{digest}"
+    repl = await make_sandbox()  # the REPL's handshake reply carries no digest: the image id alone
+    assert repl.identity == image_id
+
+
+@needs_docker
+@pytest.mark.parametrize(
+    "argv, handshake, why",
+    [
+        (("/nonexistent/checker",), None, "cannot start a container"),  # the runtime cannot exec it
+        (("python3", "-c", "import sys; sys.exit(3)"), None, "exit status 3"),  # exits before answering
+        (COUNTDOWN_ARGV, None, "answered its handshake with"),  # a checker, not the one asked for
+        (FAKE_REPL_ARGV, COUNTDOWN_HANDSHAKE, "did not answer its handshake.*exit status 1"),  # it crashed on it
+    ],
+)
+async def test_a_command_that_cannot_start_is_unavailable_and_leaves_no_container(argv, handshake, why):
+    overrides = {"argv": argv} | ({"handshake": handshake} if handshake else {})
+    sandbox = DockerSandbox(_config(**overrides))
+    with pytest.raises(SandboxUnavailable, match=why):
+        await sandbox.start()
+    assert (sandbox.identity, sandbox.stats().starts, sandbox.container_id) == ("", 0, None)
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    # A request restarts it first: the same failure, as SandboxUnavailable, never as a crash of the input.
+    with pytest.raises(SandboxUnavailable, match=why):
+        await sandbox.request({"cmd": "x"}, 10)
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+
+
+@needs_docker
+async def test_a_checker_that_never_answers_its_handshake_is_unavailable():
+    sandbox = DockerSandbox(_config(argv=("python3", "-c", "import time; time.sleep(60)"), handshake_timeout_s=1))
+    started = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match="did not answer its handshake"):
+        await sandbox.start()
+    assert time.monotonic() - started < 1 + 10
+    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+
+
+@needs_docker
+async def test_a_start_cancelled_during_the_handshake_leaves_no_container():
+    import asyncio
+
+    sandbox = DockerSandbox(_config(argv=("python3", "-c", "import time; time.sleep(60)")))
+    starting = asyncio.create_task(sandbox.start())
+    deadline = time.monotonic() + 30
+    while sandbox._stream is None:  # attached and started: now in the handshake
+        assert time.monotonic() < deadline and not starting.done()
+        await asyncio.sleep(0.05)
+    assert [c.status for c in _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id})] == ["running"]
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
     assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
 
 

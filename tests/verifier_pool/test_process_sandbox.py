@@ -5,15 +5,24 @@ about our sandbox, never about Lean."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from verifier_pool import process
+from verifier_pool import memcg, pool, process, sandbox_uids
+from verifier_pool.config import VerifierSettings
 from verifier_pool.process import ProcessSandbox, ProcessSandboxConfig
 from verifier_pool.repl import ReplStream
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
@@ -190,7 +199,7 @@ async def test_recycled_after_max_requests(make_sandbox):
 
 
 async def test_recycled_past_the_memory_threshold(make_sandbox):
-    sandbox = await make_sandbox(max_memory_bytes=150 << 20)
+    sandbox = await make_sandbox(max_memory_bytes=150 << 20, memory_check_every_s=0)  # read after every request
     assert await sandbox.request({"cmd": "FIXTURE:grow=50"}, 10) == {"env": 0}
     assert await sandbox.request({"cmd": "x"}, 5) == {"env": 1}
     assert sandbox.stats().starts == 1
@@ -233,9 +242,10 @@ async def test_filesystem_is_read_only_except_a_private_tmp(make_sandbox, tmp_pa
     os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="needs root and /usr/bin/python3"
 )
 async def test_non_root_uid_binds_nproc_and_file_permissions(make_sandbox):
-    # The venv's interpreter lives under /root (unreadable to uid 65534): use the system one.
+    # An explicit uid that nothing else runs as (65534 is Docker's sandboxes' uid: RLIMIT_NPROC counts
+    # every process of a uid on the host).
     sandbox = await make_sandbox(
-        argv=("/usr/bin/python3", "-I", str(FAKE_REPL)), ro_paths=(str(FIXTURES),), uid=65534, nproc_limit=16
+        argv=("/usr/bin/python3", "-I", str(FAKE_REPL)), ro_paths=(str(FIXTURES),), uid=1_599_600, nproc_limit=16
     )
     forks = _probe_result(await sandbox.request({"cmd": "FIXTURE:forkbomb=100"}, 10))
     assert int(forks.removeprefix("forks: ")) < 16
@@ -268,6 +278,8 @@ def test_bwrap_argv_binds_read_only_and_ends_with_the_checker():
     tail = argv[argv.index("--remount-ro") :]
     assert tail == [
         "--remount-ro",
+        "/dev",  # with its /dev/shm: bwrap's --dev is a writable, unbounded tmpfs
+        "--remount-ro",
         "/proc",
         "--remount-ro",
         "/",
@@ -289,3 +301,282 @@ async def test_a_cancelled_request_leaves_no_stale_reply_behind(sandbox):
     # The late reply of the cancelled request must not be taken for this one's: a fresh checker answers.
     assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}
     assert sandbox.stats().starts == 2
+
+
+# -- issue 12: uids, handshake, identity, the tree's memory cap, death with the worker ---------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the worker must be root to give sandboxes uids")
+
+
+def _owners(root: int) -> set[int]:
+    owners = set()
+    for pid in _tree(root):
+        with contextlib.suppress(OSError):
+            owners.add(os.stat(f"/proc/{pid}").st_uid)
+    return owners
+
+
+@needs_root
+async def test_a_root_worker_gives_each_sandbox_a_uid_of_its_own(make_sandbox):
+    first, second = await make_sandbox(), await make_sandbox()
+    uids = [first.stats().extra["uid"], second.stats().extra["uid"]]
+    assert uids[0] != uids[1]
+    for sandbox, uid in zip((first, second), uids, strict=True):
+        assert sandbox_uids.DEFAULT_UID_BASE <= uid < sandbox_uids.DEFAULT_UID_BASE + sandbox_uids.DEFAULT_UID_COUNT
+        assert _owners(sandbox.pid) == {uid}  # every process of the tree, the sandbox tool included
+        whoami = json.loads(_probe_result(await sandbox.request({"cmd": "FIXTURE:whoami"}, 5)).split(": ", 2)[2])
+        assert whoami["nproc"] == 512 and int(whoami["cap_eff"], 16) == 0
+    # A restart keeps the uid; kill() gives it back.
+    await first.start()
+    assert first.stats().extra["uid"] == uids[0]
+    await first.kill()
+    lease = sandbox_uids.lease(f"{first.config.state_dir}/sandbox-uids", uids[0], 1)
+    lease.release()
+    with pytest.raises(SandboxUnavailable, match="leased or busy"):
+        sandbox_uids.lease(f"{second.config.state_dir}/sandbox-uids", uids[1], 1)
+
+
+@needs_root
+def test_uid_leases_are_exclusive_across_processes(tmp_path):
+    lock_dir, base = str(tmp_path / "uids"), 1_590_000
+    code = f"from verifier_pool import sandbox_uids; print(sandbox_uids.lease({lock_dir!r}, {base}, 1).uid)"
+    other = [sys.executable, "-c", code]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    lease = sandbox_uids.lease(lock_dir, base, 1)
+    try:
+        blocked = subprocess.run(other, capture_output=True, text=True, env=env, check=False)
+        assert blocked.returncode != 0 and "leased or busy" in blocked.stderr
+    finally:
+        lease.release()
+    assert subprocess.run(other, capture_output=True, text=True, env=env, check=True).stdout.strip() == str(base)
+
+
+@pytest.fixture
+def private_dir():
+    """A root-only directory outside /tmp (the unshare sandbox cannot bind from /tmp)."""
+    path = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+@needs_root
+async def test_an_interpreter_the_sandbox_uid_cannot_exec_fails_start_and_leaves_nothing(isolation, private_dir):
+    checker = private_dir / "checker"
+    checker.write_text(f"#!/bin/sh\nexec {PYTHON} -I {FAKE_REPL}\n")
+    checker.chmod(0o700)  # root's alone: executable for the worker, not for the sandbox's uid
+    tag = f"unexecutable-{uuid.uuid4().hex}"
+    sandbox = ProcessSandbox(
+        _config(isolation, argv=(str(checker),), ro_paths=(sys.base_prefix, str(FIXTURES), str(private_dir)),
+                env={"PROOFSTREAM_TEST_TAG": tag}, start_timeout_s=5)
+    )  # fmt: skip
+    with pytest.raises(SandboxUnavailable, match="handshake"):
+        await sandbox.start()
+    assert sandbox.pid is None
+    assert _tagged(tag) == []
+    assert sandbox.stats().starts == 0
+    await sandbox.kill()
+
+
+@needs_root
+async def test_a_uid_reaches_an_interpreter_under_a_private_home(make_sandbox):
+    """The README's old advice (uid 65534 for a root worker) failed here: bwrap opens bind sources as the uid,
+    which cannot traverse /root (0700). Now such sources are bound from root's side first."""
+    if Path(PYTHON).parts[1] != "root" or os.stat("/root").st_mode & 0o001:
+        pytest.skip(f"the interpreter {PYTHON} is not under a /root others cannot search")
+    sandbox = await make_sandbox(uid=65534)
+    assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}
+    bashrc = _probe_result(await sandbox.request({"cmd": "FIXTURE:read=/root/.bashrc"}, 5))
+    assert bashrc.startswith("probe read: failed")
+
+
+@pytest.mark.parametrize(
+    "argv, timeout_s, why",
+    [(("/bin/cat",), 5, "answered its handshake with"), (("/bin/sleep", "60"), 1, "did not answer its handshake")],
+)
+async def test_a_checker_that_fails_its_handshake_is_unavailable(isolation, argv, timeout_s, why):
+    sandbox = ProcessSandbox(_config(isolation, argv=argv, start_timeout_s=timeout_s))
+    with pytest.raises(SandboxUnavailable, match=why):
+        await sandbox.start()
+    assert sandbox.pid is None and sandbox.identity == ""
+
+
+async def test_identity_is_the_checker_binary_and_argv_without_a_digest(sandbox):
+    st = os.stat(PYTHON)
+    described = json.dumps([PYTHON, st.st_size, st.st_mtime_ns, [PYTHON, "-I", str(FAKE_REPL)]])
+    assert sandbox.identity == hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+async def test_the_countdown_sandbox_binds_the_package_not_the_checkout(isolation):
+    settings = VerifierSettings(tasks=["countdown"], sandbox="process")
+    sandbox = pool.make_sandbox(settings, "countdown", 0, "process")
+    sandbox = ProcessSandbox(dataclasses.replace(sandbox.config, isolation=isolation))
+    checkout = str(Path(pool.PROJECT_ROOT))
+    for path in sandbox.config.ro_paths:
+        assert not Path(path, ".git").exists() and path != checkout and not checkout.startswith(path + "/"), path
+    try:
+        await sandbox.start()
+        good = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "<answer>(3 + 4) * 5</answer>"}}
+        assert (await sandbox.request(good, 10))["ok"] is True
+        source = Path(pool.PROJECT_ROOT, "verifier_pool", "countdown.py").read_bytes()
+        assert sandbox.identity == hashlib.sha256(source).hexdigest()[:16]  # the handshake's digest
+    finally:
+        await sandbox.kill()
+
+
+async def test_the_private_tmp_counts_toward_the_trees_memory_cap(make_sandbox):
+    sandbox = await make_sandbox(memory_limit_bytes=256 << 20, tmp_bytes=200 << 20, fsize_limit_bytes=None)
+    assert _probe_result(await sandbox.request({"cmd": "FIXTURE:fill=/tmp/held,150"}, 10)) == "probe fill: ok"
+    # 150 MiB in /tmp and 150 MiB resident: each alone is under the cap, together they are not.
+    with pytest.raises(SandboxCrashed, match="memory cap"):
+        await sandbox.request({"cmd": "FIXTURE:grow=150"}, 10)
+    assert sandbox.stats().crashes == 1
+    assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}
+
+
+async def test_the_watchdog_alone_caps_the_whole_tree(make_sandbox):
+    """No cgroup: four processes of 150 MiB, each far under RLIMIT_AS, together over the 400 MiB cap."""
+    sandbox = await make_sandbox(memory_cgroup="off", memory_limit_bytes=400 << 20)
+    assert sandbox.stats().extra["memory_cgroup"] is None
+    with pytest.raises(SandboxCrashed, match="memory cap"):
+        await sandbox.request({"cmd": "FIXTURE:split=4,150"}, 10)
+    below = await sandbox.request({"cmd": "FIXTURE:split=2,150"}, 10)
+    assert (below["env"], _probe_result(below)) == (0, "split: 2")  # together under the cap: fine
+
+
+@pytest.mark.skipif(memcg.parent_dir() is None, reason="no memory cgroup can be made here (none delegated)")
+async def test_a_memory_cgroup_holds_the_whole_tree_where_the_host_has_one(make_sandbox):
+    sandbox = await make_sandbox()
+    path = sandbox.stats().extra["memory_cgroup"]
+    name = os.path.basename(path)
+    for pid in _tree(sandbox.pid):  # the chain's first program entered it: everything after was born inside
+        with contextlib.suppress(OSError):
+            memory_line = [line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in line
+                           or line.startswith("0::")]  # fmt: skip
+            assert any(line.endswith("/" + name) for line in memory_line), (pid, memory_line)
+    limit = "memory.max" if Path(path, "memory.max").exists() else "memory.limit_in_bytes"
+    assert int(Path(path, limit).read_text()) == 512 << 20
+    await sandbox.kill()
+    assert not os.path.exists(path)
+
+
+def _describe(pids: list[int]) -> list[str]:
+    """pid, parent, state and command line of each, for a failure message."""
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid} ppid={int(stat[1])} state={stat[0].decode()} {cmd[:300]}")
+        except OSError:
+            out.append(f"{pid} (gone)")
+    return out
+
+
+def _tagged(tag: str) -> list[int]:
+    """Processes whose environment carries `tag`: every process of a sandbox's chain started with it."""
+    found = []
+    needle = f"PROOFSTREAM_TEST_TAG={tag}".encode()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{entry}/environ").read_bytes() and _running(int(entry)):
+                found.append(int(entry))
+        except OSError:
+            continue  # exited, or not ours to read
+    return found
+
+
+async def test_the_lifeline_ends_the_sandbox_once_the_workers_end_is_closed(sandbox):
+    """The last line of defence alone: the worker's end of the lifeline closes (as at its death, with the
+    death signals out of the picture) and every process of the sandbox ends, the namespace's init too."""
+    tree = {pid: _start_time(pid) for pid in _tree(sandbox.pid)}
+    assert len(tree) >= 4
+    os.close(sandbox._lifeline)  # noqa: SLF001  (what the kernel does when the worker dies)
+    sandbox._lifeline = None  # noqa: SLF001
+    deadline = time.monotonic() + 10
+    while any(_running(pid) and _start_time(pid) == start for pid, start in tree.items()):
+        assert time.monotonic() < deadline, "the sandbox outlived its lifeline"
+        await asyncio.sleep(0.02)
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def _namespace_init_in_setup(tag: str) -> bool:
+    """Whether a sandbox's pid namespace init exists that has no child yet (it is still setting up)."""
+    for pid in _tagged(tag):
+        with contextlib.suppress(OSError, StopIteration):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            nspid = next(line for line in status if line.startswith("NSpid:")).split()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().strip()
+            if len(nspid) > 2 and nspid[-1] == "1" and not children:
+                return True
+    return False
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_sigkilled_during_start_leaves_no_sandbox_process(isolation):
+    """A worker stand-in starts sandboxes in a loop (checkers that linger at end of input, so only the
+    death-with-the-worker can end them) and is SIGKILLed at points spread over a start, and (every other
+    time) at the moment a namespace's init is born, before it could arm anything: where bwrap's inner
+    process used to be orphaned, waiting forever for its dead parent."""
+    starter = [sys.executable, str(FIXTURES / "start_sandboxes.py"), "loop", isolation]
+    for i in range(30):
+        tag = f"killed-{i}-{uuid.uuid4().hex[:8]}"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "PROOFSTREAM_TEST_TAG": tag}
+        worker = subprocess.Popen(starter, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        worker.stdout.readline()  # one start done: the imports and the tool probe are behind us
+        deadline = time.monotonic() + (0.01 * i if i % 2 else 5)  # 0 to 290 ms into the next stop and start
+        while time.monotonic() < deadline and (i % 2 or not _namespace_init_in_setup(tag)):
+            await asyncio.sleep(0.005 if i % 2 else 0)
+        worker.kill()
+        worker.wait()
+        # Seconds, not at once: a chain orphaned in a window no signal covers (util-linux unshare arms its
+        # child's death signal after fork) finishes its setup and the lifeline then ends it. At load 3+ on 2
+        # cores (the whole suite) that once took over 10 s; not reproduced alone (6 runs under load).
+        gone_by = time.monotonic() + 30
+        while _tagged(tag) and time.monotonic() < gone_by:
+            await asyncio.sleep(0.05)
+        left = _tagged(tag)
+        assert left == [], f"kill {i}: processes outlived their worker: {_describe(left)}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="needs root and /usr/bin/python3"
+)
+def test_a_non_root_worker_gets_the_same_private_root(isolation):
+    """The worker itself as a non-root uid (its sandboxes then share that uid): the same root, /dev and caps.
+    Not 65534: Docker's sandboxes run as that uid, and RLIMIT_NPROC counts every process of a uid."""
+    uid = 1_599_500
+    venv_site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
+    markers = ["whoami", "listdir=/", "fill=/dev/shm/probe,1", "listdir=/run", "forkbomb=100"]
+    done = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
+         str(FIXTURES / "start_sandboxes.py"), "probe", isolation, *markers],
+        capture_output=True, text=True, timeout=60, cwd="/", check=False,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{Path(__file__).parents[2]}:{venv_site}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines() if " " in line}
+    whoami, top, shm, run, forks = json.loads(lines["answers"])
+    assert json.loads(whoami.split(": ", 2)[2])["uid"] in (uid, 65534)  # unshare's inner namespace: overflow
+    assert set(json.loads(top.split(": ", 2)[2])) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+                                                      "proc", "dev", "tmp", Path(FIXTURES).parts[1]}  # fmt: skip
+    assert "failed" in shm and "failed" in run
+    assert int(forks.removeprefix("forks: ")) < 32  # start_sandboxes.py's nproc_limit
+    assert json.loads(lines["extra"])["uid"] == uid
+
+
+async def test_the_recycle_threshold_is_read_at_most_every_memory_check_every_s(make_sandbox):
+    """Walking the tree's /proc after every request cost as much as a Countdown check: it is read once, then
+    not again within `memory_check_every_s`, however much the tree grew meanwhile."""
+    sandbox = await make_sandbox(max_memory_bytes=150 << 20, memory_check_every_s=3600)
+    assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}  # the first reading: small
+    assert await sandbox.request({"cmd": "FIXTURE:grow=200"}, 10) == {"env": 1}
+    assert await sandbox.request({"cmd": "x"}, 5) == {"env": 2}
+    assert sandbox.stats().starts == 1  # over the threshold, but not read again yet

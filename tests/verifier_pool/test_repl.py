@@ -140,3 +140,65 @@ async def test_oversized_response_fails_without_reading_it_all(fake):
     assert time.monotonic() - started < 3
     assert proc.returncode is None  # still blocked writing: most of its 10 MB was never read
     assert len(proc.stdout._buffer) < 4 << 20  # what asyncio holds is bounded by its flow control
+
+
+# -- the exchange's timer counts the worker's awake time (issue 12, item 3) ----------------------------------
+# A stall is played by blocking the event loop with time.sleep: to the loop that is what SIGSTOP, swapping or a
+# long GC pause look like (no callback runs, the clock moves on), while the checker, another process, goes on.
+
+
+class _NotingWriter:
+    """The checker's stdin, noting when a request has been handed to the pipe, so a test stalls after it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.wrote = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.inner.write(data)  # asyncio writes to an empty pipe at once, in this call
+        self.wrote.set()
+
+    async def drain(self) -> None:
+        await self.inner.drain()
+
+
+async def _warm_stream(proc) -> tuple[ReplStream, _NotingWriter]:
+    writer = _NotingWriter(proc.stdin)
+    stream = ReplStream(proc.stdout, writer)
+    assert await stream.exchange({"cmd": "warm"}, 10) == {"env": 0}  # the fake is up and reading
+    writer.wrote.clear()
+    return stream, writer
+
+
+async def test_a_reply_that_arrived_while_the_worker_was_stalled_wins_over_the_late_timer(fake):
+    proc, _ = fake
+    stream, writer = await _warm_stream(proc)
+    task = asyncio.create_task(stream.exchange({"cmd": "FIXTURE:slow=0.3"}, 1.0))
+    await writer.wrote.wait()
+    time.sleep(2.5)  # the stall, past the timeout; the checker answers 0.3 s into it
+    assert await task == {"env": 1}
+
+
+async def test_a_reply_that_arrived_in_a_stall_that_began_at_the_end_of_the_budget_still_wins(fake):
+    """Charged 0.85 s of a 1 s budget when the stall begins; the reply comes during the stall. The reading
+    that ends the stall must not be the one that declares the timeout."""
+    proc, _ = fake
+    stream, writer = await _warm_stream(proc)
+    task = asyncio.create_task(stream.exchange({"cmd": "FIXTURE:slow=0.95"}, 1.0))
+    await writer.wrote.wait()
+    await asyncio.sleep(0.85)  # awake: charged to the check
+    time.sleep(2.0)
+    assert await task == {"env": 1}
+
+
+async def test_a_hang_still_times_out_after_a_stall_which_is_not_charged_to_it(fake):
+    proc, _ = fake
+    stream, writer = await _warm_stream(proc)
+    started = time.monotonic()
+    task = asyncio.create_task(stream.exchange({"cmd": "FIXTURE:hang"}, 1.0))
+    await writer.wrote.wait()
+    time.sleep(1.5)
+    with pytest.raises(SandboxTimeout, match="stalled"):
+        await task
+    # At most one tick (0.25 s) of the budget went by before the stall; the rest is awake time after it.
+    assert 1.5 + 0.7 <= time.monotonic() - started < 1.5 + 1.0 + 3.0
