@@ -5,7 +5,7 @@ take turns (`VerifyHandler.turn`): while one checks, the other stores its last v
 its attempt, reads the next and looks it up in the cache, so the sandbox starts its next check as soon as
 the last one ends instead of after those four Redis round trips (~1 ms on a 2-core host: 5% of a 20 ms
 check; `python -m ops bench pipeline`). The price: an attempt may wait for the check ahead of it in its
-slot, which the reclaim deadline allows for (VerifierSettings.claim_idle_ms).
+slot; its claim is refreshed meanwhile (streams.runtime), so the reclaim deadline need not allow for it.
 
 `arq workers.verifier` runs `start` on startup, `sweep` and `report` as cron jobs and `stop` on SIGTERM;
 tests and the local pipeline can run it directly. Stopping drains: each task finishes the attempt in hand,
@@ -28,11 +28,13 @@ from consumers.verifier import VerifyHandler
 from streams import sweeps
 from streams.connect import connect
 from streams.keys import VERIFIERS, Keys
+from streams.ride_out import UNAVAILABLE
 from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
 from verifier_pool import docker_backend
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.pool import backends, make_checkers
+from verifier_pool.sandbox import SandboxUnavailable
 
 CheckersFor = Callable[[VerifierSettings, int], dict]
 
@@ -49,7 +51,7 @@ class VerifierService:
         self.keys = Keys(settings.run)
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.consumer_settings = ConsumerSettings(
-            batch_size=1,  # one attempt per task: reading more would hoard attempts other slots could check
+            batch_size=settings.batch_size,  # VerifierSettings.batch_size: why Lean reads one at a time
             block_ms=1000,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
@@ -60,27 +62,59 @@ class VerifierService:
         self.tasks: list[asyncio.Task] = []
         self.started_at = time.monotonic()
         self.admin = connect(redis_url)
+        self._start_failures: dict[str, str] = {}  # sandbox id -> why it could not start with the service
 
     async def start(self) -> None:
-        """Start every sandbox (warm before the first attempt arrives), then the consumer tasks."""
+        """Start every sandbox (warm before the first attempt arrives), then the consumer tasks.
+
+        A sandbox that cannot start does not stop the worker: it is logged (`sandbox_unavailable`), the
+        health check turns red (`unavailable()`), and its slot's checks try to start it again, each failure
+        a VerifierFault (the attempt is retried, dead-lettered with the reason after max_deliveries), so
+        the slot recovers once the environment is fixed (the image built, the daemon back)."""
         await ensure_group(self.admin, self.keys.attempts, VERIFIERS)
         checkers_for = self.checkers_for or await self._configured_checkers()
         for i in range(self.settings.workers):
             checkers = checkers_for(self.settings, i)
-            await asyncio.gather(*(c.sandbox.start() for c in checkers.values()))
+            await asyncio.gather(*(self._start_sandbox(c) for c in checkers.values()))
             self.checkers.append(checkers)
             sandbox_ids = ",".join(c.sandbox.sandbox_id for c in checkers.values())
             turn = asyncio.Lock()
             for j in range(TASKS_PER_SLOT):
                 redis = connect(self.redis_url)
-                handler = VerifyHandler(redis, self.keys, checkers, sandbox_ids, turn)
+                handler = VerifyHandler(redis, self.keys, checkers, sandbox_ids, turn,
+                                        max_deliveries=self.consumer_settings.max_deliveries)  # fmt: skip
                 consumer = Consumer(redis, self.keys, message_type=Attempt, group=VERIFIERS,
                                     name=f"{self.worker_id}-{i}.{j}", handler=handler, output=Reward,
-                                    settings=self.consumer_settings)  # fmt: skip
+                                    settings=self.consumer_settings, prefetch=handler.prefetch)  # fmt: skip
                 self.consumers.append(consumer)
                 self.tasks.append(asyncio.create_task(consumer.run(self.stop_event), name=consumer.name))
         log.info("verifier_pool_started", worker=self.worker_id, slots=len(self.checkers), consumers=len(self.tasks),
-                 tasks=self.settings.tasks, run=self.settings.run)  # fmt: skip
+                 tasks=self.settings.tasks, run=self.settings.run,
+                 sandboxes_unavailable=len(self.unavailable()))  # fmt: skip
+        await self.report()  # the health check's figures from the start, not from the first cron tick
+
+    async def _start_sandbox(self, checker) -> None:
+        sandbox = checker.sandbox
+        try:
+            await sandbox.start()
+        except SandboxUnavailable as e:
+            self._start_failures[sandbox.sandbox_id] = str(e)
+            log.error("sandbox_unavailable", sandbox_id=sandbox.sandbox_id, backend=sandbox.stats().backend,
+                      error=str(e)[:1000], worker=self.worker_id)  # fmt: skip
+
+    def unavailable(self) -> dict[str, str]:
+        """Sandboxes that cannot start now, with why: those whose start at the service's start failed and
+        that no check has started since, and those whose last (re)start in a check failed."""
+        down = {}
+        for checkers in self.checkers:
+            for c in checkers.values():
+                sandbox_id = c.sandbox.sandbox_id
+                why = getattr(c, "unavailable", None)  # the checker's own record (verifier_pool.checkers)
+                if why is None and c.sandbox.stats().starts == 0:
+                    why = self._start_failures.get(sandbox_id)
+                if why is not None:
+                    down[sandbox_id] = why
+        return down
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Drain: tasks finish the attempt in hand (a slot's two, one after the other); then sandboxes are
@@ -98,7 +132,10 @@ class VerifierService:
             await asyncio.gather(*(c.sandbox.kill() for c in checkers.values()), return_exceptions=True)
         for c in self.consumers:
             await c.redis.aclose()
-        await self.report()
+        try:
+            await self.report()
+        except UNAVAILABLE as e:  # Redis down at the stop: this worker's last figures are lost, not its drain
+            log.warning("verifier_stats_not_reported", worker=self.worker_id, error=str(e))
         await self.admin.aclose()
         log.info("verifier_pool_stopped", worker=self.worker_id)
 
@@ -109,7 +146,11 @@ class VerifierService:
             # of this hostname: liveness can be proven only here, and a daemon shared through its socket also
             # runs the sandboxes of other workers (other verifier containers, other hosts, test runs).
             own_host = f"{socket.gethostname()}:"
-            removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
+            try:
+                removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
+            except SandboxUnavailable as e:  # no daemon now: its sandboxes cannot start either, which start() reports
+                log.warning("orphan_sandboxes_not_removed", error=str(e)[:500])
+                removed = []
             if removed:
                 log.info("removed_orphan_sandboxes", count=len(removed))
         return lambda settings, index: make_checkers(settings, index, kinds)
@@ -137,6 +178,8 @@ class VerifierService:
             "sandbox_starts": sum(s.starts for s in sandboxes),
             "sandbox_timeouts": sum(s.timeouts for s in sandboxes),
             "sandbox_crashes": sum(s.crashes for s in sandboxes),
+            # The health check's (ops.health verifier): red while any sandbox of this worker cannot start.
+            "sandboxes_unavailable": {k: v[:300] for k, v in self.unavailable().items()},
             "updated_ms": int(time.time() * 1000),
         }
 

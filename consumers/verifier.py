@@ -3,8 +3,15 @@
 Per attempt: look up the canonical problem in `{ps:R}:theorems` (an attempt naming an unknown theorem is
 poison: dead-lettered with the reason), consult the verdict cache, else run the task's checker in this
 consumer's sandbox (when its turn comes: consumers.service). Verdicts `proved` / `rejected` / `timeout`
-become rewards; `error` (the infrastructure failed) raises, so the attempt stays pending and is redelivered:
-a verifier failure is never a reward of 0.
+become rewards; `error` (the infrastructure failed: a sandbox that cannot start, a header that does not
+elaborate) raises VerifierFault, so the attempt stays pending and is redelivered, and on its last allowed
+delivery VerifierGaveUp dead-letters it with that reason: a verifier failure is never a reward of 0, and
+never cached.
+
+The cache key holds the checker's environment (verifier_pool.checkers: its version, its judging code, its
+sandbox's identity), read when the cache is consulted and again when the verdict is stored: a verdict is
+stored under the environment that judged it, and a checker whose sandbox has not answered a handshake
+(environment None) is never served from the cache nor stored into it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ CACHEABLE = {"proved", "rejected"}  # deterministic outcomes; a timeout may pass
 
 def reward_of(judgement: Judgement) -> float:
     """The verdict's reward; a rejected answer's partial credit where its checker gives one (Countdown)."""
+    if judgement.verdict not in REWARDS:
+        raise ValueError(f"verdict {judgement.verdict!r} has no reward: {judgement.detail[:200]}")
     if judgement.verdict == "rejected" and judgement.score is not None:
         return judgement.score
     return REWARDS[judgement.verdict]
@@ -42,8 +51,15 @@ class VerifierFault(Exception):
     """The checker could not judge the attempt (sandbox down, REPL protocol broken): retry later."""
 
 
+class VerifierGaveUp(Poison):
+    """The checker could not judge the attempt on its last allowed delivery: dead-lettered now, with the
+    infrastructure's reason (the runtime's own dead letter, one delivery later, would only count them)."""
+
+
 class Checker(Protocol):
-    environment: str  # what the verdict depends on besides the text: toolchain + header, checker version
+    # What the verdict depends on besides the text (checker version, toolchain, sandbox identity); None
+    # while unknown (its sandbox has not answered a handshake): then the cache is not used.
+    environment: str | None
 
     async def check(self, theorem: Theorem, proof: str) -> Judgement: ...
 
@@ -64,13 +80,17 @@ class VerifyHandler:
     their last attempt, read the next and look it up in the cache (consumers.service)."""
 
     def __init__(self, redis: Redis, keys: Keys, checkers: Mapping[str, Checker], sandbox_id: str,
-                 turn: asyncio.Lock | None = None) -> None:  # fmt: skip
+                 turn: asyncio.Lock | None = None, max_deliveries: int | None = None) -> None:  # fmt: skip
+        """`max_deliveries`: the consumer's; a fault on that delivery dead-letters the attempt with its reason
+        (None: left to the runtime, which dead-letters on the next delivery, saying only how many)."""
         self.redis = redis
         self.keys = keys
         self.checkers = checkers
         self.sandbox_id = sandbox_id
         self.turn = turn or asyncio.Lock()
+        self.max_deliveries = max_deliveries
         self._theorems: dict[str, Theorem] = {}  # canonical records never change within a run
+        self._prefetched: dict[str, bytes | None] = {}  # digest -> cached verdict, for the batch in hand
         self.busy_s = 0.0  # time its sandboxes spent checking for it, for the pool's utilization figure
 
     async def __call__(self, d: Delivery[Attempt]) -> list[Reward]:
@@ -80,18 +100,25 @@ class VerifyHandler:
         if checker is None:
             raise Poison(f"no checker for task {theorem.task!r} in this pool (has: {', '.join(self.checkers)})")
         start = time.perf_counter()
-        digest = verdict_digest(theorem, a.proof, checker.environment)
-        judgement, cached = await self._cached(digest), True
+        environment = checker.environment
+        judgement = None if environment is None else await self._cached(verdict_digest(theorem, a.proof, environment))
+        cached = judgement is not None
         if judgement is None:
-            cached = False
             async with self.turn:  # the sandbox's check, from when it is free: the wait is not verify time
                 start = time.perf_counter()
                 judgement = await checker.check(theorem, a.proof)
                 self.busy_s += time.perf_counter() - start
+                # Under the turn, so no other check has replaced the sandbox since. A verdict comes whole from the
+                # sandbox that ends the check (a replaced one reruns it from the start), so it is stored under
+                # that sandbox's environment, whatever the lookup's was.
+                judged_by = checker.environment
             if judgement.verdict == "error":
-                raise VerifierFault(judgement.detail)
-            if judgement.verdict in CACHEABLE:
+                raise self._fault(d, judgement.detail)
+            if judgement.verdict in CACHEABLE and judged_by is not None:
+                digest = verdict_digest(theorem, a.proof, judged_by)
                 await self.redis.hset(self.keys.verdicts, digest, judgement.encode())
+                if digest in self._prefetched:  # the same proof later in this batch: a hit, not a second check
+                    self._prefetched[digest] = judgement.encode()
         verify_ms = (time.perf_counter() - start) * 1000
         log.info("verified", attempt_id=a.attempt_id, theorem_id=a.theorem_id, verdict=judgement.verdict,
                  reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
@@ -102,6 +129,27 @@ class VerifyHandler:
             sandbox_id=self.sandbox_id, cached=cached, detail=judgement.detail[:300],
         )]  # fmt: skip
 
+    async def prefetch(self, attempts: list[Attempt]) -> None:
+        """Look up the verdicts of a batch's attempts in one HMGET (the consumer calls this before handing
+        them over one by one): a batch of cache hits costs three round trips in all, not two per attempt.
+        An attempt whose theorem is unknown or whose checker's environment is unknown is left to `__call__`."""
+        digests = []
+        for a in attempts:
+            if a.theorem_id not in self._theorems and await fetch(self.redis, self.keys, a.theorem_id) is None:
+                continue  # __call__ dead-letters it
+            theorem = await self._theorem(a.theorem_id)
+            checker = self.checkers.get(theorem.task)
+            environment = checker.environment if checker is not None else None
+            if environment is not None:
+                digests.append(verdict_digest(theorem, a.proof, environment))
+        raws = await self.redis.hmget(self.keys.verdicts, digests) if digests else []
+        self._prefetched = dict(zip(digests, raws, strict=True))
+
+    def _fault(self, d: Delivery[Attempt], detail: str) -> Exception:
+        if self.max_deliveries is not None and d.deliveries >= self.max_deliveries:
+            return VerifierGaveUp(f"no verdict on any of {d.deliveries} deliveries (infrastructure): {detail}")
+        return VerifierFault(detail)
+
     async def _theorem(self, theorem_id: str) -> Theorem:
         if theorem_id not in self._theorems:
             theorem = await fetch(self.redis, self.keys, theorem_id)
@@ -111,5 +159,8 @@ class VerifyHandler:
         return self._theorems[theorem_id]
 
     async def _cached(self, digest: str) -> Judgement | None:
-        raw = await self.redis.hget(self.keys.verdicts, digest)
+        if digest in self._prefetched:  # looked up with its batch (`prefetch`)
+            raw = self._prefetched[digest]
+        else:
+            raw = await self.redis.hget(self.keys.verdicts, digest)
         return None if raw is None else Judgement.decode(raw)

@@ -6,9 +6,11 @@
     python -m ops dlq requeue ID|--all         put the original back on its stream, delete the letter
     python -m ops dlq purge ID|--all --yes     delete dead letters
     python -m ops tail STREAM [--count N] [--follow]
+    python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
+    python -m ops bench verifier [--json]      (ops/bench_verifier.py)
 
 Shared flags (`--run`, `--redis-url`, `--config`, `--json`, ...) go before or after the command. Text by
 default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
@@ -32,7 +34,7 @@ from pydantic import Field
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from ops import bench_es, bench_generator, bench_pipeline, bench_wire, dlq, inspect, text
+from ops import bench_es, bench_generator, bench_pipeline, bench_verifier, bench_wire, dlq, inspect, text, verdicts
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
@@ -183,9 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
         which.add_argument("id", nargs="?", type=_entry_id, help="the dead letter's entry id")
         which.add_argument("--all", action="store_true", help="every dead letter of the run")
 
+    v = sub.add_parser("verdicts", help="the run's verdict cache").add_subparsers(
+        dest="verdicts_command", metavar="ACTION", required=True
+    )
+    leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
+
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
     benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    for module in (bench_wire, bench_generator, bench_es, bench_pipeline):
+    for module in (bench_wire, bench_generator, bench_es, bench_pipeline, bench_verifier):
         module.add_parser(benches)
     return parser
 
@@ -214,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
         return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
+    if getattr(args, "verdicts_command", None) == "clear" and not getattr(args, "run", None):
+        return _fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
     try:
         settings = OpsSettings.from_args(args)
         keys = Keys(settings.run)

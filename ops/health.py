@@ -1,12 +1,18 @@
-"""Container health checks: `python -m ops.health generator|trainer` (exit 0 healthy, 1 not, with the reason).
+"""Container health checks: `python -m ops.health generator|verifier|trainer` (exit 0 healthy, 1 not, with the
+reason).
 
-Compose and Kubernetes run these inside the role's container. The verifier has its own:
-`arq workers.verifier --check` (arq's health key, refreshed every 10 s by a live worker).
+Compose and Kubernetes run these inside the role's container.
 
 - generator: this container's generator has reported its figures to `{ps:R}:generator_stats` within
   `--max-age-s`. The report comes from the service's event loop, not the engine thread, so a long batch does
   not make it stale; a wedged loop or a lost Redis does. Matched by the consumer name: `$PROOFSTREAM_NAME`, or
   the default `gen-<hostname>-<pid>` for this container's hostname.
+- verifier: this container's verifier worker reported its figures to `{ps:R}:verifier_stats` within
+  `--max-age-s` (the worker reports when its pool started and every 30 s), and none of its sandboxes is
+  unavailable (`sandboxes_unavailable`: a sandbox that could not start, e.g. a missing image or interpreter).
+  Such a worker stays up and retries its sandboxes, so it turns green by itself once they start. Matched by
+  the worker id's hostname part (`<hostname>-<pid>-...`, consumers.service); the newest report counts.
+  `arq workers.verifier --check` (arq's key, refreshed every 10 s) only says that the process polls Redis.
 - trainer: the run's Redis answers (the trainer is a one-shot job: its progress is in `python -m ops`).
 
 Settings as every role reads them: `PROOFSTREAM_REDIS_URL`, `PROOFSTREAM_RUN`, `PROOFSTREAM_NAME`.
@@ -42,10 +48,29 @@ def check_generator(client: redis.Redis, keys: Keys, max_age_s: float, name: str
     return None
 
 
+def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float) -> str | None:
+    """None when the newest report of a verifier worker of this container is fresh and all its sandboxes
+    could start; else why not."""
+    prefix = f"{socket.gethostname()}-"
+    mine = [orjson.loads(v) for k, v in client.hgetall(keys.verifier_stats).items() if k.decode().startswith(prefix)]
+    if not mine:
+        return f"no report from a verifier worker {prefix}* in {keys.verifier_stats} yet"
+    newest = max(mine, key=lambda r: r.get("updated_ms", 0))
+    age_s = (time.time() * 1000 - newest.get("updated_ms", 0)) / 1000
+    if age_s > max_age_s:
+        return f"the last report of {newest.get('worker')} is {age_s:.0f} s old (limit {max_age_s:.0f} s)"
+    down = newest.get("sandboxes_unavailable") or {}
+    if down:
+        first = next(iter(down))
+        return f"{len(down)} sandbox(es) of {newest.get('worker')} cannot start; {first}: {down[first]}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.health", description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", choices=["generator", "trainer"])
-    parser.add_argument("--max-age-s", type=float, default=60.0, help="generator: oldest acceptable report")
+    parser.add_argument("role", choices=["generator", "verifier", "trainer"])
+    parser.add_argument("--max-age-s", type=float, default=None,
+                        help="generator, verifier: oldest acceptable report (default 60 s, verifier 90 s)")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=5.0, help="Redis connect and read timeout")
     args = parser.parse_args(argv)
     url = os.environ.get("PROOFSTREAM_REDIS_URL")
@@ -58,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         client.ping()
         problem = None
         if args.role == "generator":
-            problem = check_generator(client, keys, args.max_age_s, os.environ.get("PROOFSTREAM_NAME", ""))
+            problem = check_generator(client, keys, args.max_age_s or 60.0, os.environ.get("PROOFSTREAM_NAME", ""))
+        elif args.role == "verifier":  # it reports every 30 s: 90 s is two missed reports
+            problem = check_verifier(client, keys, args.max_age_s or 90.0)
     except RedisError as e:  # the check's answer, not a crash: Redis unreachable means unhealthy
         problem = f"the run's Redis does not answer: {e}"  # no URL: it may hold a password
     finally:

@@ -10,7 +10,6 @@ from typing import Literal
 from pydantic import Field
 
 from producers.prompts import LEAN_FORMATS
-from streams.runtime import claim_idle_ms_for
 from streams.settings import RoleSettings
 
 
@@ -27,8 +26,9 @@ class GeneratorSettings(RoleSettings):
 
     name: str = Field("", description="consumer name in the group; default host-pid")
     max_outstanding: int = Field(4096, ge=1, description="attempts the verifiers may owe before we hold back")
-    order_timeout_s: float = Field(600.0, gt=0, description="longest legitimate work order; reclaim waits longer")
-    claim_margin_s: float = Field(30.0, ge=0)
+    # A live generator refreshes its claim on the order in hand every fifth of this (streams.runtime), so a
+    # dead or stalled generator's order moves on after it, however long generating an order may take.
+    claim_idle_ms: int = Field(25_000, ge=1000, description="a dead or stalled generator's order moves on after this")
     max_deliveries: int = Field(3, ge=1)
     policy_wait_s: float = Field(10.0, ge=0, description="wait this long for a policy version an order names")
     report_every_s: float = Field(10.0, gt=0)
@@ -40,10 +40,6 @@ class GeneratorSettings(RoleSettings):
     @property
     def consumer_name(self) -> str:
         return self.name or f"gen-{socket.gethostname()}-{os.getpid()}"
-
-    @property
-    def claim_idle_ms(self) -> int:
-        return claim_idle_ms_for(self.order_timeout_s, self.claim_margin_s)
 
     def snapshots(self) -> Path:
         if self.snapshot_dir:

@@ -20,6 +20,7 @@ verifier judges like any other answer, with less partial credit).
 from __future__ import annotations
 
 import re
+from collections import deque
 from typing import Any
 
 from streams.theorems import Theorem
@@ -32,10 +33,19 @@ DEEPSEEK_PLAN = (
     "and proof structures that will guide the construction of the final formal proof."
 )
 
-_THINK_END = re.compile(r"</think>", re.IGNORECASE)
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9]*)[^\n`]*\n(.*?)```", re.DOTALL)
-_OPEN_LEAN = re.compile(r"```[ \t]*(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+# Model text is untrusted and may be megabytes long: every pattern below runs in time linear in it.
+# A fence: ``` and its info line (spaces, the language tag, anything but a backtick), a body, ```. The
+# possessive `*+` keep the old greedy reading (the tag is the whole alphanumeric run) without backtracking:
+# `([A-Za-z0-9]*)[^\n`]*` made an info line of k letters or spaces cost k^2 steps before failing.
+_FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9]*+)[^\n`]*+\n(.*?)```", re.DOTALL)
+_OPEN_LEAN = re.compile(r"```[ \t]*+(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
+# Tags, case-insensitive like Python's re.IGNORECASE (which also folds `ſ` to `s`, `K` to `k`, `İ` to `i`):
+# a search for each tag, and `.*` anchored at the start, whose backtracking from the end finds the last one.
+_THINK_LAST = re.compile(r"(?s:.*)</think>", re.IGNORECASE)
+_ANSWER_OPEN = re.compile("<answer>", re.IGNORECASE)
+_ANSWER_CLOSE = re.compile("</answer>", re.IGNORECASE)
+_ANSWER_OPEN_LAST = re.compile(r"(?s:.*)<answer>", re.IGNORECASE)
+_ANSWER_CLOSE_LAST = re.compile(r"(?s:.*)</answer>", re.IGNORECASE)
 _INFORMAL_COMMENT = re.compile(r"^\s*/--(.*?)-/\s*$", re.DOTALL)
 
 
@@ -82,8 +92,37 @@ def tokenize(tokenizer: Any, chat: list[dict[str, str]]) -> list[int]:
 
 def after_reasoning(text: str) -> str:
     """The text after the last `</think>`; the whole text when there is none."""
-    ends = list(_THINK_END.finditer(text))
-    return text[ends[-1].end() :] if ends else text
+    last = _THINK_LAST.match(text)
+    return text[last.end() :] if last else text
+
+
+def _last_start(last_tag: re.Pattern[str], tag: str, text: str, end: int) -> int:
+    """Where the last `tag` wholly before `end` starts (`last_tag` is `(?s:.*)` + tag); -1 if none."""
+    m = last_tag.match(text, 0, end)
+    return -1 if m is None else m.end() - len(tag)
+
+
+def _first_start(tag: re.Pattern[str], text: str, start: int) -> int:
+    m = tag.search(text, start)
+    return -1 if m is None else m.start()
+
+
+def last_answer(text: str) -> str | None:
+    """What `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE)[-1]` returns (None for no
+    match), in linear time: that regex is quadratic on unclosed tags (each opener scans to the end).
+
+    findall pairs an opener with the first closer after it and resumes after that closer, and the two tags
+    never overlap, so the last match closes at the first closer after the last opener that has a closer
+    after it, and opens at the first opener after the last closer before that opener. (Also in
+    verifier_pool.countdown.last_tagged, case-sensitive; issue 16.)"""
+    last_close = _last_start(_ANSWER_CLOSE_LAST, "</answer>", text, len(text))
+    last_open = _last_start(_ANSWER_OPEN_LAST, "<answer>", text, last_close) if last_close >= 0 else -1
+    if last_open < 0:
+        return None
+    close = _first_start(_ANSWER_CLOSE, text, last_open + len("<answer>"))
+    before = _last_start(_ANSWER_CLOSE_LAST, "</answer>", text, last_open)
+    start = _first_start(_ANSWER_OPEN, text, before + len("</answer>") if before >= 0 else 0)
+    return text[start + len("<answer>") : close]
 
 
 def extract_lean(text: str) -> str:
@@ -95,9 +134,9 @@ def extract_lean(text: str) -> str:
         blocks = [body for tag, body in _FENCE.findall(region) if tag.lower() in ("", "lean", "lean4")]
         if blocks:
             return blocks[-1].strip("\n")
-        opened = list(_OPEN_LEAN.finditer(region))
+        opened = deque(_OPEN_LEAN.finditer(region), maxlen=1)  # the last one, without a list of them all
         if opened:
-            return region[opened[-1].end() :].strip("\n")
+            return region[opened[0].end() :].strip("\n")
     return ""
 
 
@@ -108,9 +147,10 @@ def extract_countdown(text: str) -> str:
     """The last <answer>...</answer> (after the reasoning, else anywhere), tags kept, the expression inside
     stripped; without tags, the text after the reasoning, capped, for the verifier to judge (a missing
     format earns less)."""
-    found = _ANSWER.findall(after_reasoning(text)) or _ANSWER.findall(text)
-    if found:  # the tags stay: the verifier's partial credit counts the format
-        return f"<answer>{found[-1].strip()[:MAX_COUNTDOWN_CHARS]}</answer>"
+    found = last_answer(after_reasoning(text))
+    found = last_answer(text) if found is None else found
+    if found is not None:  # the tags stay: the verifier's partial credit counts the format
+        return f"<answer>{found.strip()[:MAX_COUNTDOWN_CHARS]}</answer>"
     return after_reasoning(text).strip()[:MAX_COUNTDOWN_CHARS]
 
 

@@ -7,30 +7,71 @@ env (elaborated once per REPL), then ask `#print axioms` as a separate command i
 
 Classification: a request that runs past its limit is the proof's `timeout`; a sandbox that crashes is
 replaced and the whole check run once more, and a second crash is blamed on the proof (a memory bomb
-crashes every sandbox); a sandbox that cannot start, a header that does not elaborate, or a REPL that
-answers outside its protocol is `error` (infrastructure: retried later, never a reward of 0).
+crashes every sandbox); a sandbox that cannot start (at the check's first request, or when it is replaced
+after a crash), a header that does not elaborate, or a REPL that answers outside its protocol is `error`
+(infrastructure: retried later, never a reward of 0, never cached).
+
+Cache key: a checker's `environment` names what judges: its own version and the digest of the judging code
+on this side of the sandbox, and the sandbox's `identity` (image id, checker digest, toolchain). It is None
+while no sandbox of the checker has answered its handshake since its last failed start: what would judge
+is then unknown, and consumers.verifier neither consults nor fills the cache.
 """
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import structlog
 
 from streams.theorems import Theorem
 from verifier_pool import lean_check
 from verifier_pool.judgement import Judgement, proved, rejected
+from verifier_pool.repl import LEAN_HANDSHAKE
 from verifier_pool.sandbox import Sandbox, SandboxCrashed, SandboxTimeout, SandboxUnavailable
 
 log = structlog.get_logger("verifier_pool.checkers")
 
 
-async def _ask(sandbox: Sandbox, payload: dict, timeout_s: float) -> dict | Judgement:
-    """One request. Returns the response, or the Judgement that ends the check; a crash propagates."""
-    try:
-        return await sandbox.request(payload, timeout_s)
-    except SandboxTimeout:
-        return Judgement("timeout", "", f"no answer within {timeout_s:g} s")
-    except SandboxUnavailable as e:
-        return Judgement("error", "", f"sandbox unavailable: {e}")
+# The code on our side of the sandbox that turns replies into verdicts. Its digest joins every sandboxed
+# checker's environment: an edit to any of it never serves a verdict cached before the edit.
+_JUDGING_SOURCES = ("checkers.py", "judgement.py", "lean_check.py", "lean_text.py", "kimina.py")
+JUDGING_DIGEST = hashlib.sha256(
+    b"".join((Path(__file__).parent / name).read_bytes() for name in _JUDGING_SOURCES)
+).hexdigest()[:16]
+
+
+class _SandboxChecker:
+    """What the checkers that own one sandbox share: asking it, knowing whether it could start, and the
+    environment of their verdicts (the module's docstring)."""
+
+    def __init__(self, sandbox: Sandbox, version: str) -> None:
+        self.sandbox = sandbox
+        self.version = version
+        self.unavailable: str | None = None  # why the sandbox could not start at its last try; None once it answered
+
+    @property
+    def environment(self) -> str | None:
+        if self.unavailable is not None or self.sandbox.stats().starts == 0:
+            return None
+        identity = getattr(self.sandbox, "identity", None)
+        if identity == "":  # a backend with identities, between starts or after a failed one: unknown
+            return None
+        return f"{self.version}|{JUDGING_DIGEST}|{identity or ''}"
+
+    async def _ask(self, payload: dict, timeout_s: float) -> dict | Judgement:
+        """One request. Returns the response, or the Judgement that ends the check; a crash propagates."""
+        try:
+            reply = await self.sandbox.request(payload, timeout_s)
+        except SandboxTimeout:
+            return Judgement("timeout", "", f"no answer within {timeout_s:g} s")
+        except SandboxUnavailable as e:  # its (re)start failed: the infrastructure's, whatever the input
+            self.unavailable = str(e)
+            log.error("sandbox_unavailable", sandbox_id=self.sandbox.sandbox_id, backend=self.sandbox.backend,
+                      error=str(e)[:1000])  # fmt: skip
+            return Judgement("error", "", f"sandbox unavailable: {e}")
+        self.unavailable = None
+        return reply
 
 
 async def _twice(sandbox: Sandbox, check) -> Judgement:
@@ -46,11 +87,9 @@ async def _twice(sandbox: Sandbox, check) -> Judgement:
     raise AssertionError("unreachable")
 
 
-class CountdownChecker:
-    environment = "countdown-checker-v1"
-
+class CountdownChecker(_SandboxChecker):
     def __init__(self, sandbox: Sandbox, timeout_s: float = 5.0) -> None:
-        self.sandbox = sandbox
+        super().__init__(sandbox, "countdown-checker-v2")
         self.timeout_s = timeout_s
 
     async def check(self, theorem: Theorem, proof: str) -> Judgement:
@@ -58,7 +97,7 @@ class CountdownChecker:
 
     async def _check_once(self, theorem: Theorem, proof: str) -> Judgement:
         job = {"numbers": theorem.numbers, "target": theorem.target, "answer": proof}
-        reply = await _ask(self.sandbox, {"countdown": job}, self.timeout_s)
+        reply = await self._ask({"countdown": job}, self.timeout_s)
         if isinstance(reply, Judgement):
             return reply
         if "ok" not in reply:
@@ -68,15 +107,14 @@ class CountdownChecker:
         return Judgement("rejected", "wrong_answer", reply["detail"], score=float(reply.get("score") or 0.0))
 
 
-class LeanChecker:
+class LeanChecker(_SandboxChecker):
     """Lean REPL in one sandbox; the header env is elaborated once per REPL process and reused."""
 
     def __init__(self, sandbox: Sandbox, *, proof_timeout_s: float = 60.0, header_timeout_s: float = 600.0,
                  toolchain: str = "unknown") -> None:  # fmt: skip
-        self.sandbox = sandbox
+        super().__init__(sandbox, f"lean:{toolchain}")
         self.proof_timeout_s = proof_timeout_s
         self.header_timeout_s = header_timeout_s
-        self.environment = f"lean:{toolchain}"
         self._header_envs: dict[str, int] = {}
         self._starts_seen = -1
 
@@ -87,7 +125,7 @@ class LeanChecker:
             self._header_envs.clear()
             self._starts_seen = starts
         if header not in self._header_envs:
-            reply = await _ask(self.sandbox, {"cmd": header}, self.header_timeout_s)
+            reply = await self._ask({"cmd": header}, self.header_timeout_s)
             if isinstance(reply, Judgement):  # the header is ours, not the proof's: never the proof's fault
                 return Judgement("error", "", f"header did not elaborate: {reply.detail}")
             bad = lean_check.judge_command(reply)
@@ -105,18 +143,40 @@ class LeanChecker:
         return await _twice(self.sandbox, lambda: self._check_once(theorem, text))
 
     async def _check_once(self, theorem: Theorem, text: str) -> Judgement:
+        # A REPL replaced without our noticing it first (a backend that restarts or recycles lazily, inside the
+        # next request; a recycle right after the header's answer) knows none of our env ids, and says so
+        # before elaborating anything: forget them and run the check once more from the header.
+        for _ in range(2):
+            judgement = await self._elaborate(theorem, text)
+            if judgement is not None:
+                return judgement
+            self._header_envs.clear()
+        return Judgement("error", "", "the REPL knew none of our env ids twice in one check")
+
+    async def _elaborate(self, theorem: Theorem, text: str) -> Judgement | None:
+        """The check on the header's env; None when the REPL did not know an env id we sent it."""
         env = await self.header_env(theorem.header)
         if isinstance(env, Judgement):
             return env
-        reply = await _ask(self.sandbox, {"cmd": text, "env": env}, self.proof_timeout_s)
+        reply = await self._ask({"cmd": text, "env": env}, self.proof_timeout_s)
         if isinstance(reply, Judgement):
             return reply
+        if _unknown_env(reply):
+            return None
         judgement = lean_check.judge_command(reply)
         if judgement.verdict != "proved":
             return judgement
         name = lean_check.theorem_name(theorem.statement)
-        reply = await _ask(self.sandbox, {"cmd": lean_check.axioms_command(name), "env": reply["env"]},
-                           self.proof_timeout_s)  # fmt: skip
+        reply = await self._ask({"cmd": lean_check.axioms_command(name), "env": reply["env"]},
+                                self.proof_timeout_s)  # fmt: skip
         if isinstance(reply, Judgement):
             return reply
+        if _unknown_env(reply):
+            return None
         return lean_check.judge_axioms(reply, name)
+
+
+def _unknown_env(reply: dict) -> bool:
+    """The REPL's answer to a command naming an env it does not have (the Lean handshake's reply): decided
+    before the command is elaborated, so never the proof's doing."""
+    return "env" not in reply and LEAN_HANDSHAKE.accepts(reply)

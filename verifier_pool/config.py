@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from streams.runtime import claim_idle_ms_for
 from streams.settings import RoleSettings
 
 # Consumer tasks per slot of sandboxes: one checks while the other settles and reads (consumers.service).
@@ -41,8 +40,11 @@ class VerifierSettings(RoleSettings):
     recycle_after: int = Field(500, gt=0, description="restart a sandbox after this many requests")
     recycle_memory_mb: int = Field(6144, gt=0, description="restart a sandbox past this resident memory")
 
+    read_batch: int = Field(0, ge=0, description="attempts a task reads at once; 0: 16 without lean, else 1")
     max_deliveries: int = Field(5, ge=1)
-    claim_margin_s: float = Field(30.0, ge=0)
+    # Reclaim deadline of an attempt whose worker died or stalled. Live workers refresh their claims every
+    # fifth of it (streams.runtime), so it does not depend on how long a check may take.
+    claim_idle_ms: int = Field(25_000, ge=1000, description="a dead or stalled worker's attempts move on after this")
     sweep_every_s: int = Field(30, ge=1, le=59)
     sandbox_uid: int | None = Field(None, description="run checkers as this uid when the worker is root")
 
@@ -58,12 +60,13 @@ class VerifierSettings(RoleSettings):
         return self
 
     @property
-    def workers(self) -> int:
-        return self.concurrency or os.cpu_count() or 1
+    def batch_size(self) -> int:
+        """Attempts a consumer task reads at once. Their verdicts are looked up in one round trip and the
+        misses checked in order, so a task may hold a batch behind its current check: free with Countdown's
+        millisecond checks (and what lets a pool serve cache hits at wire speed), but a Lean batch would
+        queue minutes of checks behind one slot while others idle at the end of a version."""
+        return self.read_batch or (1 if "lean" in self.tasks else 16)
 
     @property
-    def claim_idle_ms(self) -> int:
-        """Reclaim deadline: the longest legitimate handling of an attempt plus a margin. A check takes at most
-        a cold header plus a proof; an attempt may wait for the check ahead of it in its slot, then its own."""
-        longest_check_s = self.header_timeout_s + 2 * self.proof_timeout_s
-        return claim_idle_ms_for(TASKS_PER_SLOT * longest_check_s, self.claim_margin_s)
+    def workers(self) -> int:
+        return self.concurrency or os.cpu_count() or 1

@@ -13,15 +13,23 @@ through the same sandboxes, timeouts and verdicts as Lean.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
-import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
+# The handshake (verifier_pool.repl.Handshake): the sandbox asks it right after start; the reply names the
+# checker and the digest of the code that judges, which joins the verdict cache key, so an edited checker
+# (in the checkout, or rebuilt into an image) never serves an old verdict.
+HANDSHAKE_REQUEST = {"handshake": "countdown"}
+HANDSHAKE_REPLY = {"checker": "countdown"}
+with open(__file__, "rb") as _source:
+    CHECKER_DIGEST = hashlib.sha256(_source.read()).hexdigest()[:16]
+
 MAX_EXPRESSION_CHARS = 200  # a longer "expression" is not an answer to a 3-6 number problem
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +40,30 @@ class CountdownResult:
     value: float | None = None
 
 
+def last_tagged(text: str) -> str | None:
+    """What `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)[-1]` returns (None for no match), in
+    time linear in len(text) with five str searches.
+
+    The regex is quadratic on untrusted text: every unclosed `<answer>` is a start from which `.*?` scans to
+    the end (a 1 MB attempt of them ran past the checker's timeout). The searches rely on the two tags never
+    overlapping (each has its only `<` at offset 0). findall pairs an opener with the first closer after
+    it and resumes after that closer, so the last match closes at the first closer after the last opener
+    that still has a closer after it (`last_open`); it opens at the first opener after the last closer
+    before `last_open` (no match can end between that closer and `last_open`, and none holds it)."""
+    last_close = text.rfind(CLOSE_TAG)
+    last_open = text.rfind(OPEN_TAG, 0, last_close) if last_close >= 0 else -1
+    if last_open < 0:
+        return None
+    close = text.find(CLOSE_TAG, last_open + len(OPEN_TAG))
+    before = text.rfind(CLOSE_TAG, 0, last_open)
+    start = text.find(OPEN_TAG, before + len(CLOSE_TAG) if before >= 0 else 0)
+    return text[start + len(OPEN_TAG) : close]
+
+
 def extract_answer(text: str) -> str | None:
     """The expression inside the last <answer>...</answer>, or the whole text if it has no tags."""
-    found = _ANSWER_TAG.findall(text)
-    answer = found[-1] if found else text
+    found = last_tagged(text)
+    answer = text if found is None else found
     answer = answer.strip()
     if "=" in answer:  # "3 * 4 = 12": the left side is the expression
         answer = answer.split("=", 1)[0].strip()
@@ -67,10 +95,12 @@ def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
     expr = extract_answer(answer_text)
     if expr is None or len(expr) > MAX_EXPRESSION_CHARS:
         return CountdownResult(False, "format", "no expression found" if expr is None else "expression too long")
-    try:
+    try:  # the length cap above runs first: parsing and the walk cost at most MAX_EXPRESSION_CHARS of work
         used: list[int] = []
         value = _evaluate(ast.parse(expr, mode="eval"), used)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError) as e:
+    # Deep nesting: CPython's parser answers SyntaxError ("too many nested parentheses"), RecursionError or
+    # MemoryError by version and depth; each is the expression's fault, judged, never a checker crash.
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError) as e:
         return CountdownResult(False, "syntax", f"{type(e).__name__}: {e}"[:200])
     if Counter(used) != Counter(numbers):
         return CountdownResult(False, "numbers", f"uses {sorted(used)}, must use each of {sorted(numbers)} once",
@@ -93,7 +123,7 @@ def partial_credit(answer_text: str, result: CountdownResult, target: int) -> fl
     """The reward of an answer: 1.0 when correct, else the shaped credit above (< 0.8)."""
     if result.ok:
         return 1.0
-    credit = CREDIT_FORMAT if _ANSWER_TAG.search(answer_text) else 0.0
+    credit = CREDIT_FORMAT if last_tagged(answer_text) is not None else 0.0
     if result.reason in ("numbers", "value") and result.value is not None:
         credit += CREDIT_PARSES
         if result.reason == "value":  # closeness counts only with the right numbers: "19" alone earns none
@@ -104,6 +134,8 @@ def partial_credit(answer_text: str, result: CountdownResult, target: int) -> fl
 
 def handle_request(request: dict) -> dict:
     """One checker request -> response; the request shape is {"countdown": {numbers, target, answer}}."""
+    if request == HANDSHAKE_REQUEST:
+        return {**HANDSHAKE_REPLY, "digest": CHECKER_DIGEST}
     job = request.get("countdown")
     if not isinstance(job, dict):
         return {"message": 'unknown request: expected {"countdown": {...}}'}

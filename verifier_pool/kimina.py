@@ -40,6 +40,7 @@ import structlog
 
 from streams.theorems import Theorem
 from verifier_pool import lean_check
+from verifier_pool.checkers import JUDGING_DIGEST
 from verifier_pool.judgement import Judgement
 from verifier_pool.sandbox import SandboxStats, SandboxUnavailable
 
@@ -312,7 +313,8 @@ class KiminaChecker:
                  client: KiminaClient | None = None) -> None:  # fmt: skip
         self.client = client or shared_client(url, timeout_s=timeout_s, batch_window_ms=batch_window_ms,
                                               max_batch=max_batch, api=api)  # fmt: skip
-        self.environment = f"lean:{toolchain}"
+        # The server does not say what it runs: the configured toolchain names it, beside our judging code.
+        self.environment = f"lean:{toolchain}|{JUDGING_DIGEST}"
         self.sandbox_id = sandbox_id
         self.sandbox = self  # what the consumer service starts, kills and counts: here, the server
         self._stats = SandboxStats(sandbox_id, self.backend)

@@ -29,15 +29,21 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
-from verifier_pool.lean_text import Token, code_tokens, is_id_rest, mask_comments, name_parts
+from verifier_pool.lean_text import Token, code_tokens, comments, is_id_rest, lex, name_parts
 
 ALLOWED_AXIOMS = frozenset({"propext", "Classical.choice", "Quot.sound"})
 COMPILER_AXIOMS = frozenset({"Lean.ofReduceBool", "Lean.ofReduceNat", "Lean.trustCompiler"})  # native_decide & co
 DETAIL_CHARS = 300
+# Longer attempts are refused before any scanning. The scan is linear but pays a few microseconds of Python
+# per token, on the worker's event loop: 10 MB of short tokens took over a minute. Real proofs are a few KB
+# (Kimina-Prover's and DeepSeek-Prover's longest miniF2F proofs are tens of KB); at this cap the densest text
+# scans in about a second on a 2-core machine.
+MAX_PROOF_CHARS = 200_000
 
 # Whole words (an identifier token, `«»` removed). None has a use in a proof of a competition statement.
 FORBIDDEN_WORDS = frozenset({
@@ -75,9 +81,12 @@ LINE_START_WORDS = frozenset({"open", "scoped"})
 _REASON_OF_COMPONENT = {"native": "decide +native"}
 HOLES = frozenset({"forbidden: sorry", "forbidden: admit", "forbidden: stop", "forbidden: sorryAx"})
 
-_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
-_NORM_PIECES = re.compile(r"\s+|:=|.", re.DOTALL)
+# Model text is untrusted and may be megabytes long: everything from here to `prepare` is linear in it (a fence
+# opener is also a closer, so `.*?` scans from at most one unclosed opener to the end).
+_FENCE = re.compile(r"```([^\n`]*+)\n(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[ \t]*+(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
+_WHITESPACE_RUN = re.compile(r"\s+")
+_SPACE_RUN = re.compile(r"  +")
 _DEPENDS = re.compile(r"'(.+)' depends on axioms: \[(.*)\]", re.DOTALL)
 _NO_AXIOMS = re.compile(r"'(.+)' does not depend on any axioms", re.DOTALL)
 _SEVERITIES = frozenset({"trace", "info", "warning", "error"})
@@ -110,8 +119,8 @@ def lean_code_block(model_text: str) -> str:
     blocks = [body for tag, body in _FENCE.findall(model_text) if tag.strip().lower() in ("", "lean", "lean4")]
     if blocks:
         return blocks[-1]
-    opened = list(_OPEN_FENCE.finditer(model_text))
-    return model_text[opened[-1].end() :] if opened else model_text
+    opened = deque(_OPEN_FENCE.finditer(model_text), maxlen=1)  # the last one, without a list of them all
+    return model_text[opened[0].end() :] if opened else model_text
 
 
 def theorem_name(formal_statement: str) -> str:
@@ -135,41 +144,56 @@ def extract_proof_body(model_text: str, formal_statement: str) -> str | Integrit
     the `by` line keeps its column), so indentation-sensitive tactic blocks parse as they did for the model.
     """
     code = lean_code_block(model_text)
-    statement, _ = _normalized(formal_statement)
-    statement = statement.rstrip()
+    statement = _normalized(formal_statement, _outside_comments(formal_statement, lex(formal_statement))).rstrip()
     if not statement.endswith(":= by"):
         raise ValueError(f"canonical statement does not end with ':= by': {formal_statement[-40:]!r}")
-    text, origin = _normalized(code)
+    segments = _outside_comments(code, comments(code))
+    text = _normalized(code, segments)
     at = _find_statement(text, statement)
     if at is not None:
-        return _body_from(code, origin[at + len(statement) - 1] + 1)
-    if any(t.kind == "ident" and t.text in ("theorem", "lemma", "example") for t in code_tokens(code)):
+        last = at + len(statement) - 1  # the `y` of `by`, a visible character: count them up to it
+        return _body_from(code, _visible_offset(code, segments, last + 1 - text.count(" ", 0, last + 1)) + 1)
+    declares = lex(code, merge=True, stop=_declares)  # lexing ends at the first declaration
+    if declares and _declares(declares[-1]):
         return IntegrityError("the canonical statement is missing or altered")
     return _bare_body(code)
 
 
-def _normalized(text: str) -> tuple[str, list[int]]:
-    """`text` with comments blanked, whitespace runs as one space and `:=` spaced as ` := `; with, for each
-    character kept, its offset in `text`."""
-    chars: list[str] = []
-    origin: list[int] = []
+def _declares(token: Token) -> bool:
+    return token.kind == "ident" and token.text in ("theorem", "lemma", "example")
 
-    def put(ch: str, at: int) -> None:
-        if ch == " " and (not chars or chars[-1] == " "):
-            return
-        chars.append(ch)
-        origin.append(at)
 
-    for m in _NORM_PIECES.finditer(mask_comments(text)):
-        piece, at = m.group(), m.start()
-        if piece.isspace():
-            put(" ", at)
-        elif piece == ":=":
-            for k, ch in enumerate(" := "):
-                put(ch, at + max(0, k - 1))
-        else:
-            put(piece, at)
-    return "".join(chars), origin
+def _outside_comments(text: str, tokens: list[Token]) -> list[tuple[int, int]]:
+    """The (start, end) offsets of the stretches of `text` between its comments."""
+    segments, at = [], 0
+    for t in tokens:
+        if t.kind == "comment":
+            segments.append((at, t.start))
+            at = t.start + len(t.text)
+    segments.append((at, len(text)))
+    return segments
+
+
+def _normalized(text: str, segments: list[tuple[int, int]]) -> str:
+    """`text` with comments dropped (`segments` are the stretches between them), whitespace runs as one space
+    and `:=` spaced as ` := `, without a leading space. Its non-space characters are the text's visible ones
+    (neither whitespace nor comment), in order, which is how `_visible_offset` maps them back."""
+    joined = " ".join(text[start:end] for start, end in segments)
+    spaced = _WHITESPACE_RUN.sub(" ", joined).replace(":=", " := ")
+    return _SPACE_RUN.sub(" ", spaced).removeprefix(" ")
+
+
+def _visible_offset(text: str, segments: list[tuple[int, int]], n: int) -> int:
+    """The offset in `text` of its n-th (from 1) visible character: neither whitespace (regex `\\s`, as in
+    `_normalized`) nor inside a comment. A segment is counted only when the character is not in it."""
+    nth = re.compile(rf"(?:\s*+\S){{{n}}}")
+    for start, end in segments:
+        segment = text[start:end]
+        if m := nth.match(segment):
+            return start + m.end() - 1
+        n -= len("".join(segment.split()))  # str.split and regex `\\s` agree on what is whitespace
+        nth = re.compile(rf"(?:\s*+\S){{{n}}}")
+    raise ValueError("fewer visible characters than counted")  # _normalized kept every one of them
 
 
 def _find_statement(text: str, statement: str) -> int | None:
@@ -200,15 +224,26 @@ def _body_from(code: str, start: int) -> str:
 def _bare_body(code: str) -> str:
     """A body given without its statement: a leading `:=` or `by` is dropped; a body written from column 0
     is indented by two spaces, since newer Lean requires the lines of a top-level `by` block to be indented."""
-    tokens = code_tokens(code)
+    tokens = _first_code_tokens(code, 2)
     start = 0
     for expected in (":=", "by"):
         if tokens and tokens[0].text == expected:
             start = tokens[0].start + len(expected)
             tokens = tokens[1:]
     body = _body_from(code, start) if start else code
-    first = next(iter(code_tokens(body)), None)
+    first = next(iter(_first_code_tokens(body, 1)), None)
     return textwrap.indent(body, "  ") if first is not None and first.col == 0 else body
+
+
+def _first_code_tokens(text: str, n: int) -> list[Token]:
+    """The first `n` tokens of `text` that are not comments (fewer if it has fewer), lexing no further."""
+    seen = [0]
+
+    def enough(token: Token) -> bool:
+        seen[0] += token.kind != "comment"
+        return seen[0] == n
+
+    return [t for t in lex(text, merge=True, stop=enough) if t.kind != "comment"][:n]
 
 
 def scan_forbidden(body: str) -> str | None:
@@ -223,11 +258,14 @@ def scan_forbidden(body: str) -> str | None:
     in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; COMMAND_WORDS anywhere; LINE_START_WORDS at
     column 0.
     """
-    for token in code_tokens(body):
-        reason = _forbidden(token)
-        if reason is not None:
-            return f"forbidden: {reason}"
-    return None
+    return _first_forbidden(body)[1]
+
+
+def _first_forbidden(body: str) -> tuple[list[Token], str | None]:
+    """The tokens of `body` up to its first forbidden one (all if none), and the reason for that one."""
+    tokens = lex(body, merge=True, stop=lambda token: _forbidden(token) is not None)  # ends at the first one
+    reason = _forbidden(tokens[-1]) if tokens else None
+    return tokens, None if reason is None else f"forbidden: {reason}"
 
 
 def _forbidden(token: Token) -> str | None:
@@ -261,14 +299,17 @@ def assemble(formal_statement: str, body: str) -> str:
     return statement + "\n" + body
 
 
-def prepare(model_text: str, formal_statement: str) -> str | Judgement:
-    """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary."""
+def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS) -> str | Judgement:
+    """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. `max_chars`:
+    MAX_PROOF_CHARS (None only in tests that time the scan itself)."""
+    if max_chars is not None and len(model_text) > max_chars:
+        return _rejected("lean_error", f"attempt of {len(model_text)} characters exceeds {max_chars}")
     body = extract_proof_body(model_text, formal_statement)
     if isinstance(body, IntegrityError):
         return body.judgement()
-    if not code_tokens(body):  # nothing but whitespace and comments: no Lean run can prove anything with it
+    tokens, reason = _first_forbidden(body)  # one reading of the body for both checks
+    if all(t.kind == "comment" for t in tokens):  # no Lean run can prove anything with whitespace and comments
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
-    reason = scan_forbidden(body)
     if reason is not None:
         return _rejected("sorry" if reason in HOLES else "integrity", reason)
     return assemble(formal_statement, body)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
-from verifier_pool import docker_backend, process
+from verifier_pool import countdown, docker_backend, process
 from verifier_pool.checkers import CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.kimina import KiminaChecker
+from verifier_pool.repl import LEAN_HANDSHAKE, Handshake
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+COUNTDOWN_HANDSHAKE = Handshake(countdown.HANDSHAKE_REQUEST, countdown.HANDSHAKE_REPLY)
 
 NO_LEAN = (
     "the lean task needs a Lean REPL and none is configured. Ways to get one: (1) Docker: build the image "
@@ -24,9 +25,16 @@ NO_LEAN = (
 
 
 def _python_paths() -> tuple[str, ...]:
-    """What the Countdown checker needs readable inside a bwrap sandbox: this interpreter and the project."""
-    paths = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"], PROJECT_ROOT}
+    """What the Countdown checker needs inside a process sandbox: the base interpreter's prefix (the checker
+    is stdlib only, so no virtualenv) and the verifier_pool package, not the checkout (its .git, its .venv,
+    whatever else lies there)."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.join(PROJECT_ROOT, "verifier_pool")}
     return tuple(sorted(p for p in paths if os.path.isdir(p)))
+
+
+def _base_python() -> str:
+    """The interpreter behind this one (a virtualenv's python is a symlink to it, and needs the venv)."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
 def image_for(settings: VerifierSettings, task: str) -> str:
@@ -56,17 +64,19 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
             cpus=settings.cpus,
             max_requests=settings.recycle_after,
             max_memory_bytes=settings.recycle_memory_mb << 20,
+            handshake=COUNTDOWN_HANDSHAKE if task == "countdown" else LEAN_HANDSHAKE,
         )
         return docker_backend.DockerSandbox(config, sandbox_id=f"docker-{task}-{index}-{os.getpid()}")
     if task == "countdown":
-        argv = (sys.executable, "-m", "verifier_pool.countdown")
+        # -s: no user site-packages; -B: the package is bound read-only. PYTHONPATH finds verifier_pool.
+        argv = (_base_python(), "-s", "-B", "-m", "verifier_pool.countdown")
     elif settings.lean_repl_cmd:
         argv = tuple(settings.lean_repl_cmd)
     else:
         raise SandboxUnavailable(NO_LEAN)
     if kind == "process":
         if task == "countdown":
-            ro_paths, workdir, env = _python_paths(), PROJECT_ROOT, {"PYTHONPATH": PROJECT_ROOT}
+            ro_paths, workdir, env = _python_paths(), "/tmp", {"PYTHONPATH": PROJECT_ROOT}
         else:
             toolchain = settings.lean_toolchain_dir
             ro_paths = tuple(p for p in (settings.lean_workdir, toolchain) if p)
@@ -80,7 +90,8 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
             memory_limit_bytes=settings.memory_limit_mb << 20,
             max_requests=settings.recycle_after,
             max_memory_bytes=settings.recycle_memory_mb << 20,
-            uid=settings.sandbox_uid,
+            uid=settings.sandbox_uid,  # None: a uid of its own when the worker is root
+            handshake=COUNTDOWN_HANDSHAKE if task == "countdown" else LEAN_HANDSHAKE,
         )
         return process.ProcessSandbox(config, sandbox_id=f"process-{task}-{index}-{os.getpid()}")
     raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")

@@ -75,7 +75,8 @@ async def test_a_slot_reads_the_next_attempt_while_its_sandbox_checks_and_stop_f
                         proof=f"<answer>{i}</answer>", task="countdown") for i in range(3)]  # fmt: skip
     await Publisher(redis, keys).publish(attempts)
     checker = GatedChecker()
-    settings = VerifierSettings(run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"])
+    # One attempt a read, as in a Lean pool (VerifierSettings.batch_size): the other task must read the next.
+    settings = VerifierSettings(run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"], read_batch=1)
     service = VerifierService(settings, redis_url, checkers_for=lambda s, i: {"countdown": checker})
     await service.start()
     try:
@@ -102,7 +103,19 @@ async def test_a_slot_reads_the_next_attempt_while_its_sandbox_checks_and_stop_f
     assert (g.pending, g.lag) == (0, 1)  # both settled; a2 never taken
 
 
-def test_the_reclaim_deadline_allows_for_the_check_ahead_in_the_slot():
-    s = VerifierSettings(proof_timeout_s=60, header_timeout_s=600, claim_margin_s=30)
-    longest_check_ms = (600 + 2 * 60) * 1000
-    assert s.claim_idle_ms >= TASKS_PER_SLOT * longest_check_ms  # waiting for one check, then its own
+def test_the_reclaim_deadline_does_not_wait_on_the_longest_check():
+    """A slot's task that waits for the check ahead keeps its attempt claimed like the one checking
+    (streams.runtime refreshes both), so the deadline is a few refresh periods whatever the Lean timeouts:
+    a dead worker's attempts move on within 30 s (tests/streams/test_claim_refresh.py shows the mechanism)."""
+    settings = VerifierSettings(proof_timeout_s=60, header_timeout_s=600)
+    consumer_settings = VerifierService(settings, "redis://127.0.0.1:1").consumer_settings
+    assert consumer_settings.claim_idle_ms == settings.claim_idle_ms <= 30_000
+    assert consumer_settings.claim_refresh_ms * 3 <= consumer_settings.claim_idle_ms
+
+
+def test_a_lean_pool_reads_one_attempt_at_a_time_and_countdown_batches():
+    """A batch is checked in order by one slot: free for Countdown's millisecond checks, minutes of Lean checks
+    queued behind one slot while the others idle (VerifierSettings.batch_size)."""
+    lean = VerifierSettings(tasks=["lean", "countdown"], sandbox="kimina", kimina_url="http://k:8000")
+    assert (lean.batch_size, VerifierSettings(tasks=["countdown"]).batch_size) == (1, 16)
+    assert VerifierSettings(tasks=["countdown"], read_batch=3).batch_size == 3

@@ -5,25 +5,31 @@ nothing about Lean)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
-from collections import Counter
+import uuid
 from pathlib import Path
 
+import orjson
 import pytest
+import redis as redis_sync
 
 from consumers.service import VerifierService
-from consumers.verifier import VerifyHandler
+from consumers.verifier import VerifyHandler, verdict_digest
+from ops import health
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
-from streams.runtime import Consumer, ConsumerSettings, ensure_group
+from streams.runtime import Delivery
 from streams.schema import Attempt, DeadLetter, Reward, decode
 from streams.theorems import Theorem, register
 from verifier_pool import docker_backend, process
-from verifier_pool.checkers import LeanChecker
+from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
-from verifier_pool.pool import PROJECT_ROOT, _python_paths
+from verifier_pool.judgement import Judgement
+from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _python_paths
+from verifier_pool.sandbox import SandboxUnavailable
 
 pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
 
@@ -140,22 +146,323 @@ async def test_header_is_elaborated_once_per_repl_process():
         await checker.sandbox.kill()
 
 
-async def test_infrastructure_failure_is_never_a_reward(redis, keys):
-    """A checker whose sandbox cannot start: the attempt stays pending (then dead letters), no reward."""
-    await register(redis, keys, [Theorem("t", "lean", statement=STATEMENT, header=HEADER)])
-    await ensure_group(redis, keys.attempts, VERIFIERS)
-    await Publisher(redis, keys).publish([attempt(0, "t", f"{STATEMENT}\n  norm_num")])
-    config = process.ProcessSandboxConfig(argv=("/nonexistent/repl",))
-    broken = LeanChecker(process.ProcessSandbox(config), proof_timeout_s=1, header_timeout_s=1)
-    handler = VerifyHandler(redis, keys, {"lean": broken}, "broken")
-    c = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="c", handler=handler, output=Reward,
-                 settings=ConsumerSettings(claim_idle_ms=100, retry_delay_ms=50, claim_every_ms=0, block_ms=20,
-                                           max_deliveries=2))  # fmt: skip
-    deadline = time.monotonic() + 10
-    while not await redis.xlen(keys.dlq):
-        assert time.monotonic() < deadline
-        await c.run_once()
+MISSING_IMAGE = f"proofstream-pytest-missing-{uuid.uuid4().hex[:8]}:latest"
+
+
+def unstartable_countdown(settings: VerifierSettings, index: int) -> dict:
+    """A real process sandbox whose interpreter does not exist."""
+    config = process.ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "verifier_pool.countdown"),
+                                          ro_paths=_python_paths(), workdir=PROJECT_ROOT)  # fmt: skip
+    return {"countdown": CountdownChecker(process.ProcessSandbox(config, sandbox_id=f"broken-{index}"))}
+
+
+async def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():  # an observable condition of the consumer runtime, polled
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("failure", ["missing image", "no docker daemon", "missing interpreter"])
+async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, keys, failure, capsys, monkeypatch):
+    """End to end through the service: no reward, nothing cached, redelivered, then dead-lettered with the
+    sandbox's failure as the reason; the worker stays up and its health check is red meanwhile."""
+    if failure == "missing image" and (why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)):
+        pytest.skip(f"docker sandbox: {why}")
+    if failure == "no docker daemon":
+        monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    backend = "process" if failure == "missing interpreter" else "docker"
+    settings = VerifierSettings.load(env={}, flags={
+        "run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": backend, "max_deliveries": 3,
+        "checker_image": MISSING_IMAGE,
+    })  # fmt: skip
+    cause = {"missing image": "not found", "no docker daemon": "no Docker daemon answers",
+             "missing interpreter": "/nonexistent/python3"}[failure]  # fmt: skip
+    service = VerifierService(settings, redis_url, unstartable_countdown if backend == "process" else None)
+    capsys.readouterr()
+    await service.start()
+    try:
+        [(sandbox_id, why)] = service.unavailable().items()
+        assert cause in why
+        logged = [orjson.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+        [event] = [e for e in logged if e["event"] == "sandbox_unavailable"]  # one clear line, with the cause
+        assert (event["level"], event["sandbox_id"]) == ("error", sandbox_id) and cause in event["error"]
+        sync = redis_sync.Redis.from_url(redis_url)
+        try:  # reported at start: the health check is red before any attempt arrives
+            problem = health.check_verifier(sync, keys, max_age_s=60)
+        finally:
+            sync.close()
+        assert problem is not None and "cannot start" in problem and sandbox_id in problem
+        await Publisher(redis, keys).publish([attempt(0, "cd1", "<answer>3*4+7</answer>")])
+
+        async def dead_lettered() -> bool:
+            return await redis.xlen(keys.dlq) == 1
+
+        await wait_for(dead_lettered, 60, "the dead letter")
+        await wait_settled(redis, keys)
+    finally:
+        await service.stop()
     assert await redis.xlen(keys.rewards) == 0
-    assert c.stats.transient_failures == 2
+    assert await redis.hlen(keys.verdicts) == 0
     [(_, fields)] = await redis.xrange(keys.dlq)
-    assert Counter(decode(DeadLetter, fields).reason.split()[:1]) == Counter(["delivered"])
+    letter = decode(DeadLetter, fields)
+    assert letter.deliveries == 3  # redelivered: each of the 3 deliveries found the sandbox down
+    assert "sandbox unavailable" in letter.reason and cause in letter.reason, letter.reason
+    assert service.stats()["transient_failures"] == 2  # the first two stayed pending and were retried
+
+
+@pytest.mark.timeout(120)
+async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, redis_url, keys):
+    """The same worker, once the missing image is built: its next check starts the sandbox, the attempt gets
+    its real verdict, the health check turns green, and the verdict is cached under the image's id."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    import docker
+
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    settings = VerifierSettings.load(env={}, flags={
+        "run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "docker", "max_deliveries": 50,
+        "checker_image": MISSING_IMAGE,
+    })  # fmt: skip
+    client = docker.from_env()
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        assert service.unavailable()
+        await Publisher(redis, keys).publish([attempt(0, "cd1", "<answer>3*4+7</answer>")])
+
+        async def failed_once() -> bool:
+            return service.stats()["transient_failures"] >= 1
+
+        await wait_for(failed_once, 60, "a failed delivery")
+        image = client.images.get(docker_backend.CHECKER_IMAGE)
+        image.tag(MISSING_IMAGE)  # "built" now: the next delivery starts the sandbox
+
+        async def rewarded() -> bool:
+            return await redis.xlen(keys.rewards) == 1
+
+        await wait_for(rewarded, 60, "the reward")
+        assert service.unavailable() == {}
+        await service.report()
+        sync = redis_sync.Redis.from_url(redis_url)
+        try:
+            assert health.check_verifier(sync, keys, max_age_s=60) is None
+        finally:
+            sync.close()
+    finally:
+        await service.stop()
+        client.images.remove(MISSING_IMAGE, noprune=True)
+        client.close()
+    [reward] = (await rewards_by_attempt(redis, keys)).values()
+    assert (reward.verdict, reward.cached) == ("proved", False)
+    [environment] = [c.environment for checkers in service.checkers for c in checkers.values()]
+    assert image.id in environment
+    stored = await redis.hgetall(keys.verdicts)
+    assert list(stored) == [verdict_digest(Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19),
+                                           "<answer>3*4+7</answer>", environment).encode()]  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, keys):
+    """The verdict cache key holds the sandbox's identity: a verdict cached by one image is served to the same
+    image and never to a rebuilt one (a new image id), which judges afresh."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    import io
+
+    import docker
+
+    client = docker.from_env()
+    rebuilt = f"proofstream-pytest-rebuilt-{uuid.uuid4().hex[:8]}:latest"
+    dockerfile = f"FROM {docker_backend.CHECKER_IMAGE}\nLABEL proofstream.pytest-rebuilt={rebuilt}\n"
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=rebuilt, rm=True)
+    theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
+    await register(redis, keys, [theorem])
+    wrong = "<answer>3+4+7</answer>"
+    checkers = []
+
+    def checker(image: str) -> CountdownChecker:
+        config = docker_backend.DockerSandboxConfig(
+            image=image, argv=docker_backend.COUNTDOWN_ARGV, handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20
+        )
+        checkers.append(CountdownChecker(docker_backend.DockerSandbox(config)))
+        return checkers[-1]
+
+    async def judge(c: CountdownChecker, i: int) -> Reward:
+        handler = VerifyHandler(redis, keys, {"countdown": c}, c.sandbox.sandbox_id)
+        [reward] = await handler(Delivery(b"0-1", attempt(i, "cd1", wrong), 1))
+        return reward
+
+    try:
+        old, new = checker(docker_backend.CHECKER_IMAGE), checker(rebuilt)
+        await asyncio.gather(old.sandbox.start(), new.sandbox.start())
+        assert old.sandbox.identity != new.sandbox.identity and old.environment != new.environment
+        first = await judge(old, 0)
+        assert (first.verdict, first.cached) == ("rejected", False)
+        # As if the old image had judged it wrongly: its cached verdict now says proved.
+        [digest] = await redis.hkeys(keys.verdicts)
+        await redis.hset(keys.verdicts, digest, Judgement("proved", "", "from the old image").encode())
+        served = await judge(old, 1)
+        assert (served.verdict, served.cached) == ("proved", True)  # the same image is served its own
+        fresh = await judge(new, 2)
+        assert (fresh.verdict, fresh.reward, fresh.cached) == ("rejected", first.reward, False)
+        assert await redis.hlen(keys.verdicts) == 2  # one per environment
+    finally:
+        await asyncio.gather(*(c.sandbox.kill() for c in checkers), return_exceptions=True)
+        client.images.remove(rebuilt, noprune=True)
+        client.close()
+
+
+async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_failed_start():
+    """No cache key while what would judge is unknown: before the first start, after a start that failed
+    (a removed image), and while that lasts; the image's identity again once a start succeeds."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    good = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=docker_backend.COUNTDOWN_ARGV,
+                                              handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20)  # fmt: skip
+    sandbox = docker_backend.DockerSandbox(good)
+    checker = CountdownChecker(sandbox)
+    theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
+    try:
+        assert checker.environment is None
+        await sandbox.start()
+        assert sandbox.identity.startswith("sha256:") and sandbox.identity in checker.environment
+        sandbox.config = dataclasses.replace(good, image=MISSING_IMAGE)  # the image removed: restarts fail
+        with pytest.raises(SandboxUnavailable):
+            await sandbox.start()
+        assert checker.environment is None
+        judgement = await checker.check(theorem, "<answer>3*4+7</answer>")  # its restart fails too
+        assert (judgement.verdict, checker.environment) == ("error", None)
+        assert MISSING_IMAGE in checker.unavailable
+        sandbox.config = good
+        assert (await checker.check(theorem, "<answer>3*4+7</answer>")).verdict == "proved"
+        assert checker.unavailable is None and sandbox.identity in checker.environment
+    finally:
+        await sandbox.kill()
+
+
+async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs():
+    """After a crash the check runs again on a fresh sandbox; when that one cannot start, the verdict is the
+    infrastructure's `error`, not the second crash the proof would otherwise be blamed for."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())  # the image's python3 runs the test double
+    good = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
+                                              memory_limit_bytes=256 << 20)  # fmt: skip
+    sandbox = docker_backend.DockerSandbox(good)
+    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10)
+    theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
+    crash = f"{STATEMENT}\n  norm_num -- FIXTURE:crash"
+    try:
+        await sandbox.start()
+        assert (await checker.check(theorem, f"{STATEMENT}\n  norm_num")).verdict == "proved"
+        sandbox.config = dataclasses.replace(good, image=MISSING_IMAGE)  # the image removed while it ran
+        judgement = await checker.check(theorem, crash)
+        assert judgement.verdict == "error" and MISSING_IMAGE in judgement.detail, judgement
+        sandbox.config = good  # with a sandbox to restart, the same input crashing twice is the proof's
+        again = await checker.check(theorem, crash)
+        assert (again.verdict, again.reason) == ("rejected", "lean_error"), again
+        assert sandbox.stats().crashes == 3
+    finally:
+        await sandbox.kill()
+
+
+async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
+    """The docker sandbox recycles inside the next request (after max_requests): the REPL that answers it knows
+    none of the env ids the checker holds. Each check still gets its verdict, never an `error`."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())
+    config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
+                                                memory_limit_bytes=256 << 20, max_requests=4)  # fmt: skip
+    sandbox = docker_backend.DockerSandbox(config)
+    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10)
+    theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
+    try:
+        await sandbox.start()
+        proofs = [f"{STATEMENT}\n  norm_num", f"{STATEMENT}\n  norm_num -- FIXTURE:sorry"] * 3
+        verdicts = [(j.verdict, j.reason) for j in [await checker.check(theorem, p) for p in proofs]]
+        assert verdicts == [("proved", ""), ("rejected", "sorry")] * 3
+        assert sandbox.stats().starts >= 3  # recycled along the way
+    finally:
+        await sandbox.kill()
+
+
+@pytest.mark.parametrize("edited", ["checkers.py", "lean_check.py", "kimina.py"])
+def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, edited):
+    """A copy of verifier_pool with one judging module edited (a comment added) judges under another
+    environment, so its verdicts and the old ones never share a cache key; an unedited copy shares it."""
+    import shutil
+    import subprocess
+
+    def digest_of(root: Path) -> str:
+        code = "from verifier_pool.checkers import JUDGING_DIGEST; print(JUDGING_DIGEST)"
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                              env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    for name in ("same", "edited"):
+        shutil.copytree(Path(PROJECT_ROOT) / "verifier_pool", tmp_path / name / "verifier_pool")
+        shutil.copytree(Path(PROJECT_ROOT) / "streams", tmp_path / name / "streams")
+    with open(tmp_path / "edited" / "verifier_pool" / edited, "a") as f:
+        f.write("\n# edited\n")
+    assert digest_of(tmp_path / "same") == JUDGING_DIGEST  # this process's, from the checkout
+    assert digest_of(tmp_path / "edited") != JUDGING_DIGEST
+
+
+async def test_a_verdict_reached_without_the_sandbox_is_published_but_not_cached_while_it_is_down(redis, keys):
+    """An altered statement is rejected by the text checks alone, before any sandbox time: its reward does not
+    wait for a sandbox that cannot start, but with no environment known it is not cached."""
+    theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
+    await register(redis, keys, [theorem])
+    config = process.ProcessSandboxConfig(argv=("/nonexistent/repl",))
+    checker = LeanChecker(process.ProcessSandbox(config), proof_timeout_s=1, header_timeout_s=1)
+    handler = VerifyHandler(redis, keys, {"lean": checker}, "down")
+    altered = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 13 := by\n  norm_num"
+    [reward] = await handler(Delivery(b"0-1", attempt(0, "t", altered), 1))
+    assert (reward.verdict, reward.reason, reward.reward, reward.cached) == ("rejected", "integrity", 0.0, False)
+    assert checker.environment is None and await redis.hlen(keys.verdicts) == 0
+
+
+async def test_a_batch_of_repeats_is_served_by_one_cache_lookup_per_read(redis, redis_url, keys):
+    """A Countdown pool reads attempts in batches (VerifierSettings.batch_size) and looks their verdicts up in
+    one HMGET per batch: counted by Redis itself (INFO commandstats), not by our code."""
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    proofs = ["<answer>3*4+7</answer>", "<answer>3+4+7</answer>", "<answer>7*4-3</answer>", "<answer>x</answer>"]
+    settings = VerifierSettings.load(
+        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
+    )
+    assert settings.batch_size == 16
+    pub = Publisher(redis, keys)
+    await pub.publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        await wait_settled(redis, keys)
+    finally:
+        await service.stop()
+    # 40 repeats of the 4 judged proofs (a duplicate pair inside every batch), and one unknown theorem,
+    # all waiting before the next pool starts: every read takes a full batch.
+    repeats = [attempt(100 + i, "cd1", proofs[i % 4]) for i in range(40)] + [attempt(999, "no-such-theorem", "1")]
+    await pub.publish(repeats)
+    await redis.config_resetstat()
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        await wait_settled(redis, keys)
+    finally:
+        await service.stop()
+    stats = await redis.info("commandstats")
+    got = await rewards_by_attempt(redis, keys)
+    # Every repeat a cache hit, the duplicates inside a batch included.
+    assert sorted(k for k, r in got.items() if r.cached) == sorted(f"a{100 + i}" for i in range(40))
+    assert {got[f"a{100 + i}"].verdict for i in range(0, 40, 4)} == {"proved"}
+    # No verdict looked up one attempt at a time: HGET only for theorems (two tasks, two ids, the unknown twice).
+    assert stats.get("cmdstat_hget", {"calls": 0})["calls"] <= 6, stats.get("cmdstat_hget")
+    hmgets = stats["cmdstat_hmget"]["calls"]
+    assert 3 <= hmgets <= 6, stats["cmdstat_hmget"]  # 41 attempts in reads of up to 16 by two tasks
+    [(_, fields)] = await redis.xrange(keys.dlq)
+    assert "not registered" in decode(DeadLetter, fields).reason

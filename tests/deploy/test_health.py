@@ -50,3 +50,38 @@ def test_main_exit_codes(redis_url: str, monkeypatch, capsys) -> None:
     monkeypatch.setenv("PROOFSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
     assert health.main(["trainer", "--timeout-s", "1"]) == 1
     assert "does not answer" in capsys.readouterr().err
+
+
+def verifier_report(client, keys: Keys, worker: str, age_s: float, unavailable: dict | None = None) -> None:
+    figures = {"worker": worker, "updated_ms": (time.time() - age_s) * 1000, "sandboxes_unavailable": unavailable or {}}
+    client.hset(keys.verifier_stats, worker, orjson.dumps(figures))
+
+
+def test_verifier_health_is_red_while_a_sandbox_cannot_start(client) -> None:
+    keys = Keys("health-verifier")
+    host = socket.gethostname()
+    assert "no report" in health.check_verifier(client, keys, 90)
+    verifier_report(client, keys, "otherhost-7-ab12", 1)  # another container's worker
+    assert "no report" in health.check_verifier(client, keys, 90)
+    verifier_report(client, keys, f"{host}-7-ab12", 1, {"docker-countdown-0-7": "image x not found"})
+    problem = health.check_verifier(client, keys, 90)
+    assert "1 sandbox(es)" in problem and "docker-countdown-0-7: image x not found" in problem
+    verifier_report(client, keys, f"{host}-8-cd34", 1)  # the newest worker of this container counts
+    assert health.check_verifier(client, keys, 90) is None
+    verifier_report(client, keys, f"{host}-8-cd34", 200)
+    verifier_report(client, keys, f"{host}-7-ab12", 300)
+    assert "200 s old" in health.check_verifier(client, keys, 90)
+
+
+def test_verifier_main_exit_codes(client, redis_url: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PROOFSTREAM_REDIS_URL", redis_url)
+    monkeypatch.setenv("PROOFSTREAM_RUN", "health-verifier-main")
+    keys = Keys("health-verifier-main")
+    verifier_report(client, keys, f"{socket.gethostname()}-9-ef56", 1, {"process-countdown-0-9": "no interpreter"})
+    assert health.main(["verifier"]) == 1
+    assert "no interpreter" in capsys.readouterr().err
+    verifier_report(client, keys, f"{socket.gethostname()}-9-ef56", 1)
+    assert health.main(["verifier"]) == 0
+    verifier_report(client, keys, f"{socket.gethostname()}-9-ef56", 100)
+    assert health.main(["verifier"]) == 1 and "100 s old" in capsys.readouterr().err  # default limit 90 s
+    assert health.main(["verifier", "--max-age-s", "120"]) == 0

@@ -28,7 +28,7 @@ KEYS = Keys(RUN)
 def _generator(url: str, name: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PROOFSTREAM_LOG_LEVEL": "warning"}
     argv = [sys.executable, "-m", "producers", "--redis-url", url, "--run", RUN, "--engine", "hf", "--name", name,
-            "--order-timeout-s", "1", "--claim-margin-s", "1", "--threads", "1"]  # fmt: skip
+            "--claim-idle-ms", "2000", "--threads", "1"]  # fmt: skip
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

@@ -8,6 +8,9 @@ continuation is then the proof, cut off or closed as it happens.
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,73 @@ def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
         if "</answer>" in text:
             expression = text.split("<answer>")[-1].split("</answer>")[0].strip()
             assert prompts.extract_countdown(text) == f"<answer>{expression}</answer>"
+
+
+# --- untrusted text: the answers of the regexes these replaced, in linear time ---------------------------
+
+OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9]*)[^\n`]*\n(.*?)```", re.DOTALL)  # quadratic on long info lines
+OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # quadratic on unclosed tags
+OLD_THINK_END = re.compile(r"</think>", re.IGNORECASE)
+
+
+def _old_extract_lean(text: str) -> str:
+    ends = list(OLD_THINK_END.finditer(text))
+    tail = text[ends[-1].end() :] if ends else text
+    for region in (tail, text):
+        blocks = [body for tag, body in OLD_FENCE.findall(region) if tag.lower() in ("", "lean", "lean4")]
+        if blocks:
+            return blocks[-1].strip("\n")
+        opened = list(re.finditer(r"```[ \t]*(?:lean4|lean)[ \t]*\n", region, re.IGNORECASE))
+        if opened:
+            return region[opened[-1].end() :].strip("\n")
+    return ""
+
+
+def test_extraction_agrees_with_the_old_regexes_on_random_soup():
+    pieces = ["```", "`", "lean4", "lean", "LEAN", "py", " ", "\t", "\n", "x", "<answer>", "</answer>", "<ANSWER>",
+              "</Answer>", "</anſwer>", "<", "/", ">", "answer", "</think>", "</THİNK>", "<think>", "1+2"]  # fmt: skip
+    rng = random.Random(16)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
+        found = OLD_ANSWER.findall(text)
+        assert prompts.last_answer(text) == (found[-1] if found else None), text
+        assert prompts.extract_lean(text) == _old_extract_lean(text), text
+        assert OLD_FENCE.findall(text) == prompts._FENCE.findall(text), text
+
+
+MB = 1_000_000
+
+
+def _adversarial(size: int) -> dict[str, tuple[str, str, str]]:
+    """name -> (model text of about `size` characters, task, the attempt extracted from it, by hand)."""
+    k = size // 17
+    return {
+        "unclosed answer tags": ("<answer>" * (size // 8), "countdown", "<answer>" * 125),  # capped text
+        "nested answer tags": (
+            "<answer>" * k + "1" + "</answer>" * k,
+            "countdown",
+            "<answer>" + "<answer>" * 125 + "</answer>",
+        ),  # the first 1,000 characters inside
+        "many reasonings": ("</think>" * (size // 8) + "<answer> 3*4 </answer>", "countdown", "<answer>3*4</answer>"),
+        "fence opened, never closed, repeated": ("```lean4\nx" * (size // 10), "lean", "x"),  # each closes the last
+        "info line of spaces": ("```" + " " * size, "lean", ""),  # no newline: no fence at all
+        "info line of letters": ("```" + "a" * size + "`\nsimp\n```", "lean", ""),  # a backtick: no fence
+        "tag of letters": ("```" + "a" * size + "\nsimp\n```", "lean", ""),  # a block tagged "aaa...a"
+        "spaces before the tag": ("```" + " " * size + "lean\nsimp\n```", "lean", "simp"),
+        "unclosed lean fence after spaces": ("```lean4" + " " * size + "\n  simp", "lean", "  simp"),
+        "whitespace": (" \n" * (size // 2), "lean", ""),
+    }
+
+
+@pytest.mark.parametrize("name", list(_adversarial(100)))
+def test_adversarial_model_text_is_extracted_in_linear_time(name):
+    """1 MB and 10 MB adversarial texts give the attempt worked out by hand; the 10 MB one costs less than 20
+    times the 1 MB one (linear is 10, quadratic 100) and under 5 s."""
+    seconds = {}
+    for size in (MB, 10 * MB):
+        text, task, attempt = _adversarial(size)[name]
+        started = time.perf_counter()
+        assert prompts.extract(task, text) == attempt
+        seconds[size] = time.perf_counter() - started
+    assert seconds[10 * MB] < 5.0
+    assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import io
 import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from verifier_pool.countdown import check, extract_answer, run_checker
+from verifier_pool.countdown import (
+    check,
+    extract_answer,
+    last_tagged,
+    partial_credit,
+    run_checker,
+)
 
 
 @pytest.mark.parametrize(
@@ -78,3 +90,108 @@ def test_partial_credit_is_ordered_and_never_reaches_an_exact_answers_reward():
     assert right_numbers_close < near  # using the wrong numbers costs more than missing the target by 2
     assert wrong_numbers == right_numbers_close == 0.2  # writing the target itself earns no closeness
     assert garbage == 0.1  # the format alone
+
+
+# --- untrusted text: the same answers as the regex it replaced, in linear time ----------------------------
+
+_FINDALL = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the reference: right, but quadratic on unclosed tags
+
+
+def test_last_tagged_agrees_with_the_regex_on_random_tag_soup():
+    pieces = ["<answer>", "</answer>", "<", "/", ">", "answer", "<answer", "/answer>", "x", " ", "\n", "=", "1"]
+    rng = random.Random(12)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        found = _FINDALL.findall(text)
+        assert last_tagged(text) == (found[-1] if found else None), text
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<answer>a</answer></answer>", "a"),
+        ("<answer>a <answer>b</answer>", "a <answer>b"),  # findall pairs the first opener with the first closer
+        ("<answer>x</answer></answer><answer>y</answer>", "y"),
+        ("<answer>1</answer><answer>2", "1"),  # an unclosed last opener is not an answer
+        ("</answer><answer>", None),
+        ("<answer></answer>", ""),
+    ],
+)
+def test_last_tagged_by_hand(text, expected):
+    assert last_tagged(text) == expected
+
+
+MB = 1_000_000
+
+
+def _adversarial(size: int) -> dict[str, tuple[str, str, str | None]]:
+    """name -> (text of about `size` characters, the check's reason, extract_answer's result), by hand."""
+    k = size // 17
+    return {
+        "unclosed tags": ("<answer>" * (size // 8), "format", None),  # no closer: the whole text, too long
+        "nested tags": ("<answer>" * k + "3*4" + "</answer>" * k, "format", None),  # 8k-char-plus answer
+        "unclosed after an answer": ("<answer>3*4</answer>" + "<answer>" * (size // 8), "", "3*4"),
+        "parentheses": ("<answer>" + "(" * size + "</answer>", "format", None),
+        "whitespace": ("<answer>" + " " * size + "3 * 4" + " " * size + "</answer>", "", "3 * 4"),
+        "equals signs": ("=" * size, "format", None),  # the left side of the first "=" is empty
+    }
+
+
+@pytest.mark.parametrize("name", list(_adversarial(100)))
+def test_adversarial_answers_are_judged_in_linear_time(name):
+    """1 MB and 10 MB adversarial attempts get the verdict worked out by hand, and the 10 MB one costs less
+    than 20 times the 1 MB one (linear is 10; quadratic would be 100) and under 5 s."""
+    seconds = {}
+    for size in (MB, 10 * MB):
+        text, reason, answer = _adversarial(size)[name]
+        started = time.perf_counter()
+        result = check([3, 4], 12, text)
+        seconds[size] = time.perf_counter() - started
+        assert result.reason == reason, result.detail
+        if answer is not None:
+            assert extract_answer(text) == answer
+        elif reason == "format":
+            assert "too long" in result.detail or "no expression" in result.detail
+    assert seconds[10 * MB] < 5.0
+    assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
+
+
+def test_partial_credit_on_unclosed_tags_is_linear():
+    text = "<answer>" * (10 * MB // 8)
+    started = time.perf_counter()
+    assert partial_credit(text, check([3, 4], 12, text), 12) == 0.0  # no closed tag: no format credit
+    assert time.perf_counter() - started < 5.0
+
+
+@pytest.mark.parametrize(
+    "inner, reason",
+    [
+        ("(" * 98 + "3*4" + ")" * 98, ""),  # 199 characters: parsed and right
+        ("(" * 200, "syntax"),  # at the cap: CPython's parser refuses the nesting, a rejection
+        ("3" + "*(4" * 49 + ")" * 49, "numbers"),  # 199 characters of nested products: walked, judged
+        ("(" * MB, "format"),  # past the cap: never parsed
+        ("1+" * MB + "1", "format"),
+    ],
+)
+def test_deep_nesting_is_judged_never_a_crash(inner, reason):
+    result = check([3, 4], 12, f"<answer>{inner}</answer>")
+    assert result.reason == reason, result.detail
+
+
+def test_checker_program_answers_a_10_mb_attempt_within_seconds():
+    """The sandbox's program itself, through its stdin framing: a 10 MB attempt of unclosed tags, then a
+    normal one, both answered, and the process ends when stdin closes."""
+    requests = [
+        {"countdown": {"numbers": [3, 4], "target": 12, "answer": "<answer>" * (10 * MB // 8)}},
+        {"countdown": {"numbers": [3, 4], "target": 12, "answer": "<answer>3 * 4</answer>"}},
+    ]
+    stdin = "".join(json.dumps(r) + "\n\n" for r in requests)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "verifier_pool.countdown"], input=stdin, capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    replies = [json.loads(chunk) for chunk in done.stdout.split("\n\n") if chunk.strip()]
+    assert [(r["ok"], r["reason"]) for r in replies] == [(False, "format"), (True, "")]
+    assert replies[0]["score"] == 0.0
+    assert elapsed < 10.0, elapsed  # interpreter start and 10 MB of JSON included; the regex took > 20 min

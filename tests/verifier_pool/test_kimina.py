@@ -16,7 +16,7 @@ from streams.publisher import Publisher
 from streams.schema import Attempt, Reward, decode
 from streams.theorems import Theorem, register
 from tests.fixtures.fake_kimina import FakeKimina
-from verifier_pool.checkers import CountdownChecker
+from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.judgement import Judgement
 from verifier_pool.kimina import KiminaChecker, KiminaClient, assemble_snippet, judge_result
@@ -230,7 +230,7 @@ def test_make_checkers_builds_kimina_checkers_that_share_a_client():
     first, second = make_checkers(settings, 0), make_checkers(settings, 1)
     assert isinstance(first["lean"], KiminaChecker) and first["lean"].client is second["lean"].client
     assert first["lean"].sandbox.sandbox_id != second["lean"].sandbox.sandbox_id
-    assert first["lean"].environment == "lean:v4.19.0+kimina"
+    assert first["lean"].environment == f"lean:v4.19.0+kimina|{JUDGING_DIGEST}"  # and our judging code's digest
     # kimina checks Lean only: Countdown keeps a local process sandbox
     assert isinstance(first["countdown"], CountdownChecker) and first["countdown"].sandbox.backend == "process"
 

@@ -4,10 +4,15 @@ transcript from ../shared/LEAN_REPL.md (no Lean runs here: these are the documen
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.verifier_pool import reference_lean
+from verifier_pool import lean_text
 from verifier_pool.lean_check import (
     IntegrityError,
     Judgement,
@@ -20,7 +25,17 @@ from verifier_pool.lean_check import (
     scan_forbidden,
     theorem_name,
 )
-from verifier_pool.lean_text import code_tokens, lex, mask_comments
+from verifier_pool.lean_text import (
+    block_comment_end,
+    code_tokens,
+    comments,
+    is_id_first,
+    is_id_rest,
+    lex,
+    mask_comments,
+    name_parts,
+    plain_string_end,
+)
 
 MINIF2F = Path("/work/shared/data/minif2f.jsonl")
 GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
@@ -490,3 +505,142 @@ def test_first_error_is_the_detail_and_sorry_outranks_errors():
 def test_non_answers_are_infrastructure_errors(response):
     judgement = judge_command(response)
     assert (judgement.verdict, judgement.reason) == ("error", "")
+
+
+# --- untrusted text in linear time: the same answers as the per-character reference ---------------------
+
+LEAN_PIECES = [
+    "sorry", "theorem", "by", ":=", ":", "=", " ", "  ", "\n", "\t", "\r", "--", "-", "/", "/-", "-/", "/--", "/-!",
+    '"', "\\", "{", "}", "'", "''", "a", "h'", "x.y", "x.", ".«", "«", "»", "r", 'r"', 'r#"', '"#', "#", "#eval",
+    "1", "1e5", "0x1F", "(", ")", "[", "]'", "⁻¹'", "+", "open", "native_decide", "α", "ℝ", "s!", ".", "_root_",
+    "Lean.ofReduceBool", "debug.x", "«sorryAx»", "exact?", "x₁", "@[", "λ", "\u00a0", "\u2003",
+    "×'", "∑'", "℃", "≤", "@", "⟨", "·",
+]  # fmt: skip
+
+
+def _soup(rng: random.Random, pieces: list[str], n: int) -> str:
+    return "".join(rng.choice(pieces) for _ in range(rng.randrange(n)))
+
+
+def _as_tuples(tokens) -> list[tuple]:
+    return [(t.kind, t.text, t.start, t.line, t.col) for t in tokens]
+
+
+def _visible_in(tokens, kind: str) -> set[int]:
+    return {t.start + k for t in tokens if t.kind == kind for k, ch in enumerate(t.text) if not ch.isspace()}
+
+
+def test_identifier_classes_agree_with_the_functions_at_every_code_point():
+    first, rest = re.compile(lean_text.ID_FIRST_CLASS), re.compile(lean_text.ID_REST_CLASS)
+    for v in range(0x110000):
+        c = chr(v)
+        assert (first.match(c) is not None) == is_id_first(c), hex(v)
+        assert (rest.match(c) is not None) == is_id_rest(c), hex(v)
+
+
+def test_lexer_agrees_with_the_per_character_reference_on_random_text():
+    rng = random.Random(12)
+    for _ in range(6_000):
+        text = _soup(rng, LEAN_PIECES, 24)
+        exact = lex(text)
+        assert _as_tuples(exact) == _as_tuples(reference_lean.lex(text)), text
+        assert mask_comments(text) == reference_lean.mask_comments(text), text
+        merged = lex(text, merge=True)  # symbol runs and line-comment runs joined, every other token the same
+        assert _as_tuples(t for t in merged if t.kind not in ("symbol", "comment")) == _as_tuples(
+            t for t in exact if t.kind not in ("symbol", "comment")
+        ), text
+        assert _visible_in(merged, "symbol") == _visible_in(exact, "symbol"), text
+        assert _visible_in(merged, "comment") == _visible_in(exact, "comment"), text
+        assert _visible_in(comments(text), "comment") == _visible_in(exact, "comment"), text
+        assert scan_forbidden(text) == reference_lean.scan_forbidden(text), text
+        assert name_parts(text) == reference_lean.name_parts(text), text
+        at = rng.randrange(len(text) + 1)
+        assert block_comment_end(text, at) == reference_lean.block_comment_end(text, at), (text, at)
+        assert plain_string_end(text, at) == reference_lean.plain_string_end(text, at), (text, at)
+
+
+def test_prepare_agrees_with_the_reference_on_random_attempts():
+    rng = random.Random(16)
+    restated = [GCD, GCD.replace(" ", "  /- c -/ "), GCD.replace(" := by", ":=by"), " ".join(GCD.split()) + "\n"]
+    for _ in range(4_000):
+        before = _soup(rng, LEAN_PIECES, 6) if rng.random() < 0.5 else ""
+        statement = rng.choice(restated) if rng.random() < 0.7 else ""
+        text = before + statement + _soup(rng, LEAN_PIECES + ["  simp", "\n  ", "norm_num"], 16)
+        if rng.random() < 0.2:
+            text = f"```lean4\n{text}\n```"
+        for statement in (GCD, CUBE):
+            expected = reference_lean.extract_proof_body(text, statement)
+            assert extract_proof_body(text, statement) == expected, text
+            assert prepare(text, statement) == reference_lean.prepare(text, statement), text
+
+
+MB = 1_000_000
+
+
+def _adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
+    """name -> (model text of about `size` characters, what `prepare(text, GCD)` returns), worked out by hand."""
+    k = size // 2
+    empty = Judgement("rejected", "lean_error", "empty proof: the attempt holds no Lean code")
+    return {
+        "parentheses": (GCD + "  " + "(" * size, GCD + "  " + "(" * size),
+        "parentheses alone": ("(" * size, GCD + "  " + "(" * size),  # a bare body from column 0, indented
+        "nested comments never closed": (GCD + "  simp /-" + "/-" * k, GCD + "  simp /-" + "/-" * k),
+        "only a comment never closed": ("/-" * k, empty),
+        "string never closed": (GCD + '  exact "' + "a" * size, GCD + '  exact "' + "a" * size),
+        "interpolation never closed": (
+            GCD + '  exact s!"{sorry' + " " * size,
+            Judgement("rejected", "sorry", "forbidden: sorry"),
+        ),  # fmt: skip
+        "line comments": (GCD + "  simp\n" + "-- sorry\n" * (size // 9), GCD + "  simp\n" + "-- sorry\n" * (size // 9)),
+        "long identifier": (GCD + "  exact " + "a" * size, GCD + "  exact " + "a" * size),
+        "long identifier ending in sorryAx": (
+            GCD + "  exact " + "a." * k + "sorryAx",
+            Judgement("rejected", "sorry", "forbidden: sorryAx"),
+        ),  # fmt: skip
+        "whitespace then a tactic": (GCD + " \n" * k + "  simp", GCD + " \n" * k + "  simp"),
+        "only whitespace": (" \n\t" * (size // 3), empty),
+        "many theorem keywords": (
+            "theorem " * (size // 8),
+            Judgement("rejected", "integrity", "the canonical statement is missing or altered"),
+        ),
+        "theorem keywords after a proof": (
+            GCD + "  simp\n" + "theorem " * (size // 8),
+            Judgement("rejected", "integrity", "forbidden: theorem (a new command)"),
+        ),
+        "fence opened and never closed, repeated": ("```lean4\nx" * (size // 10), GCD + "  x"),
+        "statements restated": ((GCD + "  x\n") * (size // 64), GCD + "  x\n"),  # the last restatement counts
+    }
+
+
+@pytest.mark.parametrize("name", list(_adversarial(100)))
+def test_adversarial_attempts_are_prepared_in_linear_time(name):
+    """1 MB and 10 MB adversarial attempts get the result worked out by hand; the 10 MB one costs less than 20
+    times the 1 MB one (linear is 10, quadratic 100) and under 5 s. The reference took 56 s on 1 MB of `(`."""
+    seconds = {}
+    for size in (MB, 10 * MB):
+        text, expected = _adversarial(size)[name]
+        started = time.perf_counter()
+        result = prepare(text, GCD, max_chars=None)  # the scan itself; the length cap is tested below
+        seconds[size] = time.perf_counter() - started
+        assert result == expected
+    assert seconds[10 * MB] < 5.0, seconds
+    assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
+
+
+def test_attempts_past_the_cap_are_refused_before_any_scanning():
+    """Dense short tokens cost the scan a few microseconds of Python each (10 MB of `"{}` took over a minute
+    on the worker's event loop): attempts past MAX_PROOF_CHARS are refused first, and the densest text under
+    the cap still scans within seconds."""
+    from verifier_pool.lean_check import MAX_PROOF_CHARS
+
+    dense = GCD + '  exact "' + "{}" * (10 * MB // 2)
+    started = time.perf_counter()
+    judged = prepare(dense, GCD)
+    assert time.perf_counter() - started < 1.0
+    refusal = f"attempt of {len(dense)} characters exceeds {MAX_PROOF_CHARS}"
+    assert judged == Judgement("rejected", "lean_error", refusal)
+    just_under = GCD + '  exact "' + "{}" * ((MAX_PROOF_CHARS - len(GCD) - 9) // 2)
+    assert len(just_under) <= MAX_PROOF_CHARS
+    started = time.perf_counter()
+    assert isinstance(prepare(just_under, GCD), str)  # scanned and sent, as any attempt under the cap
+    assert time.perf_counter() - started < 10.0  # ~1 s idle on 2 cores; generous for a loaded machine
