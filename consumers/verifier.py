@@ -65,13 +65,11 @@ class Checker(Protocol):
 
 
 def verdict_digest(theorem: Theorem, proof: str, environment: str) -> str:
-    """Cache key: the same statement, proof and environment always get the same verdict."""
-    h = hashlib.sha256()
-    for part in (environment, theorem.task, theorem.header, theorem.statement,
-                 orjson.dumps([theorem.numbers, theorem.target]).decode(), proof):  # fmt: skip
-        h.update(part.encode())
-        h.update(b"\x00")
-    return h.hexdigest()
+    """Cache key: the same statement, proof and environment always get the same verdict. The SHA-256 of each
+    part followed by a NUL byte (one buffer, hashed at once)."""
+    parts = (environment, theorem.task, theorem.header, theorem.statement,
+             orjson.dumps([theorem.numbers, theorem.target]).decode(), proof, "")  # fmt: skip
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
 class VerifyHandler:
@@ -91,9 +89,27 @@ class VerifyHandler:
         self.max_deliveries = max_deliveries
         self._theorems: dict[str, Theorem] = {}  # canonical records never change within a run
         self._prefetched: dict[str, bytes | None] = {}  # digest -> cached verdict, for the batch in hand
+        self._ahead: set[str] = set()  # attempts of the batch in hand not handled yet
+        self._stores: dict[str, bytes] = {}  # digest -> verdict judged in this batch, to be cached (`store`)
         self.busy_s = 0.0  # time its sandboxes spent checking for it, for the pool's utilization figure
 
     async def __call__(self, d: Delivery[Attempt]) -> list[Reward]:
+        """Judge one attempt. The verdicts checked in a batch are cached together once its last attempt is
+        handled (one HSET a batch: a round trip between two checks left the sandbox idle)."""
+        self._ahead.discard(d.message.attempt_id)
+        try:
+            return await self._judge(d)
+        finally:
+            if self._stores and not self._ahead:
+                await self.store()
+
+    async def store(self) -> None:
+        """Cache the verdicts judged since the last store (VerifierService.stop calls it for a drained batch)."""
+        stores, self._stores = self._stores, {}
+        if stores:
+            await self.redis.hset(self.keys.verdicts, mapping=stores)
+
+    async def _judge(self, d: Delivery[Attempt]) -> list[Reward]:
         a = d.message
         theorem = await self._theorem(a.theorem_id)
         checker = self.checkers.get(theorem.task)
@@ -101,7 +117,8 @@ class VerifyHandler:
             raise Poison(f"no checker for task {theorem.task!r} in this pool (has: {', '.join(self.checkers)})")
         start = time.perf_counter()
         environment = checker.environment
-        judgement = None if environment is None else await self._cached(verdict_digest(theorem, a.proof, environment))
+        digest = None if environment is None else verdict_digest(theorem, a.proof, environment)
+        judgement = None if digest is None else await self._cached(digest)
         cached = judgement is not None
         if judgement is None:
             async with self.turn:  # the sandbox's check, from when it is free: the wait is not verify time
@@ -112,13 +129,18 @@ class VerifyHandler:
                 # sandbox that ends the check (a replaced one reruns it from the start), so it is stored under
                 # that sandbox's environment, whatever the lookup's was.
                 judged_by = checker.environment
+            # Let the task waiting for the turn start its check before this one goes on: nothing below waits
+            # on Redis until the next attempt, so the slot would idle while this task builds its reward, settles
+            # and looks up its next attempt.
+            await asyncio.sleep(0)
             if judgement.verdict == "error":
                 raise self._fault(d, judgement.detail)
             if judgement.verdict in CACHEABLE and judged_by is not None:
-                digest = verdict_digest(theorem, a.proof, judged_by)
-                await self.redis.hset(self.keys.verdicts, digest, judgement.encode())
+                if judged_by != environment:
+                    digest = verdict_digest(theorem, a.proof, judged_by)
+                encoded = self._stores[digest] = judgement.encode()
                 if digest in self._prefetched:  # the same proof later in this batch: a hit, not a second check
-                    self._prefetched[digest] = judgement.encode()
+                    self._prefetched[digest] = encoded
         verify_ms = (time.perf_counter() - start) * 1000
         log.info("verified", attempt_id=a.attempt_id, theorem_id=a.theorem_id, verdict=judgement.verdict,
                  reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
@@ -133,13 +155,18 @@ class VerifyHandler:
         """Look up the verdicts of a batch's attempts in one HMGET (the consumer calls this before handing
         them over one by one): a batch of cache hits costs three round trips in all, not two per attempt.
         An attempt whose theorem is unknown or whose checker's environment is unknown is left to `__call__`."""
+        await self.store()  # left from a batch whose end was not handled (a stop); none otherwise
+        self._ahead = {a.attempt_id for a in attempts}
         digests = []
+        environments = {task: c.environment for task, c in self.checkers.items()}  # once a batch: stats() copies
         for a in attempts:
-            if a.theorem_id not in self._theorems and await fetch(self.redis, self.keys, a.theorem_id) is None:
-                continue  # __call__ dead-letters it
-            theorem = await self._theorem(a.theorem_id)
-            checker = self.checkers.get(theorem.task)
-            environment = checker.environment if checker is not None else None
+            theorem = self._theorems.get(a.theorem_id)
+            if theorem is None:
+                theorem = await fetch(self.redis, self.keys, a.theorem_id)
+                if theorem is None:
+                    continue  # __call__ dead-letters it
+                self._theorems[a.theorem_id] = theorem
+            environment = environments.get(theorem.task)
             if environment is not None:
                 digests.append(verdict_digest(theorem, a.proof, environment))
         raws = await self.redis.hmget(self.keys.verdicts, digests) if digests else []

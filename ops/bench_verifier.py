@@ -13,8 +13,8 @@ when all but one attempt per consumer task are rewarded (until then every task h
    - `utilization`: the pool's own accounting: the seconds its sandboxes spent checking
      (`VerifyHandler.busy_s`) over sandboxes x window. `utilization_from_rewards`, from the wire: the
      window's rewards' `verify_ms` summed over the same; an upper bound, not a second measurement: a reward's
-     `verify_ms` also counts storing its verdict in the cache, which overlaps the slot's next check, so it
-     can pass 1.
+     `verify_ms` also counts its wait for the event loop once its check ended, which overlaps the slot's
+     next check, so it can pass 1.
    The verdicts must be the solutions' (`proved` for exactly the correct attempts), or the bench fails.
 2. cache: `--cache-hits` attempts, the first phase's again under new ids: every one a cache hit (cached=1
    and its first verdict, or the bench fails). `cache_hits_per_s` is measured as `proofs_per_s` is.

@@ -52,10 +52,11 @@ def test_a_short_run_reports_sane_figures_and_leaves_nothing_behind(backend, one
     assert result["verdicts"] == {"proved": 50, "rejected": 150}
     assert result["cache_hits"] == 400 and result["cache_hits_per_s"] > 0 and result["proofs_per_s"] > 0
     # The backlog appeared at once (one MULTI): the window saw it all but the few rewards of its last round
-    # (up to one per consumer task) and those that beat the clock's first reading (a round per task at most).
-    tasks = 2 * 2
+    # (up to one per consumer task) and those that beat the clock's first reading: a settle per task at most,
+    # which for cache hits is a whole read (a batch of 16, settled in one script, can land in under a ms).
+    tasks, batch = 2 * 2, 16
     assert 200 - 2 * tasks <= result["window_rewards"]["checks"] <= 200
-    assert 400 - 2 * tasks <= result["window_rewards"]["cache"] <= 400
+    assert 400 - tasks * (batch + 1) <= result["window_rewards"]["cache"] <= 400
     # Busy time is measured inside the window (its edges may add one check per sandbox), never more than it.
     assert 0 < result["utilization"] <= 1.05
     assert result["utilization"] <= result["utilization_from_rewards"] * 1.01  # an upper bound: plus the cache store

@@ -264,13 +264,24 @@ async def test_recycled_after_max_requests(make_sandbox):
 
 @needs_docker
 async def test_recycled_past_the_memory_threshold(make_sandbox):
-    sandbox = await make_sandbox(max_memory_bytes=100 << 20)
+    sandbox = await make_sandbox(max_memory_bytes=100 << 20, memory_check_interval_s=0)  # after every request
     assert await sandbox.request({"cmd": "FIXTURE:grow=40"}, 10) == {"env": 0}
     assert await sandbox.request({"cmd": "x"}, 10) == {"env": 1}
     assert await sandbox.request({"cmd": "FIXTURE:grow=100"}, 10) == {"env": 2}
     assert sandbox.stats().memory_bytes > 100 << 20
     assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
     assert sandbox.stats().starts == 2
+
+
+@needs_docker
+async def test_the_recycle_threshold_is_read_at_most_every_memory_check_interval_s(make_sandbox):
+    """Reading the cgroup's memory after every request cost more than half the pool's CPU per Countdown check:
+    it is read once, then not again within `memory_check_interval_s`, however much the container grew."""
+    sandbox = await make_sandbox(max_memory_bytes=100 << 20, memory_check_interval_s=3600)
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # the first reading: small
+    assert await sandbox.request({"cmd": "FIXTURE:grow=150"}, 10) == {"env": 1}
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 2}
+    assert sandbox.stats().starts == 1  # over the threshold, but not read again yet
 
 
 @needs_docker
