@@ -2,7 +2,9 @@
 
 `LeanChecker` follows ../shared/LEAN_REPL.md "What proved must mean": assemble the checked text from
 trusted parts, scan the body with a Lean tokenizer, elaborate it in command mode on top of the header's
-env (elaborated once per REPL), then ask `#print axioms` as a separate command in the returned env.
+env (elaborated once per REPL), then ask `#print axioms` as a separate command in the returned env. Those
+answers come from the process the proof's code ran in, so they only ever refuse: a `proved` is decided by
+the second line (verifier_pool.lean_audit), which audits the pickled env in a fresh sandbox.
 `CountdownChecker` sends the answer to the Countdown checker program in the same kind of sandbox.
 
 Classification: a request that runs past its limit is the proof's `timeout`; a sandbox that crashes is
@@ -25,8 +27,9 @@ from pathlib import Path
 import structlog
 
 from streams.theorems import Theorem
-from verifier_pool import lean_check
+from verifier_pool import lean_audit, lean_check
 from verifier_pool.judgement import Judgement, proved, rejected
+from verifier_pool.lean_audit import SecondLine
 from verifier_pool.repl import LEAN_HANDSHAKE
 from verifier_pool.sandbox import Sandbox, SandboxCrashed, SandboxTimeout, SandboxUnavailable
 
@@ -35,7 +38,7 @@ log = structlog.get_logger("verifier_pool.checkers")
 
 # The code on our side of the sandbox that turns replies into verdicts. Its digest joins every sandboxed
 # checker's environment: an edit to any of it never serves a verdict cached before the edit.
-_JUDGING_SOURCES = ("checkers.py", "judgement.py", "lean_check.py", "lean_text.py", "kimina.py")
+_JUDGING_SOURCES = ("checkers.py", "judgement.py", "lean_check.py", "lean_text.py", "kimina.py", "lean_audit.py")
 JUDGING_DIGEST = hashlib.sha256(
     b"".join((Path(__file__).parent / name).read_bytes() for name in _JUDGING_SOURCES)
 ).hexdigest()[:16]
@@ -108,11 +111,15 @@ class CountdownChecker(_SandboxChecker):
 
 
 class LeanChecker(_SandboxChecker):
-    """Lean REPL in one sandbox; the header env is elaborated once per REPL process and reused."""
+    """Lean REPL in one sandbox; the header env is elaborated once per REPL process and reused.
+
+    `second_line` decides every `proved`; the default has no audit and does not trust the REPL, so each
+    proof the REPL accepts is `error` until one is given (verifier_pool.pool builds it from the settings)."""
 
     def __init__(self, sandbox: Sandbox, *, proof_timeout_s: float = 60.0, header_timeout_s: float = 600.0,
-                 toolchain: str = "unknown") -> None:  # fmt: skip
-        super().__init__(sandbox, f"lean:{toolchain}")
+                 toolchain: str = "unknown", second_line: SecondLine | None = None) -> None:  # fmt: skip
+        self.second_line = second_line or SecondLine(audit=None)
+        super().__init__(sandbox, f"lean:{toolchain}:{self.second_line.mode}")
         self.proof_timeout_s = proof_timeout_s
         self.header_timeout_s = header_timeout_s
         self._header_envs: dict[str, int] = {}
@@ -166,14 +173,37 @@ class LeanChecker(_SandboxChecker):
         judgement = lean_check.judge_command(reply)
         if judgement.verdict != "proved":
             return judgement
+        proof_env = reply["env"]
         name = lean_check.theorem_name(theorem.statement)
-        reply = await self._ask({"cmd": lean_check.axioms_command(name), "env": reply["env"]},
-                                self.proof_timeout_s)  # fmt: skip
+        reply = await self._ask({"cmd": lean_check.axioms_command(name), "env": proof_env}, self.proof_timeout_s)
         if isinstance(reply, Judgement):
             return reply
         if _unknown_env(reply):
             return None
-        return lean_check.judge_axioms(reply, name)
+        judgement = lean_check.judge_axioms(reply, name)
+        if judgement.verdict != "proved":
+            return judgement
+        return await self._confirm(theorem, proof_env)
+
+    async def _confirm(self, theorem: Theorem, env: int) -> Judgement | None:
+        """The second line on a proof the REPL accepted: pickle its env, take the file out of the sandbox,
+        have it audited. None when the REPL did not know `env`."""
+        if self.second_line.audit is None:
+            return await self.second_line.confirm(theorem, None)
+        reply = await self._ask(lean_audit.pickle_request(env), self.proof_timeout_s)
+        if isinstance(reply, Judgement):
+            return reply
+        if _unknown_env(reply):
+            return None
+        if reply != {"env": env}:  # the REPL answers this one way; anything else was written by the proof
+            return rejected("integrity", f"the REPL answered the pickle request with {str(reply)[:200]}")
+        try:
+            pickle = await self.sandbox.take_file(lean_audit.PICKLE_PATH, lean_audit.MAX_PICKLE_BYTES)
+        except SandboxUnavailable as e:
+            return Judgement("error", "", f"cannot take the pickle out of the sandbox: {e}")
+        except (OSError, ValueError) as e:  # the REPL said it wrote it: gone, swapped or swollen since
+            return rejected("integrity", f"the proof's pickle: {e}")
+        return await self.second_line.confirm(theorem, pickle)
 
 
 def _unknown_env(reply: dict) -> bool:

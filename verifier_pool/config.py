@@ -30,6 +30,11 @@ class VerifierSettings(RoleSettings):
     lean_toolchain_dir: str = Field("", description="elan's home (e.g. /opt/elan): bound read-only, bin/ on PATH")
     lean_toolchain: str = Field("unknown", description="part of the verdict cache key, e.g. v4.19.0+mathlib")
     kimina_url: str = ""
+    # Who decides a Lean `proved` (verifier_pool.lean_audit): "audit", the trusted lean-audit program in a fresh
+    # sandbox (docker: from lean_image; process: lean_audit_cmd); where none can run, every such proof is
+    # `error`. "trust_repl": the Lean server's own answers, which code run from the proof can forge.
+    lean_second_line: Literal["audit", "trust_repl"] = "audit"
+    lean_audit_cmd: list[str] = Field(default_factory=list, description="process sandbox, e.g. ['lean-audit']")
     checker_image: str = "proofstream-checker:latest"  # the Countdown checker under the docker backend
 
     proof_timeout_s: float = Field(60.0, gt=0)

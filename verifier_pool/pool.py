@@ -6,10 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from verifier_pool import countdown, docker_backend, process
+from verifier_pool import countdown, docker_backend, lean_audit, process
 from verifier_pool.checkers import CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.kimina import KiminaChecker
+from verifier_pool.lean_audit import LeanAudit, SecondLine
 from verifier_pool.repl import LEAN_HANDSHAKE, Handshake
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
 
@@ -97,6 +98,36 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
     raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")
 
 
+def second_line(settings: VerifierSettings, index: int, kind: str) -> SecondLine:
+    """What decides a Lean checker's `proved` (verifier_pool.lean_audit): the audit program in a sandbox of its
+    own, fresh for every audit, with the REPL's image or toolchain; without one, nothing
+    (every such proof is `error`) unless the operator accepts the REPL's word."""
+    if settings.lean_second_line == "trust_repl":
+        return SecondLine(audit=None, trust_repl=True)
+    sandbox: Sandbox
+    if kind == "docker":
+        config = docker_backend.DockerSandboxConfig(
+            image=settings.lean_image, argv=lean_audit.AUDIT_ARGV, memory_limit_bytes=settings.memory_limit_mb << 20,
+            cpus=settings.cpus, handshake=lean_audit.AUDIT_HANDSHAKE,
+        )  # fmt: skip
+        sandbox = docker_backend.DockerSandbox(config, sandbox_id=f"docker-audit-{index}-{os.getpid()}")
+    elif kind == "process" and settings.lean_audit_cmd:
+        toolchain = settings.lean_toolchain_dir
+        config = process.ProcessSandboxConfig(
+            argv=tuple(settings.lean_audit_cmd),
+            ro_paths=tuple(p for p in (settings.lean_workdir, toolchain) if p),
+            workdir=settings.lean_workdir or "/tmp",
+            env={"PATH": f"{toolchain}/bin:/usr/local/bin:/usr/bin:/bin"} if toolchain else {},
+            memory_limit_bytes=settings.memory_limit_mb << 20,
+            uid=settings.sandbox_uid,
+            handshake=lean_audit.AUDIT_HANDSHAKE,
+        )
+        sandbox = process.ProcessSandbox(config, sandbox_id=f"process-audit-{index}-{os.getpid()}")
+    else:
+        return SecondLine(audit=None)
+    return SecondLine(LeanAudit(sandbox, timeout_s=settings.header_timeout_s + settings.proof_timeout_s))
+
+
 def make_checkers(
     settings: VerifierSettings, index: int, kinds: dict[str, str] | None = None
 ) -> dict[str, CountdownChecker | LeanChecker | KiminaChecker]:
@@ -114,5 +145,6 @@ def make_checkers(
         else:
             checkers[task] = LeanChecker(sandbox, proof_timeout_s=settings.proof_timeout_s,
                                          header_timeout_s=settings.header_timeout_s,
-                                         toolchain=settings.lean_toolchain)  # fmt: skip
+                                         toolchain=settings.lean_toolchain,
+                                         second_line=second_line(settings, index, kinds[task]))  # fmt: skip
     return checkers

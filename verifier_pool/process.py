@@ -180,6 +180,10 @@ class ProcessSandbox:
         self._status_transport: asyncio.ReadTransport | None = None
         self._uid_lease: sandbox_uids.UidLease | None = None
         self._over_cap: str | None = None  # set by the memory watchdog when it killed the tree
+        self._watchdog: asyncio.TimerHandle | None = None  # the memory watchdog's next reading, during a request
+        # The cgroup's OOM kills when the running checker answered its handshake: a crash with more was the cap's
+        # (read once a start, not once a request: the read cost a Countdown check ~8% more CPU).
+        self._oom_kills = 0
         self._cgroup: memcg.MemoryCgroup | None = None  # made on the first start, kept across restarts
         self._memory_checked_at = -float("inf")  # time.monotonic() of the recycle threshold's last reading
         self._lifeline: int | None = None  # the write end of the running sandbox's lifeline (LIFELINE)
@@ -223,6 +227,7 @@ class ProcessSandbox:
             hint = "sandboxes given one uid share its process quota; leave uid unset for a uid each"
             log.warning("sandbox_uid_given", sandbox=self.sandbox_id, uid=self.config.uid, hint=hint)
         self.identity = str(identity)
+        self._oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
         self._in_flight = False
         self._stats.requests = 0
         self._stats.starts += 1
@@ -239,13 +244,17 @@ class ProcessSandbox:
         assert self._stream is not None and self._proc is not None
         self._in_flight = True
         self._over_cap = None
-        oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        watchdog = asyncio.create_task(self._watch_memory(self._proc))
+        if self.config.memory_limit_bytes is not None:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                self.config.memory_poll_s, self._watch_memory, self._proc
+            )
         try:
             try:
                 response = await self._stream.exchange(payload, timeout_s)
             finally:
-                watchdog.cancel()
+                if self._watchdog is not None:
+                    self._watchdog.cancel()
+                    self._watchdog = None
         except ValueError:
             self._in_flight = False  # refused before anything was sent: the checker is still in step
             raise
@@ -257,7 +266,7 @@ class ProcessSandbox:
             await self._replace()
             raise
         except SandboxCrashed as e:
-            if self._over_cap is None and self._cgroup is not None and self._cgroup.oom_kills() > oom_kills:
+            if self._over_cap is None and self._cgroup is not None and self._cgroup.oom_kills() > self._oom_kills:
                 cap = self.config.memory_limit_bytes
                 self._over_cap = f"memory cap: the kernel killed the sandbox's processes at its cgroup's {cap} bytes"
             await self._crashed(SandboxCrashed(self._over_cap) if self._over_cap is not None else e)
@@ -284,6 +293,17 @@ class ProcessSandbox:
         rss = proctree.resident_bytes(proctree.tree_pids(self._proc.pid))
         self._stats.memory_bytes = rss
         return rss
+
+    async def take_file(self, path: str, max_bytes: int) -> bytes:
+        """Read and remove a regular file of the running checker's private /tmp as its processes see it (the
+        Lean REPL's pickle, verifier_pool.lean_audit). The sandbox wrote it, so it is untrusted: never
+        followed through a link (an absolute symlink would resolve on this side of /proc/<pid>/root), never
+        a FIFO, at most `max_bytes`. OSError if absent or not a regular file, ValueError if larger;
+        SandboxUnavailable if no checker runs."""
+        pids = proctree.tree_pids(self._proc.pid) if self.pid is not None else []
+        if len(pids) < 2:
+            raise SandboxUnavailable(f"sandbox {self.sandbox_id} has no running checker to read {path} from")
+        return await asyncio.to_thread(_take_inside, pids[-1], path, max_bytes)
 
     def stats(self) -> SandboxStats:
         return dataclasses.replace(self._stats, extra=dict(self._stats.extra))
@@ -312,22 +332,23 @@ class ProcessSandbox:
         await self._replace()
         raise SandboxCrashed(f"{error} ({detail})") from error
 
-    async def _watch_memory(self, proc: asyncio.subprocess.Process) -> None:
-        """During one request: kill the tree once its resident memory plus its /tmp pass the cap."""
+    def _watch_memory(self, proc: asyncio.subprocess.Process) -> None:
+        """Every `memory_poll_s` during one request: kill the tree once its resident memory plus its /tmp pass
+        the cap. A timer re-armed by each reading (a task per request cost a Countdown check ~5% more CPU);
+        the request cancels the one pending when it ends."""
         cap = self.config.memory_limit_bytes
-        if cap is None:
+        if proc.returncode is not None:
             return
-        while proc.returncode is None:
-            await asyncio.sleep(self.config.memory_poll_s)
-            pids = proctree.tree_pids(proc.pid)
-            used = proctree.charged_bytes(pids)
-            if used <= cap and len(pids) > 1:  # /tmp is seen through any process inside: the last one
-                used += proctree.tmpfs_used_bytes(pids[-1], "/tmp")
-            if used > cap:
-                self._over_cap = f"memory cap: the sandbox's processes and /tmp held {used} bytes > {cap}"
-                log.warning("sandbox_memory_cap", sandbox=self.sandbox_id, used_bytes=used, cap_bytes=cap)
-                _kill_tree_now(proc.pid)  # the exchange then reads EOF and raises SandboxCrashed
-                return
+        pids = proctree.tree_pids(proc.pid)
+        used = proctree.charged_bytes(pids)
+        if used <= cap and len(pids) > 1:  # /tmp is seen through any process inside: the last one
+            used += proctree.tmpfs_used_bytes(pids[-1], "/tmp")
+        if used > cap:
+            self._over_cap = f"memory cap: the sandbox's processes and /tmp held {used} bytes > {cap}"
+            log.warning("sandbox_memory_cap", sandbox=self.sandbox_id, used_bytes=used, cap_bytes=cap)
+            _kill_tree_now(proc.pid)  # the exchange then reads EOF and raises SandboxCrashed
+            return
+        self._watchdog = asyncio.get_running_loop().call_later(self.config.memory_poll_s, self._watch_memory, proc)
 
     def _close_lifeline(self) -> None:
         fd, self._lifeline = self._lifeline, None
@@ -529,6 +550,28 @@ class ProcessSandbox:
             await asyncio.wait([asyncio.ensure_future(proc.wait()), self._stderr_task], timeout=wait_s)
         status = "still running" if proc.returncode is None else f"exit status {proc.returncode}"
         return f"{status}; stderr tail: {self.stderr_tail[-1000:]!r}"
+
+
+def _take_inside(pid: int, path: str, max_bytes: int) -> bytes:
+    """Read and unlink `path` (/tmp/NAME) as process `pid` sees it, no component below its root followed
+    if a link. Removed whatever it holds: a file left behind could be served to a later check."""
+    directory, name = os.path.split(path)
+    if directory != "/tmp" or not name or name in (".", ".."):
+        raise ValueError(f"only a file directly under /tmp can be read, not {path!r}")
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    dir_fd = os.open(f"/proc/{pid}/root/tmp", nofollow | os.O_DIRECTORY)
+    try:
+        fd = os.open(name, nofollow | os.O_NONBLOCK, dir_fd=dir_fd)
+        os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} holds more than {max_bytes} bytes")
+    return data
 
 
 def _ms_since(started: float) -> int:

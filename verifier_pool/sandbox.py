@@ -69,4 +69,9 @@ class Sandbox(Protocol):
     async def memory_bytes(self) -> int | None:
         """Current resident memory of the checker, or None if unknown."""
 
+    async def take_file(self, path: str, max_bytes: int) -> bytes:
+        """Read and remove a regular file directly under the checker's /tmp: untrusted bytes, at most
+        `max_bytes` (the Lean REPL's pickle for verifier_pool.lean_audit). OSError if absent or not a regular
+        file, ValueError if larger, SandboxUnavailable if no checker runs."""
+
     def stats(self) -> SandboxStats: ...

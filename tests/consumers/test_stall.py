@@ -48,7 +48,8 @@ def spawn(redis_url: str, run: str, log: Path, **settings) -> subprocess.Popen:
            "PROOFSTREAM_TASKS": '["lean"]', "PROOFSTREAM_LEAN_WORKDIR": str(FIXTURES),
            "PROOFSTREAM_LEAN_REPL_CMD": json.dumps(["/usr/bin/python3", "-I", str(FIXTURES / "fake_repl.py")]),
            "PROOFSTREAM_PROOF_TIMEOUT_S": str(PROOF_TIMEOUT_S), "PROOFSTREAM_HEADER_TIMEOUT_S": "20",
-           "PROOFSTREAM_MEMORY_LIMIT_MB": "1024"}  # fmt: skip
+           "PROOFSTREAM_MEMORY_LIMIT_MB": "1024",
+           "PROOFSTREAM_LEAN_AUDIT_CMD": json.dumps(["/usr/bin/python3", str(FIXTURES / "fake_audit.py")])}  # fmt: skip
     env.update({f"PROOFSTREAM_{k.upper()}": str(v) for k, v in settings.items()})
     env.pop("PROOFSTREAM_CONFIG", None)
     return subprocess.Popen([sys.executable, "-m", "tests.consumers.verifier_worker"], cwd=ROOT, env=env,

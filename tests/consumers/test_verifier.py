@@ -28,6 +28,7 @@ from verifier_pool import docker_backend, process
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.judgement import Judgement
+from verifier_pool.lean_audit import SecondLine
 from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _python_paths
 from verifier_pool.sandbox import SandboxUnavailable
 
@@ -36,6 +37,8 @@ pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bub
 FAKE_REPL = str(Path(__file__).resolve().parent.parent / "fixtures" / "fake_repl.py")
 STATEMENT = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by"
 HEADER = "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 400000\n"
+# The consumer's plumbing is under test here; the second line has its own (tests/verifier_pool/test_lean_audit.py).
+REPL_WORD = SecondLine(audit=None, trust_repl=True)
 
 
 def attempt(i: int, theorem_id: str, proof: str) -> Attempt:
@@ -101,7 +104,8 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
 def fake_lean_checker(**kwargs) -> LeanChecker:
     config = process.ProcessSandboxConfig(argv=(sys.executable, FAKE_REPL), ro_paths=(*_python_paths(),),
                                           workdir=PROJECT_ROOT, memory_limit_bytes=1 << 30, **kwargs)  # fmt: skip
-    return LeanChecker(process.ProcessSandbox(config), proof_timeout_s=2.0, header_timeout_s=5.0)
+    return LeanChecker(process.ProcessSandbox(config), proof_timeout_s=2.0, header_timeout_s=5.0,
+                       second_line=REPL_WORD)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -352,7 +356,7 @@ async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs
     good = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
                                               memory_limit_bytes=256 << 20)  # fmt: skip
     sandbox = docker_backend.DockerSandbox(good)
-    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10)
+    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
     crash = f"{STATEMENT}\n  norm_num -- FIXTURE:crash"
     try:
@@ -378,7 +382,7 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
     config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
                                                 memory_limit_bytes=256 << 20, max_requests=4)  # fmt: skip
     sandbox = docker_backend.DockerSandbox(config)
-    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10)
+    checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
     try:
         await sandbox.start()
@@ -466,3 +470,33 @@ async def test_a_batch_of_repeats_is_served_by_one_cache_lookup_per_read(redis, 
     assert 3 <= hmgets <= 6, stats["cmdstat_hmget"]  # 41 attempts in reads of up to 16 by two tasks
     [(_, fields)] = await redis.xrange(keys.dlq)
     assert "not registered" in decode(DeadLetter, fields).reason
+
+
+async def test_a_batchs_verdicts_are_cached_in_one_write_when_its_last_attempt_is_judged(redis, redis_url, keys):
+    """The verdicts a batch's checks reach are cached together after its last attempt (a round trip between
+    two checks left the slot's sandbox idle): counted by Redis itself, and all in the cache before the stop."""
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    # 20 distinct texts: every fourth the solution (trailing spaces differ), the rest a number not given.
+    proofs = [
+        f"<answer>3*4+7</answer>{' ' * i}" if i % 4 == 0 else f"<answer>3*4+7+{i}-{i}</answer>" for i in range(20)
+    ]
+    await Publisher(redis, keys).publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
+    await redis.config_resetstat()
+    settings = VerifierSettings.load(
+        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
+    )
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        await wait_settled(redis, keys)
+        cached = await redis.hvals(keys.verdicts)  # before the stop, which stores what a cut batch judged
+        hsets = (await redis.info("commandstats"))["cmdstat_hset"]["calls"] - 1  # less the pool's figures at start
+    finally:
+        await service.stop()
+    got = await rewards_by_attempt(redis, keys)
+    assert {k: r.verdict for k, r in got.items()} == {
+        f"a{i}": "proved" if i % 4 == 0 else "rejected" for i in range(20)
+    }
+    assert sorted(Judgement.decode(v).verdict for v in cached) == ["proved"] * 5 + ["rejected"] * 15
+    # Two tasks read the 20 in batches of 16: at most three reads with attempts, one write each, not one a check.
+    assert 1 <= hsets <= 3

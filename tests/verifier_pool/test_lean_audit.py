@@ -1,0 +1,209 @@
+"""The second line of the Lean verdict (verifier_pool.lean_audit) and LeanChecker's use of it.
+
+Real parts: the REPL and the audit program each run in a real process sandbox (bubblewrap or unshare); the
+pickle is taken out of the REPL's sandbox through /proc. The programs are test doubles: the fake REPL
+(tests/fixtures/fake_repl.py) and a double of our own audit program (tests/fixtures/fake_audit.py). Nothing
+here ran against Lean: the real lean-audit (ops/images/lean/audit/Main.lean) was never compiled.
+
+A forged REPL is the fake REPL with a FIXTURE:forge marker: its stdout says proved and the default axioms,
+exactly as a check without the second line accepts (asserted below), while the env it pickles says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams.theorems import Theorem
+from verifier_pool import docker_backend, lean_audit, process
+from verifier_pool.checkers import LeanChecker
+from verifier_pool.config import VerifierSettings
+from verifier_pool.lean_audit import LeanAudit, SecondLine, judge_audit
+from verifier_pool.pool import PROJECT_ROOT, _python_paths, second_line
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here"),
+]
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+STATEMENT = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by"
+THEOREM = Theorem("t", "lean", statement=STATEMENT, header="import Mathlib\nimport Aesop\n")
+GOOD = f"{STATEMENT}\n  norm_num"
+
+
+def _sandbox(script: str, *args: str) -> process.ProcessSandbox:
+    config = process.ProcessSandboxConfig(argv=(sys.executable, str(FIXTURES / script), *args),
+                                          ro_paths=(*_python_paths(),), workdir=PROJECT_ROOT,
+                                          memory_limit_bytes=1 << 30,
+                                          handshake=lean_audit.AUDIT_HANDSHAKE if script == "fake_audit.py"
+                                          else process.LEAN_HANDSHAKE)  # fmt: skip
+    return process.ProcessSandbox(config)
+
+
+@pytest.fixture
+async def checkers():
+    """Factory: a LeanChecker on the fake REPL with the given second line; every sandbox killed after."""
+    made: list[LeanChecker] = []
+
+    def make(line: SecondLine) -> LeanChecker:
+        made.append(LeanChecker(_sandbox("fake_repl.py"), proof_timeout_s=5, header_timeout_s=5, second_line=line))
+        return made[-1]
+
+    yield make
+    for checker in made:
+        await checker.sandbox.kill()
+        if checker.second_line.audit is not None:
+            await checker.second_line.audit.sandbox.kill()
+
+
+def audited(*args: str) -> SecondLine:
+    return SecondLine(LeanAudit(_sandbox("fake_audit.py", *args), timeout_s=5))
+
+
+async def test_an_honest_proof_is_proved_by_the_audit(checkers):
+    checker = checkers(audited())
+    judgement = await checker.check(THEOREM, GOOD)
+    assert (judgement.verdict, judgement.detail) == ("proved", "kernel replay in a fresh sandbox")
+    assert checker.second_line.audit.sandbox.pid is None  # killed after its audit: no process outlives it
+
+
+@pytest.mark.parametrize(
+    "marker, verdict, reason",
+    [
+        ("FIXTURE:forge=sorryAx", "rejected", "sorry"),
+        ("FIXTURE:forge=Lean.ofReduceBool", "rejected", "integrity"),
+        ("FIXTURE:forge=False.elim_axiom", "rejected", "integrity"),
+        ("FIXTURE:forge=type", "rejected", "integrity"),
+        ("FIXTURE:forge=missing", "rejected", "integrity"),
+        ("FIXTURE:pickle=nofile", "rejected", "integrity"),  # said it pickled, wrote nothing
+        ("FIXTURE:pickle=reply", "rejected", "integrity"),  # answered the pickle request off protocol
+        ("FIXTURE:pickle=garbage", "rejected", "integrity"),  # the audit's channel carried garbage
+        ("FIXTURE:pickle=extra", "rejected", "integrity"),  # facts with a key the protocol does not have
+        ("FIXTURE:pickle=crash", "rejected", "integrity"),  # crashed the audit twice
+    ],
+)
+async def test_a_forged_repl_answer_is_overruled_by_the_audit(checkers, marker, verdict, reason):
+    proof = f"{GOOD} -- {marker}"
+    on_its_word = await checkers(SecondLine(audit=None, trust_repl=True)).check(THEOREM, proof)
+    assert on_its_word.verdict == "proved"  # what the REPL's own answers say
+    judgement = await checkers(audited()).check(THEOREM, proof)
+    assert (judgement.verdict, judgement.reason) == (verdict, reason), judgement
+
+
+async def test_a_pickle_is_taken_so_no_later_check_can_be_served_an_earlier_one(checkers):
+    checker = checkers(audited())
+    assert (await checker.check(THEOREM, GOOD)).verdict == "proved"
+    # Same REPL process, same theorem; this proof's REPL claims a pickle it never wrote. Had the earlier
+    # proof's file stayed in /tmp, it would be audited in its place and pass.
+    judgement = await checker.check(THEOREM, f"{GOOD} -- FIXTURE:pickle=nofile")
+    assert (judgement.verdict, judgement.reason) == ("rejected", "integrity"), judgement
+    assert "No such file" in judgement.detail
+
+
+async def test_an_audit_that_cannot_start_is_an_error_never_a_verdict(checkers):
+    missing = SecondLine(LeanAudit(process.ProcessSandbox(process.ProcessSandboxConfig(
+        argv=("/nonexistent/lean-audit",), handshake=lean_audit.AUDIT_HANDSHAKE)), timeout_s=5))  # fmt: skip
+    for line in (missing, audited("--protocol=proofstream-audit/0")):
+        judgement = await checkers(line).check(THEOREM, GOOD)
+        assert judgement.verdict == "error" and "audit unavailable" in judgement.detail, judgement
+
+
+async def test_without_an_audit_proved_needs_the_operators_word(checkers):
+    judgement = await checkers(SecondLine(audit=None)).check(THEOREM, GOOD)
+    assert judgement.verdict == "error" and "second line unavailable" in judgement.detail
+    judgement = await checkers(SecondLine(audit=None, trust_repl=True)).check(THEOREM, GOOD)
+    assert judgement.verdict == "proved" and "trust_repl" in judgement.detail
+    # Refusals need no second line: the REPL's own objections stand.
+    judgement = await checkers(SecondLine(audit=None)).check(THEOREM, f"{GOOD} -- FIXTURE:error")
+    assert (judgement.verdict, judgement.reason) == ("rejected", "lean_error")
+
+
+async def test_a_verdict_on_the_repls_word_is_never_cached_as_an_audited_one(checkers):
+    audited_checker, trusting = checkers(audited()), checkers(SecondLine(audit=None, trust_repl=True))
+    for checker in (audited_checker, trusting):
+        await checker.check(THEOREM, GOOD)
+    assert None not in (audited_checker.environment, trusting.environment)
+    assert audited_checker.environment != trusting.environment
+
+
+async def test_the_pickle_comes_out_of_a_docker_sandbox_and_is_taken(checkers):
+    """The REPL in a container (the fake REPL run by the checker image's python3): the pickle in its tmpfs /tmp
+    is read and removed from inside it (`docker cp` cannot see a tmpfs)."""
+    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+        pytest.skip(f"docker sandbox: {why}")
+    fake_repl = ("python3", "-c", (FIXTURES / "fake_repl.py").read_text())
+    config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
+                                                memory_limit_bytes=256 << 20)  # fmt: skip
+    checker = LeanChecker(docker_backend.DockerSandbox(config), proof_timeout_s=10, header_timeout_s=10,
+                          second_line=audited())  # fmt: skip
+    try:
+        verdicts = [await checker.check(THEOREM, p) for p in (GOOD, f"{GOOD} -- FIXTURE:pickle=nofile",
+                                                              f"{GOOD} -- FIXTURE:forge=sorryAx")]  # fmt: skip
+        assert [(j.verdict, j.reason) for j in verdicts] == [("proved", ""), ("rejected", "integrity"),
+                                                             ("rejected", "sorry")], verdicts  # fmt: skip
+    finally:
+        await checker.sandbox.kill()
+        await checker.second_line.audit.sandbox.kill()
+
+
+FACTS = {"imports_match": True, "kind": "theorem", "type_matches": True, "axioms": ["propext", "Quot.sound"]}
+
+
+@pytest.mark.parametrize(
+    "reply, verdict, reason",
+    [
+        ({"facts": FACTS}, "proved", ""),
+        ({"facts": {**FACTS, "axioms": []}}, "proved", ""),
+        ({"facts": {**FACTS, "axioms": ["propext", "sorryAx"]}}, "rejected", "sorry"),
+        ({"facts": {**FACTS, "axioms": ["Lean.trustCompiler"]}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "axioms": ["my_axiom"]}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "kind": "axiom"}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "type_matches": False}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "imports_match": False}}, "rejected", "integrity"),
+        ({"replay_error": "(kernel) declaration type mismatch"}, "rejected", "integrity"),
+        ({"pickle_error": "failed to read file, invalid header"}, "rejected", "integrity"),
+        ({"error": "the header did not elaborate"}, "error", ""),
+        # outside the protocol: integrity, whatever else they say
+        ({"facts": FACTS, "error": "x"}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "note": "ok"}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "type_matches": "yes"}}, "rejected", "integrity"),
+        ({"facts": {**FACTS, "axioms": [1]}}, "rejected", "integrity"),
+        ({"error": {"detail": "x"}}, "rejected", "integrity"),
+        ({"verdict": "proved"}, "rejected", "integrity"),
+        ({}, "rejected", "integrity"),
+        ([], "rejected", "integrity"),
+    ],
+)
+def test_judge_audit(reply, verdict, reason):
+    judgement = judge_audit(reply)
+    assert (judgement.verdict, judgement.reason) == (verdict, reason), judgement
+
+
+def test_take_file_never_follows_a_link_planted_in_tmp(tmp_path):
+    """`_take_inside` through this process's own /proc/<pid>/root: a symlink in /tmp is refused, not read."""
+    secret = tmp_path / "secret"
+    secret.write_text("host secret")
+    link = Path(f"/tmp/proofstream-test-link-{os.getpid()}")
+    link.symlink_to(secret)
+    try:
+        with pytest.raises(OSError):
+            process._take_inside(os.getpid(), str(link), 1 << 20)
+    finally:
+        link.unlink(missing_ok=True)
+    with pytest.raises(ValueError):
+        process._take_inside(os.getpid(), "/etc/passwd", 1 << 20)
+
+
+def test_settings_choose_the_second_line():
+    lean = {"tasks": ["lean"], "sandbox": "process", "lean_repl_cmd": ["lake", "env", "repl"]}
+    assert second_line(VerifierSettings(**lean), 0, "process").mode == "unconfirmed"
+    trusting = second_line(VerifierSettings(**lean, lean_second_line="trust_repl"), 0, "process")
+    assert trusting.mode == "repl-word" and trusting.trust_repl
+    line = second_line(VerifierSettings(**lean, lean_audit_cmd=["lean-audit"]), 0, "process")
+    assert line.mode == "audited" and line.audit.sandbox.config.argv == ("lean-audit",)
+    line = second_line(VerifierSettings(**lean), 0, "docker")
+    assert line.audit.sandbox.config.argv == lean_audit.AUDIT_ARGV
