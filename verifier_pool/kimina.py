@@ -42,6 +42,7 @@ from streams.theorems import Theorem
 from verifier_pool import lean_check
 from verifier_pool.checkers import JUDGING_DIGEST
 from verifier_pool.judgement import Judgement
+from verifier_pool.lean_audit import SecondLine
 from verifier_pool.sandbox import SandboxStats, SandboxUnavailable
 
 log = structlog.get_logger("verifier_pool.kimina")
@@ -310,11 +311,18 @@ class KiminaChecker:
 
     def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
                  toolchain: str = "kimina", api: str = "verify", sandbox_id: str = "kimina",
-                 client: KiminaClient | None = None) -> None:  # fmt: skip
+                 client: KiminaClient | None = None, second_line: SecondLine | None = None) -> None:  # fmt: skip
         self.client = client or shared_client(url, timeout_s=timeout_s, batch_window_ms=batch_window_ms,
                                               max_batch=max_batch, api=api)  # fmt: skip
-        # The server does not say what it runs: the configured toolchain names it, beside our judging code.
-        self.environment = f"lean:{toolchain}|{JUDGING_DIGEST}"
+        # The server keeps the proof's environment to itself: no audit can run, so its `proved` counts only
+        # where the operator accepts its word (lean_second_line = "trust_repl"); otherwise it is `error`.
+        self.second_line = second_line or SecondLine(audit=None)
+        if self.second_line.audit is None and not self.second_line.trust_repl:
+            log.warning("kimina_unconfirmed", sandbox=sandbox_id,
+                        detail="every proof kimina accepts is `error`: set lean_second_line = 'trust_repl'")  # fmt: skip
+        # The server does not say what it runs: the configured toolchain names it, beside our judging code and
+        # what stands behind a `proved`.
+        self.environment = f"lean:{toolchain}:{self.second_line.mode}|{JUDGING_DIGEST}"
         self.sandbox_id = sandbox_id
         self.sandbox = self  # what the consumer service starts, kills and counts: here, the server
         self._stats = SandboxStats(sandbox_id, self.backend)
@@ -337,6 +345,8 @@ class KiminaChecker:
         judgement = judge_result(result, name, report_line)
         if judgement.verdict == "timeout":
             self._stats.timeouts += 1
+        if judgement.verdict == "proved":  # the server's word, which code run from the proof can forge
+            return await self.second_line.confirm(theorem, None)
         return judgement
 
     # The sandbox face (verifier_pool.sandbox.Sandbox, without `request`).

@@ -137,7 +137,9 @@ def make_checkers(
         if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
             checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
                                            toolchain=f"{settings.lean_toolchain}+kimina",
-                                           sandbox_id=f"kimina-{task}-{index}-{os.getpid()}")  # fmt: skip
+                                           sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
+                                           second_line=SecondLine(audit=None,
+                                                                  trust_repl=settings.lean_second_line == "trust_repl"))  # fmt: skip
             continue
         sandbox = make_sandbox(settings, task, index, kinds[task])
         if task == "countdown":

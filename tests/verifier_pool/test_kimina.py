@@ -18,8 +18,8 @@ from streams.theorems import Theorem, register
 from tests.fixtures.fake_kimina import FakeKimina
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker
 from verifier_pool.config import VerifierSettings
-from verifier_pool.judgement import Judgement
 from verifier_pool.kimina import KiminaChecker, KiminaClient, assemble_snippet, judge_result
+from verifier_pool.lean_audit import SecondLine
 from verifier_pool.pool import make_checkers
 from verifier_pool.sandbox import SandboxUnavailable
 
@@ -29,6 +29,8 @@ HEADER = "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 400000\n\nope
 STATEMENT = "theorem mathd_algebra_10 : abs ((120 : ℝ) / 100 * 30 - 130) = 94 := by"
 THEOREM = Theorem("mathd_algebra_10", "lean", statement=STATEMENT, header=HEADER)
 NAME = "mathd_algebra_10"
+# The server's word accepted, as the operator must say for kimina (it cannot hand over the env to audit).
+TRUST = SecondLine(audit=None, trust_repl=True)
 
 
 def attempt(tactics: str = "norm_num [abs_of_nonpos]") -> str:
@@ -44,13 +46,13 @@ def server():
 
 @pytest.fixture
 async def checker(server):
-    c = KiminaChecker(server.url, timeout_s=60, client=KiminaClient(server.url, timeout_s=60))
+    c = KiminaChecker(server.url, timeout_s=60, client=KiminaClient(server.url, timeout_s=60), second_line=TRUST)
     yield c
     await c.kill()
 
 
 async def test_proved_sends_header_command_and_axioms_check_in_one_snippet(server, checker):
-    assert await checker.check(THEOREM, attempt()) == Judgement("proved")
+    assert (await checker.check(THEOREM, attempt())).verdict == "proved"
     [(path, body)] = server.requests
     assert path == "/verify"
     assert body["timeout"] == 60 and body["disable_cache"] is False
@@ -88,7 +90,7 @@ async def test_verdicts(server, checker, tactics, verdict, reason):
 
 async def test_a_report_the_proof_prints_is_not_the_axioms_report(server, checker):
     # The double puts `'NAME' does not depend on any axioms` at the proof's line, as a `trace` could.
-    assert await checker.check(THEOREM, attempt("norm_num -- FIXTURE:forge")) == Judgement("proved")
+    assert (await checker.check(THEOREM, attempt("norm_num -- FIXTURE:forge"))).verdict == "proved"
     judgement = await checker.check(THEOREM, attempt("norm_num -- FIXTURE:forge FIXTURE:axiom=sorryAx"))
     assert (judgement.verdict, judgement.reason) == ("rejected", "sorry")
 
@@ -120,7 +122,7 @@ async def test_a_header_without_leading_imports_is_an_error_without_server_time(
 
 async def test_concurrent_checks_of_several_consumers_go_out_in_one_post(server):
     # One checker per consumer task, as make_checkers builds them: they share the process's client.
-    checkers = [KiminaChecker(server.url, timeout_s=60, sandbox_id=f"kimina-{i}") for i in range(8)]
+    checkers = [KiminaChecker(server.url, timeout_s=60, sandbox_id=f"kimina-{i}", second_line=TRUST) for i in range(8)]
     assert len({id(c.client) for c in checkers}) == 1
     texts = [attempt("norm_num -- FIXTURE:sorry" if i % 2 else "norm_num") for i in range(8)]
     judgements = await asyncio.gather(*(c.check(THEOREM, t) for c, t in zip(checkers, texts, strict=True)))
@@ -132,7 +134,7 @@ async def test_concurrent_checks_of_several_consumers_go_out_in_one_post(server)
 
 async def test_batches_hold_at_most_max_batch(server):
     client = KiminaClient(server.url, timeout_s=60, max_batch=16)
-    checker = KiminaChecker(server.url, timeout_s=60, client=client)
+    checker = KiminaChecker(server.url, timeout_s=60, client=client, second_line=TRUST)
     judgements = await asyncio.gather(*(checker.check(THEOREM, attempt()) for _ in range(20)))
     assert all(j.verdict == "proved" for j in judgements)
     assert max(server.batch_sizes) <= 16 and sum(server.batch_sizes) == 20
@@ -154,8 +156,10 @@ async def test_a_429_is_not_resent(server, checker):
 
 
 async def test_the_api_check_endpoint(server):
-    checker = KiminaChecker(server.url, timeout_s=2.5, client=KiminaClient(server.url, timeout_s=2.5, api="check"))
-    assert await checker.check(THEOREM, attempt()) == Judgement("proved")
+    checker = KiminaChecker(
+        server.url, timeout_s=2.5, client=KiminaClient(server.url, timeout_s=2.5, api="check"), second_line=TRUST
+    )
+    assert (await checker.check(THEOREM, attempt())).verdict == "proved"
     judgement = await checker.check(THEOREM, attempt("norm_num -- FIXTURE:timeout"))
     assert judgement.verdict == "timeout" and "timed out" in judgement.detail
     path, body = server.requests[0]
@@ -173,7 +177,7 @@ async def test_closing_the_client_fails_waiting_checks_instead_of_leaving_them_h
     await checker.kill()
     judgement = await asyncio.wait_for(pending, 2)
     assert judgement.verdict == "error" and "kimina" in judgement.detail
-    assert await checker.check(THEOREM, attempt()) == Judgement("proved")  # a later check starts afresh
+    assert (await checker.check(THEOREM, attempt())).verdict == "proved"  # a later check starts afresh
 
 
 async def test_start_checks_health(server, checker):
@@ -185,7 +189,7 @@ async def test_an_unreachable_server_is_an_error_and_fails_start():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    checker = KiminaChecker(url, timeout_s=60, client=KiminaClient(url, timeout_s=60))
+    checker = KiminaChecker(url, timeout_s=60, client=KiminaClient(url, timeout_s=60), second_line=TRUST)
     judgement = await checker.check(THEOREM, attempt())
     assert judgement.verdict == "error" and "unreachable" in judgement.detail
     with pytest.raises(SandboxUnavailable):
@@ -230,7 +234,9 @@ def test_make_checkers_builds_kimina_checkers_that_share_a_client():
     first, second = make_checkers(settings, 0), make_checkers(settings, 1)
     assert isinstance(first["lean"], KiminaChecker) and first["lean"].client is second["lean"].client
     assert first["lean"].sandbox.sandbox_id != second["lean"].sandbox.sandbox_id
-    assert first["lean"].environment == f"lean:v4.19.0+kimina|{JUDGING_DIGEST}"  # and our judging code's digest
+    assert (
+        first["lean"].environment == f"lean:v4.19.0+kimina:unconfirmed|{JUDGING_DIGEST}"
+    )  # and our judging code's digest
     # kimina checks Lean only: Countdown keeps a local process sandbox
     assert isinstance(first["countdown"], CountdownChecker) and first["countdown"].sandbox.backend == "process"
 
@@ -244,7 +250,8 @@ async def test_the_verifier_service_runs_on_kimina(redis, redis_url, keys, serve
                 proof=attempt(t)) for i, t in enumerate(tactics)
     ])  # fmt: skip
     settings = VerifierSettings.load(env={}, flags={"run": keys.run, "concurrency": 3, "tasks": ["lean"],
-                                                    "sandbox": "kimina", "kimina_url": server.url})  # fmt: skip
+                                                    "sandbox": "kimina", "kimina_url": server.url,
+                                                    "lean_second_line": "trust_repl"})  # fmt: skip
     service = VerifierService(settings, redis_url)
     await service.start()
     try:
@@ -263,3 +270,28 @@ async def test_the_verifier_service_runs_on_kimina(redis, redis_url, keys, serve
         "a4": ("proved", 1.0, ""),  # the same proof as a0: its cached verdict, or checked again
     }
     assert 3 <= sum(server.batch_sizes) <= 4 and service.stats()["sandbox_starts"] == 3
+
+
+async def test_without_trust_repl_a_proof_kimina_accepts_is_an_error_never_a_reward(server):
+    """kimina keeps the proof's environment to itself, so the second line cannot audit it: its `proved` is
+    the server's word, which code run from the proof can forge. Unless the operator accepts that word, the
+    verdict is `error` (retried, never published), and the two modes never share cached verdicts."""
+    unconfirmed = KiminaChecker(server.url, timeout_s=60, client=KiminaClient(server.url, timeout_s=60))
+    trusting = KiminaChecker(server.url, timeout_s=60, client=KiminaClient(server.url, timeout_s=60), second_line=TRUST)
+    try:
+        judgement = await unconfirmed.check(THEOREM, attempt())
+        assert judgement.verdict == "error" and "trust_repl" in judgement.detail
+        assert (await trusting.check(THEOREM, attempt())).verdict == "proved"
+        wrong = await unconfirmed.check(THEOREM, attempt("norm_num -- FIXTURE:error"))
+        assert (wrong.verdict, wrong.reason) == ("rejected", "lean_error")  # refusals need no second line
+        assert unconfirmed.environment != trusting.environment
+    finally:
+        await unconfirmed.kill()
+        await trusting.kill()
+
+
+def test_make_checkers_passes_the_operators_choice_to_kimina():
+    for choice, trusted in (("audit", False), ("trust_repl", True)):
+        settings = VerifierSettings(tasks=["lean"], sandbox="kimina", kimina_url="http://k:8000",
+                                    lean_second_line=choice)  # fmt: skip
+        assert make_checkers(settings, 0)["lean"].second_line.trust_repl is trusted
