@@ -318,8 +318,8 @@ class KiminaChecker:
         # where the operator accepts its word (lean_second_line = "trust_repl"); otherwise it is `error`.
         self.second_line = second_line or SecondLine(audit=None)
         if self.second_line.audit is None and not self.second_line.trust_repl:
-            log.warning("kimina_unconfirmed", sandbox=sandbox_id,
-                        detail="every proof kimina accepts is `error`: set lean_second_line = 'trust_repl'")  # fmt: skip
+            detail = "every proof kimina accepts is `error`: set lean_second_line = 'trust_repl'"
+            log.warning("kimina_unconfirmed", sandbox=sandbox_id, detail=detail)
         # The server does not say what it runs: the configured toolchain names it, beside our judging code and
         # what stands behind a `proved`.
         self.environment = f"lean:{toolchain}:{self.second_line.mode}|{JUDGING_DIGEST}"

@@ -135,11 +135,11 @@ def make_checkers(
     checkers: dict[str, CountdownChecker | LeanChecker | KiminaChecker] = {}
     for task in settings.tasks:
         if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
+            trust = settings.lean_second_line == "trust_repl"  # kimina cannot hand over the env to an audit
             checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
                                            toolchain=f"{settings.lean_toolchain}+kimina",
                                            sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
-                                           second_line=SecondLine(audit=None,
-                                                                  trust_repl=settings.lean_second_line == "trust_repl"))  # fmt: skip
+                                           second_line=SecondLine(audit=None, trust_repl=trust))  # fmt: skip
             continue
         sandbox = make_sandbox(settings, task, index, kinds[task])
         if task == "countdown":
