@@ -79,10 +79,7 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
         if task == "countdown":
             ro_paths, workdir, env = _python_paths(), "/tmp", {"PYTHONPATH": PROJECT_ROOT}
         else:
-            toolchain = settings.lean_toolchain_dir
-            ro_paths = tuple(p for p in (settings.lean_workdir, toolchain) if p)
-            workdir = settings.lean_workdir or "/tmp"
-            env = {"PATH": f"{toolchain}/bin:/usr/local/bin:/usr/bin:/bin"} if toolchain else {}
+            ro_paths, workdir, env = _lean_place(settings)
         config = process.ProcessSandboxConfig(
             argv=argv,
             ro_paths=ro_paths,
@@ -98,10 +95,19 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
     raise SandboxUnavailable(f"sandbox backend {kind!r} is not built yet; use sandbox = 'process'")
 
 
+def _lean_place(settings: VerifierSettings) -> tuple[tuple[str, ...], str, dict[str, str]]:
+    """(ro_paths, workdir, env) of a Lean program in a process sandbox: the REPL's and the audit's alike."""
+    toolchain = settings.lean_toolchain_dir
+    ro_paths = tuple(p for p in (settings.lean_workdir, toolchain) if p)
+    env = {"PATH": f"{toolchain}/bin:/usr/local/bin:/usr/bin:/bin"} if toolchain else {}
+    return ro_paths, settings.lean_workdir or "/tmp", env
+
+
 def second_line(settings: VerifierSettings, index: int, kind: str) -> SecondLine:
     """What decides a Lean checker's `proved` (verifier_pool.lean_audit): the audit program in a sandbox of its
-    own, fresh for every audit, with the REPL's image or toolchain; without one, nothing
-    (every such proof is `error`) unless the operator accepts the REPL's word."""
+    own, fresh for every audit, with the REPL's image or toolchain; without one (kimina, which keeps the env to
+    itself, or a process backend without `lean_audit_cmd`), nothing (every such proof is `error`) unless the
+    operator accepts the REPL's word."""
     if settings.lean_second_line == "trust_repl":
         return SecondLine(audit=None, trust_repl=True)
     sandbox: Sandbox
@@ -112,12 +118,12 @@ def second_line(settings: VerifierSettings, index: int, kind: str) -> SecondLine
         )  # fmt: skip
         sandbox = docker_backend.DockerSandbox(config, sandbox_id=f"docker-audit-{index}-{os.getpid()}")
     elif kind == "process" and settings.lean_audit_cmd:
-        toolchain = settings.lean_toolchain_dir
+        ro_paths, workdir, env = _lean_place(settings)
         config = process.ProcessSandboxConfig(
             argv=tuple(settings.lean_audit_cmd),
-            ro_paths=tuple(p for p in (settings.lean_workdir, toolchain) if p),
-            workdir=settings.lean_workdir or "/tmp",
-            env={"PATH": f"{toolchain}/bin:/usr/local/bin:/usr/bin:/bin"} if toolchain else {},
+            ro_paths=ro_paths,
+            workdir=workdir,
+            env=env,
             memory_limit_bytes=settings.memory_limit_mb << 20,
             uid=settings.sandbox_uid,
             handshake=lean_audit.AUDIT_HANDSHAKE,
@@ -135,11 +141,10 @@ def make_checkers(
     checkers: dict[str, CountdownChecker | LeanChecker | KiminaChecker] = {}
     for task in settings.tasks:
         if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
-            trust = settings.lean_second_line == "trust_repl"  # kimina cannot hand over the env to an audit
             checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
                                            toolchain=f"{settings.lean_toolchain}+kimina",
                                            sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
-                                           second_line=SecondLine(audit=None, trust_repl=trust))  # fmt: skip
+                                           second_line=second_line(settings, index, "kimina"))  # fmt: skip
             continue
         sandbox = make_sandbox(settings, task, index, kinds[task])
         if task == "countdown":
