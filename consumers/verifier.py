@@ -91,6 +91,10 @@ class VerifyHandler:
         self._prefetched: dict[str, bytes | None] = {}  # digest -> cached verdict, for the batch in hand
         self._ahead: set[str] = set()  # attempts of the batch in hand not handled yet
         self._stores: dict[str, bytes] = {}  # digest -> verdict judged in this batch, to be cached (`store`)
+        # Attempts of the batch in hand that missed the cache and whose checker judges several at once
+        # (`check_many`): checked together at the first one's turn (`_check`), their verdicts kept until theirs.
+        self._unjudged: dict[str, tuple[Attempt, Theorem]] = {}
+        self._judged: dict[str, tuple[Judgement, str | None, float]] = {}  # attempt id -> (verdict, env, check s)
         self.busy_s = 0.0  # time its sandboxes spent checking for it, for the pool's utilization figure
 
     async def __call__(self, d: Delivery[Attempt]) -> list[Reward]:
@@ -120,19 +124,18 @@ class VerifyHandler:
         digest = None if environment is None else verdict_digest(theorem, a.proof, environment)
         judgement = None if digest is None else await self._cached(digest)
         cached = judgement is not None
+        verify_ms = (time.perf_counter() - start) * 1000
         if judgement is None:
-            async with self.turn:  # the sandbox's check, from when it is free: the wait is not verify time
-                start = time.perf_counter()
-                judgement = await checker.check(theorem, a.proof)
-                self.busy_s += time.perf_counter() - start
-                # Under the turn, so no other check has replaced the sandbox since. A verdict comes whole from the
-                # sandbox that ends the check (a replaced one reruns it from the start), so it is stored under
-                # that sandbox's environment, whatever the lookup's was.
-                judged_by = checker.environment
-            # Let the task waiting for the turn start its check before this one goes on: nothing below waits
-            # on Redis until the next attempt, so the slot would idle while this task builds its reward, settles
-            # and looks up its next attempt.
-            await asyncio.sleep(0)
+            judged = self._judged.pop(a.attempt_id, None)
+            if judged is None:
+                async with self.turn:  # the sandbox's check, from when it is free: the wait is not verify time
+                    judged = await self._check(checker, theorem, a)
+                # Let the task waiting for the turn start its check before this one goes on: nothing below waits
+                # on Redis until the next attempt, so the slot would idle while this task builds its reward,
+                # settles and looks up its next attempt.
+                await asyncio.sleep(0)
+            judgement, judged_by, check_s = judged
+            verify_ms = check_s * 1000
             if judgement.verdict == "error":
                 raise self._fault(d, judgement.detail)
             if judgement.verdict in CACHEABLE and judged_by is not None:
@@ -141,7 +144,6 @@ class VerifyHandler:
                 encoded = self._stores[digest] = judgement.encode()
                 if digest in self._prefetched:  # the same proof later in this batch: a hit, not a second check
                     self._prefetched[digest] = encoded
-        verify_ms = (time.perf_counter() - start) * 1000
         log.info("verified", attempt_id=a.attempt_id, theorem_id=a.theorem_id, verdict=judgement.verdict,
                  reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
         return [Reward(
@@ -151,13 +153,36 @@ class VerifyHandler:
             sandbox_id=self.sandbox_id, cached=cached, detail=judgement.detail[:300],
         )]  # fmt: skip
 
+    async def _check(self, checker: Checker, theorem: Theorem, a: Attempt) -> tuple[Judgement, str | None, float]:
+        """Under the turn: `a`'s verdict, the environment that judged it (read under the turn, so no other check
+        has replaced the sandbox since: a verdict comes whole from the sandbox that ends the check) and its
+        share of the sandbox's time. A checker that judges several at once (`check_many`: Countdown's
+        sub-millisecond checks) also judges the batch's other attempts still ahead that missed the cache; their
+        verdicts wait in `_judged`, the time split evenly among them."""
+        self._unjudged.pop(a.attempt_id, None)
+        others = [(o, t) for o, t in self._unjudged.values() if t.task == theorem.task and o.attempt_id in self._ahead]
+        check_many = getattr(checker, "check_many", None)
+        start = time.perf_counter()
+        if others and check_many is not None:
+            judgements = await check_many([(theorem, a.proof)] + [(t, o.proof) for o, t in others])
+        else:
+            others, judgements = [], [await checker.check(theorem, a.proof)]
+        elapsed = time.perf_counter() - start
+        self.busy_s += elapsed
+        judged_by, share = checker.environment, elapsed / len(judgements)
+        for (o, _), judgement in zip(others, judgements[1:], strict=True):
+            del self._unjudged[o.attempt_id]
+            self._judged[o.attempt_id] = (judgement, judged_by, share)
+        return judgements[0], judged_by, share
+
     async def prefetch(self, attempts: list[Attempt]) -> None:
         """Look up the verdicts of a batch's attempts in one HMGET (the consumer calls this before handing
         them over one by one): a batch of cache hits costs three round trips in all, not two per attempt.
         An attempt whose theorem is unknown or whose checker's environment is unknown is left to `__call__`."""
         await self.store()  # left from a batch whose end was not handled (a stop); none otherwise
         self._ahead = {a.attempt_id for a in attempts}
-        digests = []
+        self._judged = {}  # verdicts of a batch a stop cut short: their attempts were released, unsettled
+        looked_up: list[tuple[Attempt, Theorem, str]] = []
         environments = {task: c.environment for task, c in self.checkers.items()}  # once a batch: stats() copies
         for a in attempts:
             theorem = self._theorems.get(a.theorem_id)
@@ -168,9 +193,17 @@ class VerifyHandler:
                 self._theorems[a.theorem_id] = theorem
             environment = environments.get(theorem.task)
             if environment is not None:
-                digests.append(verdict_digest(theorem, a.proof, environment))
+                looked_up.append((a, theorem, verdict_digest(theorem, a.proof, environment)))
+        digests = [digest for _, _, digest in looked_up]
         raws = await self.redis.hmget(self.keys.verdicts, digests) if digests else []
         self._prefetched = dict(zip(digests, raws, strict=True))
+        # The misses a `check_many` may judge together; a proof seen twice once only (the second is then a hit).
+        seen: set[str] = set()
+        self._unjudged = {}
+        for (a, theorem, digest), raw in zip(looked_up, raws, strict=True):
+            if raw is None and digest not in seen and hasattr(self.checkers.get(theorem.task), "check_many"):
+                seen.add(digest)
+                self._unjudged[a.attempt_id] = (a, theorem)
 
     def _fault(self, d: Delivery[Attempt], detail: str) -> Exception:
         if self.max_deliveries is not None and d.deliveries >= self.max_deliveries:

@@ -7,7 +7,10 @@ operators, and computes with exact fractions (so 7/2*2 is 7, not 7.000000001).
 
 `run_checker` is the program the sandbox runs (`python -m verifier_pool.countdown`): it answers JSON
 requests framed like the Lean REPL's (one JSON object, then a blank line), so the Countdown task goes
-through the same sandboxes, timeouts and verdicts as Lean.
+through the same sandboxes, timeouts and verdicts as Lean. A request holds one job (`{"countdown": job}`)
+or several (`{"countdown_batch": [job, ...]}`, answered `{"results": [reply, ...]}` in order): a check takes
+well under a millisecond, so one exchange per job would leave the sandbox waiting on the worker's event
+loop between jobs about as long as it works (verifier_pool.checkers.CountdownChecker.check_many).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ HANDSHAKE_REPLY = {"checker": "countdown"}
 with open(__file__, "rb") as _source:
     CHECKER_DIGEST = hashlib.sha256(_source.read()).hexdigest()[:16]
 
+MAX_BATCH = 64  # jobs in one batch request; the worker sends at most its read batch (16 by default)
 MAX_EXPRESSION_CHARS = 200  # a longer "expression" is not an answer to a 3-6 number problem
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
 
@@ -133,10 +137,19 @@ def partial_credit(answer_text: str, result: CountdownResult, target: int) -> fl
 
 
 def handle_request(request: dict) -> dict:
-    """One checker request -> response; the request shape is {"countdown": {numbers, target, answer}}."""
+    """One checker request -> response: {"countdown": {numbers, target, answer}} -> one reply;
+    {"countdown_batch": [job, ...]} -> {"results": [reply, ...]}, a reply per job, in order."""
     if request == HANDSHAKE_REQUEST:
         return {**HANDSHAKE_REPLY, "digest": CHECKER_DIGEST}
-    job = request.get("countdown")
+    jobs = request.get("countdown_batch")
+    if isinstance(jobs, list) and 0 < len(jobs) <= MAX_BATCH:
+        return {"results": [_reply(job) for job in jobs]}
+    if jobs is not None:
+        return {"message": f"bad countdown batch: expected a list of 1 to {MAX_BATCH} jobs"}
+    return _reply(request.get("countdown"))
+
+
+def _reply(job: object) -> dict:
     if not isinstance(job, dict):
         return {"message": 'unknown request: expected {"countdown": {...}}'}
     try:

@@ -29,7 +29,7 @@ from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.judgement import Judgement
 from verifier_pool.lean_audit import SecondLine
-from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _python_paths
+from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _base_python, _python_paths
 from verifier_pool.sandbox import SandboxUnavailable
 
 pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
@@ -500,3 +500,72 @@ async def test_a_batchs_verdicts_are_cached_in_one_write_when_its_last_attempt_i
     assert sorted(Judgement.decode(v).verdict for v in cached) == ["proved"] * 5 + ["rejected"] * 15
     # Two tasks read the 20 in batches of 16: at most three reads with attempts, one write each, not one a check.
     assert 1 <= hsets <= 3
+
+
+async def test_a_countdown_batch_is_judged_in_one_exchange_per_read(redis, redis_url, keys):
+    """Countdown's checks take well under a millisecond, so a task sends the misses of the batch it read in one
+    request (CountdownChecker.check_many) instead of one exchange each: counted by the sandbox, and every
+    verdict the one the checker gives that answer alone (expected values from the rules, not the code)."""
+    await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
+    # 20 distinct texts: every fourth the solution (trailing spaces differ), the rest use a number not given.
+    proofs = [f"<answer>3*4+7</answer>{' ' * i}" if i % 4 == 0 else f"<answer>3*4+{20 + i}</answer>" for i in range(20)]
+    await Publisher(redis, keys).publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
+    settings = VerifierSettings.load(
+        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
+    )
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        await wait_settled(redis, keys)
+        exchanges = service.checkers[0]["countdown"].sandbox.stats().total_requests
+    finally:
+        await service.stop()
+    got = await rewards_by_attempt(redis, keys)
+    wrong = 0.1 + 0.1  # format and parses; the numbers are not the given ones (verifier_pool/countdown.py)
+    assert {k: (r.verdict, r.reward, r.cached) for k, r in got.items()} == {
+        f"a{i}": ("proved", 1.0, False) if i % 4 == 0 else ("rejected", round(wrong, 6), False) for i in range(20)
+    }
+    assert all(r.verify_ms > 0 for r in got.values())
+    # Two tasks read the 20 in batches of up to 16: one exchange a read (one each, 20 checks).
+    assert 1 <= exchanges <= 3, exchanges
+    assert service.stats()["sandbox_crashes"] == service.stats()["sandbox_timeouts"] == 0
+
+
+# The Countdown checker with batches answered badly (verifier_pool.countdown's own code otherwise).
+_BAD_BATCHES = {
+    "unknown": "{'message': 'unknown request'}",  # an older checker image, before batches
+    "hang": "time.sleep(60)",
+    "crash": "os._exit(3)",
+    "short": "{'results': h({'countdown_batch': r['countdown_batch']})['results'][1:]}",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(_BAD_BATCHES))
+async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at_a_time(answer):
+    """A batch that hangs, crashes its sandbox, or is answered outside the protocol is no verdict on any of its
+    answers: each is checked alone, and gets the verdict it gets alone (never `timeout` or a crash for all)."""
+    program = ("import os, sys, time; import verifier_pool.countdown as c; h = c.handle_request; "
+               f"c.handle_request = lambda r: ({_BAD_BATCHES[answer]}) if 'countdown_batch' in r else h(r); "
+               "sys.exit(c.run_checker())")  # fmt: skip
+    config = process.ProcessSandboxConfig(argv=(_base_python(), "-s", "-B", "-c", program), ro_paths=_python_paths(),
+                                          workdir="/tmp", env={"PYTHONPATH": PROJECT_ROOT},
+                                          memory_limit_bytes=256 << 20, handshake=COUNTDOWN_HANDSHAKE)  # fmt: skip
+    sandbox = process.ProcessSandbox(config)
+    checker = CountdownChecker(sandbox, timeout_s=1.0)
+    theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
+    answers = ["<answer>3*4+7</answer>", "<answer>3+4+7</answer>", "<answer>7*4-3</answer>", "<answer>x</answer>"]
+    try:
+        await sandbox.start()
+        judged = await checker.check_many([(theorem, a) for a in answers])
+        stats = sandbox.stats()
+    finally:
+        await sandbox.kill()
+    # Partial credit (verifier_pool/countdown.py): format 0.1, parses 0.1, right numbers 0.3, closeness 0.3.
+    assert [(j.verdict, j.score) for j in judged] == [
+        ("proved", None),
+        ("rejected", round(0.1 + 0.1 + 0.3 + 0.3 * (1 - 5 / 19), 6)),  # 14, 5 from 19
+        ("rejected", round(0.1 + 0.1 + 0.3 + 0.3 * (1 - 6 / 19), 6)),  # 25, 6 from 19
+        ("rejected", 0.1),  # the format alone
+    ]
+    assert (stats.timeouts, stats.crashes) == {"hang": (1, 0), "crash": (0, 1)}.get(answer, (0, 0))
+    assert stats.total_requests == 1 + len(answers) - (answer in ("hang", "crash"))  # the batch, then each alone
