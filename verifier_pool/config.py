@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from streams.settings import RoleSettings
 
@@ -30,6 +30,9 @@ class VerifierSettings(RoleSettings):
     lean_toolchain_dir: str = Field("", description="elan's home (e.g. /opt/elan): bound read-only, bin/ on PATH")
     lean_toolchain: str = Field("unknown", description="part of the verdict cache key, e.g. v4.19.0+mathlib")
     kimina_url: str = ""
+    # Sent as `Authorization: Bearer <key>` to a server started with LEAN_SERVER_API_KEY. SecretStr: shown as
+    # '**********' wherever settings are printed or dumped. Give it by env, not a flag (argv is world-readable).
+    kimina_api_key: SecretStr | None = Field(None, description="kimina-lean-server's API key (env only)")
     # Who decides a Lean `proved` (verifier_pool.lean_audit): "audit", the trusted lean-audit program in a fresh
     # sandbox (docker: from lean_image; process: lean_audit_cmd); where none can run, every such proof is
     # `error`. "trust_repl": the Lean server's own answers, which code run from the proof can forge.

@@ -1,27 +1,38 @@
 """The `kimina` backend: Lean checked by an existing kimina-lean-server (project-numina, 2.0.0) over HTTP.
 
-The server pools REPLs itself: it splits each snippet into its leading `import` lines (one REPL per import
-header, the header elaborated once) and the rest, the body, which runs as one command with `env: 0` on top
-of that header (its `split_snippet`). We do not use its validity test (../shared/LEAN_REPL.md, "Known
-weaknesses"): we send text assembled from trusted parts and judge the REPL response it relays with
-`lean_check`, as LeanChecker does:
+Read from project-numina/kimina-lean-server at fb2393de (2026-01-11; server/split.py, server/routers/check.py,
+server/auth.py, client/kimina_client/models.py). The server pools REPLs itself: it splits each snippet into its
+leading blank and `import` lines (one REPL per import header, the header elaborated once) and the rest, the body,
+which runs as one command with `env: 0` on top of that header (`split_snippet`). We do not use its validity test
+(../shared/LEAN_REPL.md, "Known weaknesses"): we send text assembled from trusted parts and judge the REPL
+response it relays with `lean_check`, as LeanChecker does:
 
-- code = theorem.header + `lean_check.prepare(proof, statement)` + `#print axioms NAME` on a last line of its
-  own. `prepare`'s rejections (altered statement, forbidden tokens) cost no server time.
+- code = theorem.header + blank lines (see Positions) + `lean_check.prepare(proof, statement)` +
+  `#print axioms NAME` on a last line of its own. `prepare`'s rejections cost no server time.
 - The server offers no env handle to send a second command to, so the axioms check rides in the same
   snippet and messages are attributed by position (`judge_result`): every message counts for
   `judge_command` (an error or a sorry anywhere fails the proof: a proof that does not parse to its end
   puts its error on the `#print` line), and the axioms report is read only from the line of the appended
-  command, in the body's coordinates. So an error of the `#print axioms` command itself (`unknown
-  constant`) is `lean_error` here where LeanChecker says `integrity`: a rejection either way.
+  command. So an error of the `#print axioms` command itself (`unknown constant`) is `lean_error` here where
+  LeanChecker says `integrity`: a rejection either way.
 - Concurrent checks from all consumer tasks of a process share one `KiminaClient`, which sends the snippets
   that arrive within `batch_window_ms` in one POST (at most `max_batch`).
 
+Positions: servers answer in one of two conventions under the same version string 2.0.0. Up to PR #56
+(e2cdc1f, 2025-10-24) a message's line counts the body's lines ("body"); since then `_apply_header_offset` adds
+the number of header lines the split cut off ("snippet": lines of the whole snippet). `Layout` says why we can
+tell them apart from every answer, and `judge_result` why a wrong guess can never make a `proved`.
+
+Auth: with `api_key`, every POST carries `Authorization: Bearer <key>`, as kimina's own client sends it; the
+server (`require_key`, when it has LEAN_SERVER_API_KEY) strips `Bearer ` and compares, and answers 401 to a
+missing or different key (`GET /health` needs none). A 401 or 403 is infrastructure (`error`) with one log
+line saying whether the key is missing or refused. The key is never logged nor put in a verdict's detail.
+
 Classification: a result whose `error` says the command `timed out` is the proof's `timeout`; a header that
-timed out, any other per-snippet error (the REPL died, ran out of memory), HTTP 429 (no REPL free), 5xx, an
-unreachable server or an answer outside the API is `error` (infrastructure: retried later, never a reward
-of 0). A whole request that fails with HTTP 500 (kimina fails the request when one snippet breaks its REPL)
-is sent again one snippet per request, so only the snippet that breaks it gets `error`.
+timed out, any other per-snippet error (the REPL died, ran out of memory), HTTP 401/403 (key), 429 (no REPL
+free), 5xx, an unreachable server or an answer outside the API is `error` (infrastructure: retried later, never a
+reward of 0). A whole request that fails with HTTP 500 (kimina fails the request when one snippet breaks its
+REPL) is sent again one snippet per request, so only the snippet that breaks it gets `error`.
 
 The checker also answers for `checker.sandbox` (start: GET /health; kill: close the client; stats), which is
 what the consumer service starts, kills and counts: here the server is the sandbox.
@@ -33,7 +44,7 @@ import asyncio
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import structlog
@@ -49,6 +60,11 @@ log = structlog.get_logger("verifier_pool.kimina")
 
 PATHS = {"verify": "/verify", "check": "/api/check"}  # 2.0.0 serves both; /verify is the older, documented one
 DETAIL_CHARS = 300
+AUTH_REFUSED = (401, 403)  # kimina's require_key answers 401; a proxy in front of it may say 403
+AUTH_MISSING = ("kimina refused the request (HTTP {status}): the server requires an API key and none is set: "
+                "set PROOFSTREAM_KIMINA_API_KEY to the server's LEAN_SERVER_API_KEY")  # fmt: skip
+AUTH_WRONG = ("kimina refused the request (HTTP {status}): it does not accept the configured key: "
+              "PROOFSTREAM_KIMINA_API_KEY must equal the server's LEAN_SERVER_API_KEY")  # fmt: skip
 NO_IMPORTS = (
     "kimina-lean-server runs a snippet without leading imports on top of whatever its shared env 0 holds "
     "(another request's declarations): give the theorem a header that starts with its imports"
@@ -103,7 +119,7 @@ class KiminaClient:
         # A snippet may wait for a free REPL (the server answers 429 past its max_wait), then elaborate the
         # header on a fresh REPL, then the proof: each of the last two up to `timeout_s`.
         self.http_timeout_s = http_timeout_s or 2 * timeout_s + 60
-        self.headers = {"X-Auth-Token": api_key} if api_key else {}
+        self._api_key = api_key or None  # kept out of every log line and detail (`_redact`)
         self.posts = 0
         self.snippets = 0
         self._ids = itertools.count()
@@ -118,7 +134,8 @@ class KiminaClient:
         if self._loop is not loop:  # first use, or a new event loop: nothing made for the old one is usable
             self._loop, self._queue, self._sending = loop, asyncio.Queue(), {}
             # trust_env=False: the server is reached directly, whatever proxy variables the worker inherited.
-            self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers, trust_env=False,
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            self._http = httpx.AsyncClient(base_url=self.url, headers=headers, trust_env=False,
                                            timeout=httpx.Timeout(self.http_timeout_s, connect=10.0))  # fmt: skip
             self._flusher = None
         if self._flusher is None or self._flusher.done():
@@ -143,7 +160,8 @@ class KiminaClient:
         except (httpx.HTTPError, ValueError, AttributeError) as e:
             raise KiminaUnavailable(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}") from e
         if not ok:
-            raise KiminaUnavailable(f"kimina at {self.url} unhealthy: HTTP {reply.status_code} {reply.text[:100]}")
+            raise KiminaUnavailable(self._redact(f"kimina at {self.url} unhealthy: HTTP {reply.status_code} "
+                                                 f"{reply.text[:100]}"))  # fmt: skip
 
     async def aclose(self) -> None:
         """Stop batching and close the connections; callers still waiting get KiminaUnavailable."""
@@ -190,7 +208,11 @@ class KiminaClient:
             try:
                 results = await self._post([job.code for job in batch])
             except KiminaUnavailable as e:
-                log.warning("kimina_request_failed", snippets=len(batch), status=e.status, error=str(e)[:200])
+                if e.status in AUTH_REFUSED:
+                    log.error("kimina_auth_refused", status=e.status, key_configured=self._api_key is not None,
+                              detail=str(e)[:300])  # fmt: skip
+                else:
+                    log.warning("kimina_request_failed", snippets=len(batch), status=e.status, error=str(e)[:200])
                 if e.status == 500 and len(batch) > 1:  # one snippet broke its REPL and failed the request
                     await asyncio.gather(*(self._send([job]) for job in batch))
                     return
@@ -219,15 +241,22 @@ class KiminaClient:
         try:
             reply = await self._http.post(PATHS[self.api], json=body)
         except httpx.HTTPError as e:
-            raise KiminaUnavailable(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}") from e
+            raise KiminaUnavailable(self._redact(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}")) from e
+        if reply.status_code in AUTH_REFUSED:
+            why = (AUTH_WRONG if self._api_key else AUTH_MISSING).format(status=reply.status_code)
+            raise KiminaUnavailable(self._redact(f"{why} (server said: {reply.text[:100]})"), reply.status_code)
         if reply.status_code != 200:
-            raise KiminaUnavailable(f"kimina answered HTTP {reply.status_code}: {reply.text[:200]}",
+            raise KiminaUnavailable(self._redact(f"kimina answered HTTP {reply.status_code}: {reply.text[:200]}"),
                                     reply.status_code)  # fmt: skip
         try:
             by_id = {str(r[id_key]): r for r in reply.json()["results"]}
         except (ValueError, KeyError, TypeError) as e:
-            raise KiminaUnavailable(f"kimina answered outside its API: {reply.text[:200]}", 200) from e
+            raise KiminaUnavailable(self._redact(f"kimina answered outside its API: {reply.text[:200]}"), 200) from e
         return [by_id.get(i, KiminaUnavailable(f"kimina gave no result for snippet {i}")) for i in ids]
+
+    def _redact(self, text: str) -> str:
+        """`text` without the key: what the server or a proxy in front of it echoes goes into logs and details."""
+        return text.replace(self._api_key, "[kimina_api_key]") if self._api_key else text
 
 
 _SHARED: dict[tuple, KiminaClient] = {}
@@ -247,7 +276,7 @@ def shared_client(url: str, **options: Any) -> KiminaClient:
 def _split(code: str) -> tuple[list[str], list[str]]:
     """(header lines, body lines) exactly as kimina's `split_snippet` cuts a snippet: the header is the leading
     lines that are blank or start with `import `; the body (rejoined with `\\n`) runs as one REPL command, so
-    message positions count its lines from 1. `str.splitlines` as there, separators and all."""
+    the REPL counts its lines from 1. `str.splitlines` as there, separators and all."""
     lines = code.splitlines()
     i = 0
     while i < len(lines) and (lines[i].strip() == "" or lines[i].strip().startswith("import ")):
@@ -255,9 +284,45 @@ def _split(code: str) -> tuple[list[str], list[str]]:
     return lines[:i], lines[i:]
 
 
-def assemble_snippet(header: str, command: str, theorem_name: str) -> tuple[str, int] | Judgement:
-    """The code to send and the line of its `#print axioms` command in the body's coordinates: the body's
-    last line, since the command is the snippet's last line and the code ends without a newline.
+Convention = Literal["body", "snippet"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the sent snippet's lines fall under kimina's split, and so where each convention puts a message.
+
+    A body line k is reported as line k ("body", servers before PR #56) or k + header_lines ("snippet", since).
+    `assemble_snippet` pads the header with blank lines until header_lines >= body_lines: the split counts them
+    in its header and leaves them out of the import header it elaborates, so the REPL and its pool key are
+    unchanged. Then the two conventions' ranges, [1, B] and [H + 1, H + B], do not overlap: the line of every
+    positioned message says which convention the answer is in, and the `#print axioms` line of one convention
+    (B, or H + B) is never a line of the proof in the other.
+    """
+
+    header_lines: int  # H: leading blank and import lines, which the server cuts off
+    body_lines: int  # B: the body's lines; the last is `#print axioms NAME`
+
+    def __post_init__(self) -> None:
+        if self.header_lines < self.body_lines:
+            raise ValueError("the conventions' line ranges overlap: pad the header to at least the body's lines")
+
+    def offset(self, convention: Convention) -> int:
+        return self.header_lines if convention == "snippet" else 0
+
+    def report_line(self, convention: Convention) -> int:
+        return self.offset(convention) + self.body_lines
+
+    def convention_of(self, line: int) -> Convention | None:
+        """The convention under which a message can sit at `line`; None: under neither."""
+        for convention in ("body", "snippet"):
+            if self.offset(convention) < line <= self.report_line(convention):
+                return convention
+        return None
+
+
+def assemble_snippet(header: str, command: str, theorem_name: str) -> tuple[str, Layout] | Judgement:
+    """The code to send (header, blank lines, command, then `#print axioms NAME` as its last line, without a
+    trailing newline) and its Layout.
 
     Why the proof cannot forge the axioms report: `command` passed `lean_check.scan_forbidden`, which rejects
     every `#` command, so the only `#print` is ours, and it sits alone on the last line; the proof's syntax
@@ -270,17 +335,30 @@ def assemble_snippet(header: str, command: str, theorem_name: str) -> tuple[str,
     head, body = _split(code)
     if not any(line.strip().startswith("import ") for line in head):
         return Judgement("error", "", NO_IMPORTS)
-    return code, len(body)
+    parts = code.splitlines(keepends=True)  # every header part ends with its line break: a body follows
+    padding = "\n" * max(0, len(body) - len(head))
+    code = "".join(parts[: len(head)]) + padding + "".join(parts[len(head) :])
+    head, padded_body = _split(code)  # as the server will cut it (a header line ending in a lone \r eats a \n)
+    if padded_body != body or len(head) < len(body):
+        return Judgement("error", "", "kimina: the theorem's header has line breaks the padding cannot follow")
+    return code, Layout(header_lines=len(head), body_lines=len(body))
 
 
-def _line(message: dict[str, Any]) -> int:
-    pos = message.get("pos")
-    line = pos.get("line") if isinstance(pos, dict) else None
-    return line if isinstance(line, int) else 0  # unpositioned: never the report
+def _line(position: Any) -> int:
+    line = position.get("line") if isinstance(position, dict) else None
+    return line if isinstance(line, int) and not isinstance(line, bool) else 0  # unpositioned: never the report
 
 
-def judge_result(result: dict[str, Any], theorem_name: str, report_line: int) -> Judgement:
-    """One snippet's result (`{"error": ...}` or `{"response": <REPL response>}`) as a Judgement."""
+def judge_result(result: dict[str, Any], theorem_name: str, layout: Layout) -> Judgement:
+    """One snippet's result (`{"error": ...}` or `{"response": <REPL response>}`) as a Judgement.
+
+    Failures are read from content wherever they sit (an error or a sorry anywhere). Positions matter only
+    to a would-be `proved`, to find the axioms report, and there they fail safe: every positioned message
+    must fit one convention (`Layout`); a mix, or a line under neither, is `error` (a server we do not
+    understand), never a guess. A guess could only go wrong on an answer that fits both conventions, and
+    the padding makes none. Under the convention the lines show, the report line holds only what our
+    `#print axioms` printed (see `assemble_snippet`).
+    """
     error = result.get("error")
     if error:
         detail = f"kimina: {error}"[:DETAIL_CHARS]
@@ -296,11 +374,14 @@ def judge_result(result: dict[str, Any], theorem_name: str, report_line: int) ->
     if judgement.verdict != "proved":
         return judgement
     messages = response.get("messages") or []
-    past = [m for m in messages if _line(m) > report_line]
-    if past:  # nothing can sit past the body's last line: this server does not position messages as 2.0.0
-        return Judgement("error", "", f"kimina: message at line {_line(past[0])}, past the snippet's last line "
-                                      f"{report_line}: positions are not in the body's coordinates")  # fmt: skip
-    report = [{**m, "pos": {**m["pos"], "line": 1}} for m in messages if _line(m) == report_line]
+    lines = sorted({line for m in messages if (line := _line(m.get("pos")))})
+    conventions = {layout.convention_of(line) for line in lines}
+    if len(conventions) > 1 or None in conventions:
+        return Judgement("error", "", f"kimina: message lines {lines[:8]} fit no one convention (body: 1-"
+                                      f"{layout.body_lines}, snippet: {layout.header_lines + 1}-"
+                                      f"{layout.report_line('snippet')}): a server we do not understand")  # fmt: skip
+    report_line = layout.report_line(conventions.pop()) if conventions else -1  # no positioned message: no report
+    report = [{**m, "pos": {**m["pos"], "line": 1}} for m in messages if _line(m.get("pos")) == report_line]
     return lean_check.judge_axioms({"env": response["env"], "messages": report}, theorem_name)
 
 
@@ -311,9 +392,10 @@ class KiminaChecker:
 
     def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
                  toolchain: str = "kimina", api: str = "verify", sandbox_id: str = "kimina",
-                 client: KiminaClient | None = None, second_line: SecondLine | None = None) -> None:  # fmt: skip
+                 client: KiminaClient | None = None, second_line: SecondLine | None = None,
+                 api_key: str | None = None) -> None:  # fmt: skip
         self.client = client or shared_client(url, timeout_s=timeout_s, batch_window_ms=batch_window_ms,
-                                              max_batch=max_batch, api=api)  # fmt: skip
+                                              max_batch=max_batch, api=api, api_key=api_key)  # fmt: skip
         # The server keeps the proof's environment to itself: no audit can run, so its `proved` counts only
         # where the operator accepts its word (lean_second_line = "trust_repl"); otherwise it is `error`.
         self.second_line = second_line or SecondLine(audit=None)
@@ -335,14 +417,14 @@ class KiminaChecker:
         snippet = assemble_snippet(theorem.header, text, name)
         if isinstance(snippet, Judgement):
             return snippet
-        code, report_line = snippet
+        code, layout = snippet
         self._stats.requests += 1
         self._stats.total_requests += 1
         try:
             result = await self.client.verify(code)
         except KiminaUnavailable as e:
             return Judgement("error", "", str(e)[:DETAIL_CHARS])
-        judgement = judge_result(result, name, report_line)
+        judgement = judge_result(result, name, layout)
         if judgement.verdict == "timeout":
             self._stats.timeouts += 1
         if judgement.verdict == "proved":  # the server's word, which code run from the proof can forge

@@ -144,6 +144,8 @@ def make_checkers(
             checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
                                            toolchain=f"{settings.lean_toolchain}+kimina",
                                            sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
+                                           api_key=settings.kimina_api_key.get_secret_value()
+                                           if settings.kimina_api_key else None,
                                            second_line=second_line(settings, index, "kimina"))  # fmt: skip
             continue
         sandbox = make_sandbox(settings, task, index, kinds[task])
