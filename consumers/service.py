@@ -105,10 +105,17 @@ class VerifierService:
             self._start_failures[sandbox.sandbox_id] = str(e)
             log.error("sandbox_unavailable", sandbox_id=sandbox.sandbox_id, backend=sandbox.stats().backend,
                       error=str(e)[:1000], worker=self.worker_id)  # fmt: skip
+        second_line = getattr(checker, "second_line", None)  # a Lean checker's (verifier_pool.lean_audit)
+        if second_line is not None and second_line.audit is not None:
+            await second_line.audit.probe()
+        if second_line is not None and (why := second_line.unavailable):
+            log.error("second_line_unavailable", sandbox_id=sandbox.sandbox_id, error=why[:1000], worker=self.worker_id)
 
     def unavailable(self) -> dict[str, str]:
         """Sandboxes that cannot start now, with why: those whose start at the service's start failed and
-        that no check has started since, and those whose last (re)start in a check failed."""
+        that no check has started since, and those whose last (re)start in a check failed; and a Lean checker's
+        second line (`<sandbox id>:second-line`) while none can confirm a proof (no audit program, or its
+        sandbox cannot start), since every Lean proof is then `error`."""
         down = {}
         for checkers in self.checkers:
             for c in checkers.values():
@@ -118,6 +125,9 @@ class VerifierService:
                     why = self._start_failures.get(sandbox_id)
                 if why is not None:
                     down[sandbox_id] = why
+                second_line = getattr(c, "second_line", None)  # no Lean `proved` can come through it: red too
+                if second_line is not None and (why := second_line.unavailable):
+                    down[f"{sandbox_id}:second-line"] = why
         return down
 
     async def stop(self, timeout_s: float | None = None) -> None:

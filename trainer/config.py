@@ -64,6 +64,10 @@ class TrainerSettings(RoleSettings):
     lean_repl_cmd: list[str] = Field(default_factory=list)
     lean_workdir: str = ""
     lean_image: str = "proofstream-lean:latest"
+    # The Lean verdict's second line (verifier_pool.lean_audit): the audit program a process backend runs (the
+    # docker backend runs lean-audit from lean_image), or "trust_repl" to take the Lean server's word.
+    lean_audit_cmd: list[str] = Field(default_factory=list)
+    lean_second_line: Literal["audit", "trust_repl"] = "audit"
 
     @model_validator(mode="after")
     def _lean_needs_data(self) -> TrainerSettings:

@@ -35,9 +35,15 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
     from verifier_pool import docker_backend
     from verifier_pool.pool import NO_LEAN
 
+    unconfirmed = (
+        "every Lean proof the server accepts would be `error`: nothing can confirm it (verifier_pool.lean_audit). "
+        "Set lean_second_line = 'trust_repl' to take the Lean server's word"
+    )
     if settings.sandbox == "kimina" or settings.kimina_url:
         if not settings.kimina_url:
             return "sandbox = 'kimina' needs kimina_url. " + NO_LEAN
+        if settings.lean_second_line == "audit":  # the server keeps the proof's env: no audit can run
+            return f"with kimina-lean-server {unconfirmed}."
         import httpx
 
         try:
@@ -49,6 +55,8 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
         exe = settings.lean_repl_cmd[0]
         if shutil.which(exe) is None and not Path(exe).is_file():
             return f"lean_repl_cmd {settings.lean_repl_cmd} cannot run: {exe!r} is not on PATH. " + NO_LEAN
+        if settings.sandbox != "docker" and settings.lean_second_line == "audit" and not settings.lean_audit_cmd:
+            return f"with lean_repl_cmd and no lean_audit_cmd (e.g. ['lean-audit']) {unconfirmed}."
         return None
     if settings.sandbox in ("auto", "docker") and docker_backend.daemon_ready(settings.lean_image):
         return None
@@ -60,7 +68,7 @@ def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
     workers get as PROOFSTREAM_* and what `python -m trainer.eval` builds its checkers from."""
     fields: dict[str, Any] = {"tasks": [settings.task], "concurrency": settings.verifier_concurrency,
                               "sandbox": settings.sandbox}  # fmt: skip
-    for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd"):
+    for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd", "lean_audit_cmd", "lean_second_line"):
         if getattr(settings, key):
             fields[key] = getattr(settings, key)
     return fields

@@ -118,6 +118,19 @@ class LeanAudit:
     def __init__(self, sandbox: Sandbox, timeout_s: float) -> None:
         self.sandbox = sandbox
         self.timeout_s = timeout_s  # importing the header, elaborating the statement, replaying the proof
+        self.unavailable: str | None = None  # why its sandbox could not start at the last try; None once it did
+
+    async def probe(self) -> None:
+        """Start the audit's sandbox once and kill it (the worker's start does this): a missing audit program
+        or image shows in the health check before the first proof needs it, not as that proof's `error`."""
+        try:
+            await self.sandbox.start()
+            self.unavailable = None
+        except SandboxUnavailable as e:
+            self.unavailable = str(e)
+            log.error("audit_unavailable", sandbox_id=self.sandbox.sandbox_id, error=str(e)[:1000])
+        finally:
+            await self.sandbox.kill()
 
     async def audit(self, theorem: Theorem, pickle: bytes) -> Judgement:
         try:
@@ -131,15 +144,19 @@ class LeanAudit:
             try:
                 reply = await self.sandbox.request(audit_request(theorem, pickle), self.timeout_s)
             except SandboxUnavailable as e:
+                self.unavailable = str(e)
                 log.error("audit_unavailable", sandbox_id=self.sandbox.sandbox_id, error=str(e)[:1000])
                 return Judgement("error", "", f"audit unavailable: {e}"[:DETAIL_CHARS])
             except SandboxTimeout:  # mostly our own work (importing the header): never scored as the proof's
+                self.unavailable = None
                 return Judgement("error", "", f"audit: no answer within {self.timeout_s:g} s")
             except SandboxCrashed as e:
+                self.unavailable = None
                 log.warning("audit_crashed", sandbox_id=self.sandbox.sandbox_id, attempt=attempt, error=str(e)[:300])
                 if attempt == 2:
                     return _integrity(f"crashed twice on this proof's environment: {str(e)[:200]}")
                 continue
+            self.unavailable = None
             return judge_audit(reply)
         raise AssertionError("unreachable")
 
@@ -156,6 +173,18 @@ class SecondLine:
     audit: LeanAudit | None
     trust_repl: bool = False
     _warned: bool = field(default=False, init=False, repr=False)  # `trust_repl` is logged once
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why a Lean proof cannot be `proved` here now (the health check's), or None."""
+        if self.audit is not None:
+            return None if self.audit.unavailable is None else f"the audit cannot start: {self.audit.unavailable}"
+        if not self.trust_repl:
+            return (
+                "no second line: every Lean proof the server accepts is `error`; set lean_audit_cmd (process "
+                "backend), or lean_second_line = 'trust_repl' to accept the Lean server's word"
+            )
+        return None
 
     @property
     def mode(self) -> str:

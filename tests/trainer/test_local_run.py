@@ -100,3 +100,22 @@ def test_a_second_process_on_the_same_run_directory_is_refused(tmp_path):
     assert proc.returncode == 1, err
     assert "is in use" in err and "--run" in err
     assert not (run_dir / "redis" / "appendonlydir").exists()  # no server was started on it
+
+
+def test_a_lean_backend_that_cannot_confirm_a_proof_is_refused_before_the_run_starts():
+    """Without a second line every Lean proof would be `error` (verifier_pool.lean_audit): a local REPL with no
+    audit program, or a kimina server, in the default audit mode is refused with the way out; an audit command,
+    or the operator's trust_repl, is accepted; and the workers get what the trainer was given."""
+    from trainer.config import TrainerSettings
+    from trainer.local import lean_backend_problem, verifier_fields
+
+    repl = {"task": "lean", "sandbox": "process", "lean_repl_cmd": [sys.executable, "-c", "pass"]}
+    problem = lean_backend_problem(TrainerSettings(**repl))
+    assert problem is not None and "lean_audit_cmd" in problem and "trust_repl" in problem
+    assert lean_backend_problem(TrainerSettings(**repl, lean_audit_cmd=["lean-audit"])) is None
+    assert lean_backend_problem(TrainerSettings(**repl, lean_second_line="trust_repl")) is None
+    fields = verifier_fields(TrainerSettings(**repl, lean_audit_cmd=["lean-audit"]))
+    assert fields["lean_audit_cmd"] == ["lean-audit"] and fields["lean_second_line"] == "audit"
+    kimina = {"task": "lean", "sandbox": "kimina", "kimina_url": "http://127.0.0.1:9"}
+    problem = lean_backend_problem(TrainerSettings(**kimina))
+    assert problem is not None and "trust_repl" in problem  # refused before the server is even asked

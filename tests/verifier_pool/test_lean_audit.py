@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.service import VerifierService
 from streams.theorems import Theorem
 from verifier_pool import docker_backend, lean_audit, process
 from verifier_pool.checkers import LeanChecker
@@ -207,3 +208,33 @@ def test_settings_choose_the_second_line():
     assert line.mode == "audited" and line.audit.sandbox.config.argv == ("lean-audit",)
     line = second_line(VerifierSettings(**lean), 0, "docker")
     assert line.audit.sandbox.config.argv == lean_audit.AUDIT_ARGV
+
+
+async def test_the_health_check_is_red_while_no_second_line_can_confirm_a_proof(redis_url, keys):
+    """A Lean slot whose second line cannot confirm anything (no audit program; an audit that cannot start)
+    makes every Lean proof `error`: the worker's health check names it from the start, before any proof, and
+    turns green for an audit that starts."""
+    repl = [sys.executable, str(FIXTURES / "fake_repl.py")]
+    # The interpreter's prefix stands in for a Lean toolchain directory: bound read-only into both sandboxes.
+    fields = {"run": keys.run, "concurrency": 1, "tasks": ["lean"], "sandbox": "process", "lean_repl_cmd": repl,
+              "lean_workdir": PROJECT_ROOT, "lean_toolchain_dir": sys.base_prefix}  # fmt: skip
+    cases = {
+        "none": ({}, "no second line"),
+        "missing": ({"lean_audit_cmd": ["/nonexistent/lean-audit"]}, "the audit cannot start"),
+        "audit": ({"lean_audit_cmd": [sys.executable, str(FIXTURES / "fake_audit.py")]}, None),
+        "trust": ({"lean_second_line": "trust_repl"}, None),
+    }
+    for name, (extra, why) in cases.items():
+        service = VerifierService(VerifierSettings.load(env={}, flags={**fields, **extra}), redis_url)
+        await service.start()
+        try:
+            down = service.unavailable()
+            reported = service.stats()["sandboxes_unavailable"]
+        finally:
+            await service.stop()
+        lines = {k: v for k, v in down.items() if k.endswith(":second-line")}
+        if why is None:
+            assert down == {}, (name, down)
+        else:
+            assert len(lines) == 1 and why in next(iter(lines.values())), (name, down)
+            assert set(reported) == set(down)  # what ops.health reads
