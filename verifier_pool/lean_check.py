@@ -1,11 +1,13 @@
 """What "proved" means: the text checks and the REPL-response checks of ../shared/LEAN_REPL.md, as pure functions.
 
 The order a verifier runs them in (`prepare` does steps 1-3):
-1. `extract_proof_body(model_text, statement)`: the proof body, the text after the statement's `:= by`. The
-   model's restatement must equal the canonical statement up to whitespace; everything before it (imports,
-   opens, notations, instances, axioms, helper lemmas) is discarded.
-2. `scan_forbidden(body)`: a token-level scan (`lean_text`) for holes, code that runs at elaboration time,
-   syntax definitions, new axioms, compiler trust, debug options and new commands.
+1. `extract_proof_body(model_text, statement)`: the proof body, the text after the statement's `:= by` (or,
+   for a term-mode proof, a `TermBody` after its `:=`). The model's restatement must equal the canonical
+   statement up to whitespace (`lemma` for `theorem` included); everything before it (imports, opens,
+   notations, instances, axioms, helper lemmas) is discarded.
+2. `scan_forbidden(body)`: a token-level scan (`lean_text`) for holes, code that runs at elaboration time
+   (commands, attributes, tactic configuration terms, run-a-term tactics), syntax definitions, new axioms,
+   compiler trust, debug and warning options and new commands.
 3. `assemble(statement, body)`: the command, built from trusted parts only; the header is elaborated once
    per REPL and the command runs with that `env`, so it never contains `import`.
 4. `judge_command(response)`: no error, no sorry (either quoting of the warning), no `#exit`; its `proved`
@@ -14,15 +16,21 @@ The order a verifier runs them in (`prepare` does steps 1-3):
    `judge_axioms(response, name)`: only propext, Classical.choice and Quot.sound.
 
 What these checks do NOT catch:
-- Environment forgery. Code that runs during elaboration can add unchecked declarations or overwrite
-  constants; we forbid every way we know to run code from a proof (`#eval`, `run_tac`, `by_elab`, `elab`,
-  `macro`, simprocs, `initialize`, attributes that register elaborators, ...), but only replaying the final
-  environment through the kernel (lean4checker, SafeVerify, comparator) proves it was not forged. Offer
-  that as a second pass for evaluation sets.
-- Syntax we do not know: a Mathlib command or tactic, missing from our lists, that runs code or hides a
-  hole. Lean's own sorry warning and the axioms check back up the scan for holes, not for code.
+- Environment forgery, and forged REPL answers. Code that runs during elaboration can add unchecked
+  declarations, overwrite constants or write the REPL's replies itself; we forbid every way we know to run
+  code from a proof (`#eval`, `run_tac`, `by_elab`, `eval%`, `elab`, `macro`, simprocs, `initialize`,
+  `test_extern`, attributes, configuration terms other than literals, `plausible`, ...), but only a kernel
+  replay in a process the proof never ran in (`lean_audit`, the second line) proves it was not forged.
+- Syntax we do not know: a Mathlib command, tactic or term elaborator, missing from our lists, that runs
+  code or hides a hole. Configuration terms are caught by their shape `(name := value)` whatever the tactic;
+  a library tactic that evaluates a term given in another shape is not. Lean's own sorry warning and the
+  axioms check back up the scan for holes, not for code.
 - Wrong answers from Lean itself (kernel or elaborator bugs), and resource attacks (the sandbox's job).
 - A proof text that reads differently under a Lean version whose token rules differ from `lean_text`'s.
+
+What they refuse that Lean would accept (false positives we accept for a scan that needs no grammar): a
+named argument whose value is not a literal (`foo (h := h₀)` reads like a configuration item), attributes
+on `where` declarations, Mathlib's `#s` card notation, options `warn.*` and `debug.*`.
 """
 
 from __future__ import annotations
@@ -33,8 +41,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
 from verifier_pool.lean_text import Token, code_tokens, comments, is_id_rest, lex, name_parts
+
+log = structlog.get_logger("verifier_pool.lean_check")
 
 ALLOWED_AXIOMS = frozenset({"propext", "Classical.choice", "Quot.sound"})
 COMPILER_AXIOMS = frozenset({"Lean.ofReduceBool", "Lean.ofReduceNat", "Lean.trustCompiler"})  # native_decide & co
@@ -57,6 +69,13 @@ FORBIDDEN_WORDS = frozenset({
     "run_cmd", "run_tac", "run_elab", "run_meta", "by_elab", "initialize", "builtin_initialize",
     "simproc", "dsimproc", "simproc_decl", "dsimproc_decl", "builtin_simproc", "builtin_dsimproc",
     "command_elab", "term_elab", "builtin_command_elab", "builtin_term_elab", "builtin_tactic", "builtin_macro",
+    # a core command without `#` that compiles and runs its argument (lean4: `syntax (name := testExternCmd)`)
+    "test_extern",
+    # tactics that compile and run a term: plausible (Plausible/Tactic.lean) evaluates the goal's Testable
+    # instance with `unsafe evalExpr`, so any proposition the proof states (`have : p := by plausible`) runs;
+    # slim_check is its former name. bv_decide? runs bv_decide; bv_check reads an LRAT file and trusts the
+    # compiler (Std.Tactic.BVDecide)
+    "plausible", "slim_check", "bv_decide?", "bv_check",
     # change the trusted base
     "import", "prelude", "axiom", "opaque", "unsafe", "partial",
 })  # fmt: skip
@@ -65,6 +84,10 @@ FORBIDDEN_WORDS = frozenset({
 FORBIDDEN_COMPONENTS = frozenset({
     "sorryAx", "native_decide", "nativeDecide", "native", "bv_decide", "ofReduceBool", "ofReduceNat",
     "reduceBool", "reduceNat", "trustCompiler", "implemented_by", "extern", "csimp",
+    # what an evaluated term needs to reach the outside: IO actions (`IO.RealWorld` is `Unit`, so a pure term
+    # can run one: `(IO.println "x").run ()`) and the unsafe escapes; no proof names them, and `open IO in`
+    # is caught too
+    "IO", "EIO", "BaseIO", "unsafeBaseIO", "unsafeIO", "unsafeEIO", "unsafeCast",
 })  # fmt: skip
 # Commands that declare or change scopes. No tactic uses these words, and Lean ends a tactic block at the
 # first token that is not a tactic, whatever its column: so any occurrence starts a new command. After the
@@ -79,6 +102,14 @@ COMMAND_WORDS = frozenset({
 # command can start: column 0 (where newer Lean requires every proof line to be indented).
 LINE_START_WORDS = frozenset({"open", "scoped"})
 _REASON_OF_COMPONENT = {"native": "decide +native"}
+# Option prefixes `set_option` may not touch: `debug.skipKernelTC` skips the kernel, `warn.sorry false` silences
+# the sorry warning (Lean.AddDecl: `register_builtin_option warn.sorry`).
+FORBIDDEN_OPTION_PREFIXES = ("debug.", "warn.")
+# `(disch := tac)` and `(discharger := tac)` take a tactic sequence, which the scan reads as code like any
+# other (Init/Tactics.lean: `valConfigItem` is `notFollowedBy(&"discharger" <|> &"disch")`).
+TACTIC_ITEMS = frozenset({"disch", "discharger"})
+# In a configuration value, symbols other than `{`, `}` and `:=` (a structure instance's) may be only these.
+_LITERAL_SYMBOLS = re.compile(r"[\[\],. \t\r\n]*+")  # with Lean's whitespace, inside a merged run
 HOLES = frozenset({"forbidden: sorry", "forbidden: admit", "forbidden: stop", "forbidden: sorryAx"})
 
 # Model text is untrusted and may be megabytes long: everything from here to `prepare` is linear in it (a fence
@@ -87,8 +118,13 @@ _FENCE = re.compile(r"```([^\n`]*+)\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[ \t]*+(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
 _WHITESPACE_RUN = re.compile(r"\s+")
 _SPACE_RUN = re.compile(r"  +")
-_DEPENDS = re.compile(r"'(.+)' depends on axioms: \[(.*)\]", re.DOTALL)
-_NO_AXIOMS = re.compile(r"'(.+)' does not depend on any axioms", re.DOTALL)
+# `#print axioms` (lean4 src/Lean/Elab/Print.lean, `printAxiomsOf`): `m!"'{constName}' depends on axioms: {..}"`
+# and `m!"'{constName}' does not depend on any axioms"`, read at commits 8b96499 (2021, list unsorted) and
+# 02637a0 (2025, module era, list sorted); both quote the name with `'`. Lean's messages have been moving to
+# backquoted names (`.ofConstName`: "Unknown identifier `x`", ``declaration uses `sorry` ``), so the backquoted
+# form is read too. Any other wording is an infrastructure error, logged once per process.
+_DEPENDS = re.compile(r"(['`])(.+)\1 depends on axioms: \[(.*)\]", re.DOTALL)
+_NO_AXIOMS = re.compile(r"(['`])(.+)\1 does not depend on any axioms", re.DOTALL)
 _SEVERITIES = frozenset({"trace", "info", "warning", "error"})
 
 
@@ -100,6 +136,14 @@ class IntegrityError:
 
     def judgement(self) -> Judgement:
         return Judgement("rejected", "integrity", self.detail)
+
+
+@dataclass(frozen=True, slots=True)
+class TermBody:
+    """A term-mode proof body: the model wrote `theorem X : P := term` where the canonical statement says
+    `:= by`. Lean reads both the same way once assembled as the canonical statement without its `by`."""
+
+    text: str
 
 
 def _rejected(reason: str, detail: str) -> Judgement:
@@ -133,30 +177,45 @@ def theorem_name(formal_statement: str) -> str:
     raise ValueError(f"no `theorem NAME` in the canonical statement: {formal_statement[:80]!r}")
 
 
-def extract_proof_body(model_text: str, formal_statement: str) -> str | IntegrityError:
-    """The proof body to check: the text after the canonical statement's `:= by` in the model's code.
+def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody | IntegrityError:
+    """The proof body to check: the text after the canonical statement's `:= by` in the model's code, or a
+    `TermBody` when the model's statement ends in `:=` followed by a term instead (`:= h₀ ▸ rfl`).
 
-    The model's statement must equal the canonical one up to whitespace runs, comments and the spacing of
-    `:=`; the last such occurrence counts and everything before it is discarded. A text that declares no
-    `theorem`/`lemma`/`example` at all is taken as a bare proof body (tactics, optionally after `by`). A text
-    that declares one but not the canonical statement is an integrity rejection: the model altered or dropped
-    the statement. The body starts at a line start with its columns as the model wrote them (a first tactic on
-    the `by` line keeps its column), so indentation-sensitive tactic blocks parse as they did for the model.
+    The model's statement must equal the canonical one up to whitespace runs, comments, the spacing of `:=`
+    and `lemma` for `theorem` (or back); the last such occurrence counts and everything before it is
+    discarded. A text that declares no `theorem`/`lemma`/`example` at all is taken as a bare proof body
+    (tactics, optionally after `by`). A text that declares one but not the canonical statement is an integrity
+    rejection: the model altered or dropped the statement. The body starts at a line start with its columns as
+    the model wrote them (a first tactic on the `by` line keeps its column), so indentation-sensitive tactic
+    blocks parse as they did for the model.
     """
     code = lean_code_block(model_text)
     statement = _normalized(formal_statement, _outside_comments(formal_statement, lex(formal_statement))).rstrip()
     if not statement.endswith(":= by"):
         raise ValueError(f"canonical statement does not end with ':= by': {formal_statement[-40:]!r}")
+    head = statement.removesuffix(" by")  # up to and with its `:=`
     segments = _outside_comments(code, comments(code))
     text = _normalized(code, segments)
-    at = _find_statement(text, statement)
-    if at is not None:
-        last = at + len(statement) - 1  # the `y` of `by`, a visible character: count them up to it
-        return _body_from(code, _visible_offset(code, segments, last + 1 - text.count(" ", 0, last + 1)) + 1)
+    found = [(at, len(h)) for h in _spellings(head) if (at := _find_statement(text, h)) is not None]
+    if found:
+        at, length = max(found)
+        end = at + length  # just after the `:=`
+        tactics = text.startswith(" by", end) and _ends_word(text, end + 3)
+        last = end + 2 if tactics else end - 1  # the `y` of `by` or the `=` of `:=`: count visible ones up to it
+        body = _body_from(code, _visible_offset(code, segments, last + 1 - text.count(" ", 0, last + 1)) + 1)
+        return body if tactics else TermBody(body)
     declares = lex(code, merge=True, stop=_declares)  # lexing ends at the first declaration
     if declares and _declares(declares[-1]):
         return IntegrityError("the canonical statement is missing or altered")
     return _bare_body(code)
+
+
+def _spellings(head: str) -> tuple[str, ...]:
+    """The normalized statement head as written, and with `lemma` (Mathlib's synonym) for `theorem` or back."""
+    for keyword, other in (("theorem ", "lemma "), ("lemma ", "theorem ")):
+        if head.startswith(keyword):
+            return head, other + head.removeprefix(keyword)
+    return (head,)
 
 
 def _declares(token: Token) -> bool:
@@ -202,11 +261,16 @@ def _find_statement(text: str, statement: str) -> int | None:
     end = len(text)
     while (at := text.rfind(statement, 0, end)) >= 0:
         before = text[at - 1] if at else " "
-        after = text[at + len(statement) : at + len(statement) + 1] or " "
-        if not (is_id_rest(before) or before == ".") and not (is_id_rest(after) or after in ".«"):
+        if not (is_id_rest(before) or before == ".") and _ends_word(text, at + len(statement)):
             return at
         end = at + len(statement) - 1
     return None
+
+
+def _ends_word(text: str, at: int) -> bool:
+    """Whether a word ending before `at` ends there for Lean (`by` is not the start of `byx` or `by.x`)."""
+    after = text[at : at + 1] or " "
+    return not (is_id_rest(after) or after in ".«")
 
 
 def _body_from(code: str, start: int) -> str:
@@ -254,21 +318,23 @@ def scan_forbidden(body: str) -> str | None:
     are identifiers of their own. The first token, in source order, that breaks a rule names the reason:
     text whose reading depends on Lean's token table (`ambiguous`); any `#` command (none belongs in a proof:
     `#print` could fake an axioms line, `#eval` runs code, `#exit` truncates; Mathlib's card notation `#s` is
-    a false positive we accept); FORBIDDEN_WORDS; `debug.*` options (`set_option debug.skipKernelTC true
-    in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; COMMAND_WORDS anywhere; LINE_START_WORDS at
-    column 0.
+    a false positive we accept); any attribute `@[`; FORBIDDEN_WORDS; options under FORBIDDEN_OPTION_PREFIXES
+    (`set_option debug.skipKernelTC true in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; COMMAND_WORDS
+    anywhere; LINE_START_WORDS at column 0; `eval%`; a configuration value that is not a literal.
     """
     return _first_forbidden(body)[1]
 
 
 def _first_forbidden(body: str) -> tuple[list[Token], str | None]:
     """The tokens of `body` up to its first forbidden one (all if none), and the reason for that one."""
-    tokens = lex(body, merge=True, stop=lambda token: _forbidden(token) is not None)  # ends at the first one
-    reason = _forbidden(tokens[-1]) if tokens else None
+    scan = _Scan(body)
+    tokens = lex(body, merge=True, stop=scan)  # ends at the first forbidden token
+    reason = scan.reason or scan.end()
     return tokens, None if reason is None else f"forbidden: {reason}"
 
 
 def _forbidden(token: Token) -> str | None:
+    """The rules that need only the token itself."""
     if token.kind == "ambiguous":
         return f"ambiguous literal {token.text[:20]!r} at line {token.line}"
     if token.kind == "hash":
@@ -278,7 +344,7 @@ def _forbidden(token: Token) -> str | None:
     word = ".".join(name_parts(token.text))
     if word in FORBIDDEN_WORDS:
         return word
-    if word.startswith("debug."):
+    if word.startswith(FORBIDDEN_OPTION_PREFIXES):
         return f"set_option {word}"
     for component in word.split("."):
         if component in FORBIDDEN_COMPONENTS:
@@ -290,13 +356,90 @@ def _forbidden(token: Token) -> str | None:
     return None
 
 
-def assemble(formal_statement: str, body: str) -> str:
+class _Scan:
+    """`lex`'s `stop` callback: sees the tokens of one body in source order and keeps the first reason.
+
+    Besides the per-token rules it reads configuration items. Lean evaluates a tactic's configuration: the
+    `(name := value)` items of `optConfig` and the older `(config := value)` are elaborated into the tactic's
+    Config structure and run by `evalExpr' (safety := .unsafe)` (Lean/Elab/Tactic/Config.lean,
+    `mkConfigElaborator`), so an IO action in a value runs in the REPL process. Tactics with a configuration
+    are an open set (Mathlib declares its own), so every `(IDENT := value)` is read as one, a named argument
+    too, except the tactic-valued TACTIC_ITEMS. A value may hold only literals: numerals, `true`/`false`,
+    `.ctor` names, lists `[...]` and structure instances `{ field := literal, ... }` of them; an identifier
+    not in those places, `⟨...⟩` (fields by position), `(`, strings, operators and the rest are
+    `config term`. `+opt`/`-opt` flags set a Bool to a literal and need nothing.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.reason: str | None = None
+        self.state = "code"  # code | open (after `(`) | name (after `(IDENT`) | value (after `(IDENT :=`)
+        self.item = ""  # IDENT of the configuration item being read
+        self.field = False  # in a value, an identifier was read that only `:=` may follow (a field name)
+        self.attribute = False  # the last token was `@[`
+
+    def __call__(self, token: Token) -> bool:
+        if token.kind == "comment":
+            return False
+        self.reason = _forbidden(token) or self._context(token)
+        return self.reason is not None
+
+    def end(self) -> str | None:
+        """The reason owed at the end of the text: an attribute whose name never came."""
+        return "attribute @[" if self.attribute else None
+
+    def _context(self, token: Token) -> str | None:
+        if self.attribute:
+            # An attribute runs its handler when the declaration it decorates is added; registration
+            # attributes (command_parser, term_elab, tactic, macro, delab, env_extension, init, norm_num, ...)
+            # make that declaration's code run later, and any library can declare one. In a proof body the
+            # only place for one is a `where`/`let rec` declaration, which no competition proof decorates.
+            return f"attribute @[{token.text[:40]}" if token.kind == "ident" else "attribute @["
+        if token.kind == "ident" and token.text == "eval" and self.text.startswith("%", token.start + 4):
+            return "eval%"  # Mathlib/Tactic/Eval.lean: `eval% term` runs the term (`evalExpr ... .unsafe`)
+        if self.state == "value":
+            return self._value(token)
+        if token.kind == "symbol" and token.text == "@[":
+            self.attribute = True  # named by the next token: its own rules (`implemented_by`) come first
+        elif self.state == "open" and token.kind == "ident" and token.text not in TACTIC_ITEMS:
+            self.state, self.item = "name", token.text
+        elif self.state == "name" and token.text == ":=":
+            self.state, self.field = "value", False
+        else:
+            self.state = "open" if token.kind == "symbol" and token.text.endswith("(") else "code"
+        return None
+
+    def _value(self, token: Token) -> str | None:
+        bad = f"config term ({self.item[:40]} := ...)"
+        if self.field:  # `{ name := ...`: the identifier was a field name only if `:=` follows
+            self.field = False
+            return None if token.text == ":=" else bad
+        if token.kind == "number" or (token.kind == "ident" and token.text in ("true", "false")):
+            return None
+        if token.kind == "ident":
+            self.field = self.text[token.start - 1] != "."  # `.ctor` is a literal, else a field name
+            return None
+        if token.kind != "symbol":
+            return bad
+        if token.text in ("{", "}"):
+            return None
+        symbols = token.text  # one symbol, or a merged run of them with Lean's whitespace: `]),`, `) (`
+        close = symbols.find(")")
+        if not _LITERAL_SYMBOLS.fullmatch(symbols, 0, len(symbols) if close < 0 else close):
+            return bad
+        if close >= 0:  # the item ends; the rest of the run may open the next one
+            self.state = "open" if symbols.endswith("(") and close < len(symbols) - 1 else "code"
+        return None
+
+
+def assemble(formal_statement: str, body: str, term: bool = False) -> str:
     """The command to elaborate on top of the header's env: the trusted statement, a newline, the body (as
-    `extract_proof_body` returns it: starting at a line start)."""
+    `extract_proof_body` returns it: starting at a line start). A term-mode body (`term`) follows the
+    statement's `:=`, its `by` dropped."""
     statement = formal_statement.rstrip()
     if not statement.endswith("by") or any(t.text == "import" for t in code_tokens(statement)):
         raise ValueError(f"not a canonical statement ending in ':= by': {formal_statement[:80]!r}")
-    return statement + "\n" + body
+    return (statement.removesuffix("by").rstrip() if term else statement) + "\n" + body
 
 
 def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS) -> str | Judgement:
@@ -307,12 +450,13 @@ def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_
     body = extract_proof_body(model_text, formal_statement)
     if isinstance(body, IntegrityError):
         return body.judgement()
-    tokens, reason = _first_forbidden(body)  # one reading of the body for both checks
+    term, text = (True, body.text) if isinstance(body, TermBody) else (False, body)
+    tokens, reason = _first_forbidden(text)  # one reading of the body for both checks
     if all(t.kind == "comment" for t in tokens):  # no Lean run can prove anything with whitespace and comments
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
     if reason is not None:
         return _rejected("sorry" if reason in HOLES else "integrity", reason)
-    return assemble(formal_statement, body)
+    return assemble(formal_statement, text, term)
 
 
 # --- REPL responses --------------------------------------------------------------------------------------
@@ -373,13 +517,26 @@ def axioms_command(theorem_name: str) -> str:
 
 
 def _axioms_report(data: str) -> tuple[str, list[str]] | None:
-    """(name, axioms) from `'NAME' depends on axioms: [a, b]` or `'NAME' does not depend on any axioms`."""
+    """(name, axioms) from `'NAME' depends on axioms: [a, b]` or `'NAME' does not depend on any axioms`, the
+    name quoted with `'` or with backquotes."""
     data = data.strip()
     if m := _DEPENDS.fullmatch(data):
-        return m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
+        return m.group(2), [a.strip() for a in m.group(3).split(",") if a.strip()]
     if m := _NO_AXIOMS.fullmatch(data):
-        return m.group(1), []
+        return m.group(2), []
     return None
+
+
+_unknown_wording_logged = False  # module state on purpose: a new Lean wording is worth one log line a process
+
+
+def _log_unknown_wording(texts: list[str]) -> None:
+    """Every proof is `error` while Lean's wording is unknown (a Lean upgrade would stop all rewards): say so,
+    with the text, once rather than once per proof."""
+    global _unknown_wording_logged
+    if not _unknown_wording_logged:
+        _unknown_wording_logged = True
+        log.error("axioms_report_unknown_wording", texts=[t[:DETAIL_CHARS] for t in texts[:3]])
 
 
 def judge_axioms(response: Any, theorem_name: str) -> Judgement:
@@ -399,6 +556,9 @@ def judge_axioms(response: Any, theorem_name: str) -> Judgement:
         return _rejected("integrity", f"#print axioms: {errors[0]}")
     reports = [(m, r) for m in messages if m.get("severity") == "info" and (r := _axioms_report(str(m.get("data"))))]
     if not reports:
+        infos = [str(m.get("data")) for m in messages if m.get("severity") == "info"]
+        if infos:
+            _log_unknown_wording(infos)
         return _infrastructure(f"no axioms report in {str(messages)[:200]}")
     if len(reports) > 1:
         return _rejected("integrity", f"{len(reports)} axioms reports for one #print axioms")

@@ -1,7 +1,9 @@
-"""The Lean lexer and text checks as they were before issue 12 (commit 3bfc89f), kept verbatim as the reference
-the linear-time rewrite is compared against on random text (tests/verifier_pool/test_lean_check.py). They read
+"""The Lean lexer and text checks as they were before issue 12 (commit 3bfc89f), kept as the reference the
+linear-time rewrite is compared against on random text (tests/verifier_pool/test_lean_check.py). They read
 one character per Python step and a few passes over the tokens: right, but seconds per megabyte, and the
-source of truth for what `lean_text` and `lean_check` must still answer. Do not use outside tests."""
+source of truth for what `lean_text` and `lean_check` must still answer. Issue 13's rules (configuration
+values, attributes, `eval%`, `lemma` for `theorem`, term-mode bodies) are added here the plain way, by
+looking ahead in token lists and trying every offset, not as `lean_check` does them. Do not use outside tests."""
 
 from __future__ import annotations
 
@@ -284,10 +286,13 @@ from verifier_pool.lean_check import (  # noqa: E402
     _REASON_OF_COMPONENT,
     COMMAND_WORDS,
     FORBIDDEN_COMPONENTS,
+    FORBIDDEN_OPTION_PREFIXES,
     FORBIDDEN_WORDS,
     HOLES,
     LINE_START_WORDS,
+    TACTIC_ITEMS,
     IntegrityError,
+    TermBody,
     _rejected,
     assemble,
 )  # fmt: skip
@@ -307,8 +312,9 @@ def lean_code_block(model_text: str) -> str:
     return model_text[opened[-1].end() :] if opened else model_text
 
 
-def extract_proof_body(model_text: str, formal_statement: str) -> str | IntegrityError:
-    """The proof body to check: the text after the canonical statement's `:= by` in the model's code.
+def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody | IntegrityError:
+    """The proof body to check: the text after the canonical statement's `:= by` in the model's code, or
+    after its `:=` as a TermBody (issue 13: term-mode proofs, and `lemma` for `theorem`).
 
     The model's statement must equal the canonical one up to whitespace runs, comments and the spacing of
     `:=`; the last such occurrence counts and everything before it is discarded. A text that declares no
@@ -323,9 +329,16 @@ def extract_proof_body(model_text: str, formal_statement: str) -> str | Integrit
     if not statement.endswith(":= by"):
         raise ValueError(f"canonical statement does not end with ':= by': {formal_statement[-40:]!r}")
     text, origin = _normalized(code)
-    at = _find_statement(text, statement)
-    if at is not None:
-        return _body_from(code, origin[at + len(statement) - 1] + 1)
+    rest = statement.removesuffix(" by").split(" ", 1)[1]  # after `theorem`: the model may write `lemma`
+    for at in range(len(text), -1, -1):  # the last restatement, by trying every offset
+        head = next((k + " " + rest for k in ("theorem", "lemma") if text.startswith(k + " " + rest, at)), None)
+        if head is None or (at > 0 and (is_id_rest(text[at - 1]) or text[at - 1] == ".")):
+            continue
+        end = at + len(head)
+        after_by = text[end + 3 : end + 4] or " "
+        if text[end : end + 3] == " by" and not (is_id_rest(after_by) or after_by in ".«"):
+            return _body_from(code, origin[end + 2] + 1)
+        return TermBody(_body_from(code, origin[end - 1] + 1))
     if any(t.kind == "ident" and t.text in ("theorem", "lemma", "example") for t in code_tokens(code)):
         return IntegrityError("the canonical statement is missing or altered")
     return _bare_body(code)
@@ -353,19 +366,6 @@ def _normalized(text: str) -> tuple[str, list[int]]:
         else:
             put(piece, at)
     return "".join(chars), origin
-
-
-def _find_statement(text: str, statement: str) -> int | None:
-    """Offset of the last occurrence of `statement` in `text` that stands as whole tokens (not the tail of
-    `xtheorem`, not followed by `byx` or `by.x`)."""
-    end = len(text)
-    while (at := text.rfind(statement, 0, end)) >= 0:
-        before = text[at - 1] if at else " "
-        after = text[at + len(statement) : at + len(statement) + 1] or " "
-        if not (is_id_rest(before) or before == ".") and not (is_id_rest(after) or after in ".«"):
-            return at
-        end = at + len(statement) - 1
-    return None
 
 
 def _body_from(code: str, start: int) -> str:
@@ -397,20 +397,53 @@ def _bare_body(code: str) -> str:
 def scan_forbidden(body: str) -> str | None:
     """A short reason (`"forbidden: native_decide"`) if the body contains a forbidden construct, else None.
 
-    Token-based (`lean_text`), so comments and strings do not count (`-- sorry`, `"sorry"`), a nested comment
-    hides what Lean hides (`/- /- -/ sorry -/`), `sor/- -/ry` is two identifiers, and `sorry_lemma` or `h'`
-    are identifiers of their own. The first token, in source order, that breaks a rule names the reason:
-    text whose reading depends on Lean's token table (`ambiguous`); any `#` command (none belongs in a proof:
-    `#print` could fake an axioms line, `#eval` runs code, `#exit` truncates; Mathlib's card notation `#s` is
-    a false positive we accept); FORBIDDEN_WORDS; `debug.*` options (`set_option debug.skipKernelTC true
-    in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; COMMAND_WORDS anywhere; LINE_START_WORDS at
-    column 0.
+    The first token, in source order, that breaks a rule names the reason. Issue 13's rules (attributes,
+    `eval%`, configuration values) are written here by looking ahead in the token list, not as the state
+    machine `lean_check._Scan` uses on merged tokens: two readings of one rule, compared on random text.
     """
-    for token in code_tokens(body):
-        reason = _forbidden(token)
+    tokens = code_tokens(body)
+    context = _context_reasons(body, tokens)
+    for k, token in enumerate(tokens):
+        reason = _forbidden(token) or context.get(k)
         if reason is not None:
             return f"forbidden: {reason}"
+    if tokens and tokens[-1].text == "@[":
+        return "forbidden: attribute @["
     return None
+
+
+def _context_reasons(body: str, tokens: list[Token]) -> dict[int, str]:
+    """Token index -> reason, for the rules that depend on a token's neighbours."""
+    reasons: dict[int, str] = {}
+    for k, token in enumerate(tokens):
+        if token.text == "@[" and k + 1 < len(tokens):
+            after = tokens[k + 1]
+            reasons[k + 1] = f"attribute @[{after.text[:40]}" if after.kind == "ident" else "attribute @["
+        if token.kind == "ident" and token.text == "eval" and body[token.start + 4 : token.start + 5] == "%":
+            reasons.setdefault(k, "eval%")
+    k = 0
+    while k + 2 < len(tokens):
+        opens, name, assign = tokens[k : k + 3]
+        is_item = opens.text == "(" and name.kind == "ident" and name.text not in TACTIC_ITEMS
+        if not (is_item and assign.text == ":="):
+            k += 1
+            continue
+        k += 3  # the value: literals up to the first `)`
+        bad = f"config term ({name.text[:40]} := ...)"
+        while k < len(tokens) and tokens[k].text != ")":
+            token = tokens[k]
+            literal = token.kind == "number" or token.text in ("true", "false", "{", "}", "[", "]", ",", ".")
+            if token.kind == "ident" and not literal and body[token.start - 1 : token.start] != ".":
+                if k + 1 < len(tokens) and tokens[k + 1].text == ":=":  # a field name in `{ name := ... }`
+                    k += 2
+                    continue
+                reasons.setdefault(k + 1, bad)  # whatever follows it, or nothing at the end of the text
+                break
+            if not literal and token.kind != "ident":
+                reasons.setdefault(k, bad)
+                break
+            k += 1
+    return reasons
 
 
 def _forbidden(token: Token) -> str | None:
@@ -423,7 +456,7 @@ def _forbidden(token: Token) -> str | None:
     word = ".".join(name_parts(token.text))
     if word in FORBIDDEN_WORDS:
         return word
-    if word.startswith("debug."):
+    if word.startswith(FORBIDDEN_OPTION_PREFIXES):
         return f"set_option {word}"
     for component in word.split("."):
         if component in FORBIDDEN_COMPONENTS:
@@ -440,9 +473,10 @@ def prepare(model_text: str, formal_statement: str) -> str | Judgement:
     body = extract_proof_body(model_text, formal_statement)
     if isinstance(body, IntegrityError):
         return body.judgement()
-    if not code_tokens(body):  # nothing but whitespace and comments: no Lean run can prove anything with it
+    text = body.text if isinstance(body, TermBody) else body
+    if not code_tokens(text):  # nothing but whitespace and comments: no Lean run can prove anything with it
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
-    reason = scan_forbidden(body)
+    reason = scan_forbidden(text)
     if reason is not None:
         return _rejected("sorry" if reason in HOLES else "integrity", reason)
-    return assemble(formal_statement, body)
+    return assemble(formal_statement, text, term=isinstance(body, TermBody))

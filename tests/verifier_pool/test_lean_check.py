@@ -10,12 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.verifier_pool import reference_lean
-from verifier_pool import lean_text
+from verifier_pool import lean_check, lean_text
 from verifier_pool.lean_check import (
+    MAX_PROOF_CHARS,
     IntegrityError,
     Judgement,
+    TermBody,
     assemble,
     axioms_command,
     extract_proof_body,
@@ -203,6 +206,66 @@ EXPLOITS = [
     ('  have : String := s!"{(sorry : String)}"\n  norm_num\n', "sorry"),
     ('  exact (fun _ => trivial) r"\\" ; exact sorry ; "x"\n', "ambiguous literal"),
     ("  exact sor/- -/ry\n  exact sorry\n", "sorry"),  # the split one is not a sorry, the second is
+    # Issue 13. Configuration values are evaluated (lean4 Lean/Elab/Tactic/Config.lean: `elabConfig`, then
+    # `evalExpr' (safety := .unsafe)`), in the `(name := value)` and `(config := value)` items of `optConfig`
+    # and `config` (Init/Tactics.lean).
+    ("  simp (config := { maxSteps := dbgTraceVal 400000 })\n", "config term (config := ...)"),
+    ('  simp (maxSteps := (unsafeBaseIO (IO.Process.run { cmd := "sh" })).toNat)\n', "config term (maxSteps"),
+    ("  simp +arith (maxSteps := 10) (maxDischargeDepth := Nat.succ 2)\n", "config term (maxDischargeDepth"),
+    ("  omega (config := { splitDisjunctions := (fun _ => true) () })\n", "config term (config"),
+    ("  norm_num (config := Lean.Meta.Simp.neutralConfig)\n", "config term (config"),
+    ("  simp (config := { Simp.neutralConfig with zeta := true })\n", "config term (config"),
+    ("  simp («config» := myConfig)\n", "config term («config»"),
+    ("  simp (maxSteps := by exact 5)\n", "config term (maxSteps"),  # Config.lean turns `by` into syntax
+    ('  simp (maxSteps := "5".toNat!)\n', "config term (maxSteps"),
+    # DecideConfig's second field is `native`: set by position, no `native` word is written
+    ("  decide (config := ⟨false, true⟩)\n", "config term (config"),
+    ("  decide (config := Lean.Parser.Tactic.DecideConfig.mk false true false false)\n", "config term (config"),
+    # what an evaluated term reaches the outside with; `IO.RealWorld` is `Unit`, so no `unsafe` is needed
+    ('  have := (IO.println "pwned").run ()\n  norm_num\n', "IO"),
+    ("  open IO in\n  norm_num\n", "IO"),
+    ("  exact unsafeBaseIO (pure ()) |>.elim\n", "unsafeBaseIO"),
+    # lean4 `syntax (name := testExternCmd) "test_extern " term : command`: compiles and runs its term
+    ("  norm_num\ntest_extern Nat.add 12 37\n", "test_extern"),
+    ("  norm_num\n  test_extern Nat.add 12 37\n", "test_extern"),  # ends the tactic block at any column
+    # Mathlib `eval% term` (`elabEvalExpr`: `Lean.Meta.evalExpr ... (safety := .unsafe)`)
+    ("  have h : 2 ^ 10 = eval% 2 ^ 10 := rfl\n  norm_num\n", "eval%"),
+    # attributes on `where` and `let rec` declarations are applied when they are added
+    (
+        "  exact trivial\nwhere\n  @[command_parser] cheat : Lean.Parser.Parser := Lean.Parser.skip\n",
+        "attribute @[command_parser",
+    ),
+    (
+        "  exact trivial\nwhere\n  @[term_elab Lean.Parser.Term.app] f : Lean.Elab.Term.TermElab := default\n",
+        "term_elab",
+    ),
+    (
+        "  exact trivial\nwhere\n  @[tactic Lean.Parser.Tactic.omega] f : Lean.Elab.Tactic.Tactic := default\n",
+        "attribute @[tactic",
+    ),
+    ("  exact trivial\nwhere\n  @[macro Lean.Parser.Tactic.omega] f : Lean.Macro := default\n", "macro"),
+    (
+        "  exact trivial\nwhere\n  @[delab app.HAdd.hAdd] f : Lean.PrettyPrinter.Delaborator.Delab := default\n",
+        "attribute @[delab",
+    ),
+    (
+        "  exact trivial\nwhere\n  @[app_unexpander Nat.add] f : Lean.PrettyPrinter.Unexpander := default\n",
+        "attribute @[app_unexpander",
+    ),
+    ("  exact trivial\nwhere\n  @[init] f : IO Unit := pure ()\n", "attribute @[init"),
+    ("  exact trivial\nwhere\n  @[env_extension] f : Nat := 0\n", "attribute @[env_extension"),
+    ("  exact trivial\nwhere\n  @[builtin_command_parser] f : Nat := 0\n", "attribute @[builtin_command_parser"),
+    ("  exact trivial\nwhere\n  @[simp] f : 1 = 1 := rfl\n", "attribute @[simp"),  # any attribute at all
+    ("  exact (let rec @[implemented_by g] f : Nat := 0; trivial)\n", "implemented_by"),
+    ("  exact trivial\nwhere\n  @[", "attribute @["),  # at the very end
+    # Plausible/Tactic.lean: `unsafe evalExpr` of `Testable.check` on the goal, whatever the goal says
+    ('  have : (dbgTraceVal "x").length = 1 := by plausible\n  norm_num\n', "plausible"),
+    ("  have : 1 + 1 = 2 := by slim_check\n  norm_num\n", "slim_check"),
+    # Lean.AddDecl `register_builtin_option warn.sorry`: with it off, no "declaration uses sorry" warning
+    ("  set_option warn.sorry false in\n  exact (by assumption)\n", "set_option warn.sorry"),
+    ("  norm_num\nset_option warn.sorry false\n", "set_option warn.sorry"),
+    ("  bv_decide?\n", "bv_decide?"),
+    ('  bv_check "proof.lrat"\n', "bv_check"),
 ]
 
 
@@ -227,6 +290,28 @@ CLEAN = [
     "  rcases h with ⟨x, hx⟩ <;> simp_all [Finset.sum_range_succ]\n",
     "  calc 2 * x = x + x := by ring\n    _ = 4 := by linarith\n",
     "  norm_num\n  set_option maxRecDepth 10000 in\n  decide\n",
+    # configurations of literals only
+    "  simp (config := { maxSteps := 400000 })\n",
+    "  simp (config := {maxSteps := 400000, decide := true}) [Nat.gcd]\n",
+    "  decide (config := { kernel := true })\n",
+    "  decide +kernel\n",
+    "  omega +splitDisjunctions -splitNatAbs\n",
+    "  simp (maxSteps := 1000) (maxDischargeDepth := 3) +arith\n",
+    "  rw (occs := .pos [1, 2]) [Nat.add_comm]\n",
+    "  simp (config := { unfoldPartialApp := true,\n    zetaDelta := false }) [f]\n",
+    "  simp (config := {})\n",
+    "  simp (config := { ground := true, etaStruct := .none }) only [h]\n",
+    "  linarith (config := { splitNe := true })\n",
+    "  nlinarith (config := { /- a comment -/ maxSteps := 100 }) [sq_nonneg (x - y)]\n",
+    # tactic-valued items and ordinary parentheses
+    "  field_simp (discharger := positivity)\n",
+    "  simp (disch := norm_num) [h]\n",
+    "  exact (by norm_num : (0 : ℝ) < 2)\n",
+    "  have := Nat.le_of_lt_succ (n := 5) (m := 3) (by norm_num)\n  exact this\n",
+    "  rcases h with (h | h) <;> simp [(fun x => x) 1]\n",
+    # `eval` without `%`, `%` without `eval`
+    "  simp [Polynomial.eval, eval_add]\n  norm_num [Nat.mod_eq_of_lt (by norm_num : 3 % 5 = 3)]\n",
+    "  set_option linter.unusedVariables false in\n  norm_num\n",
 ]
 
 
@@ -330,6 +415,78 @@ def test_assemble_refuses_a_statement_with_import():
         assemble("import Mathlib\n" + GCD, "  norm_num\n")
 
 
+# --- valid variants of a proof (issue 13) ------------------------------------------------------------------
+
+TERM = "theorem t (a b : ℕ) (h₀ : a = b) (h₁ : b = 2) : a = 2 := by\n"
+
+
+def test_lemma_for_theorem_and_back_is_the_same_statement():
+    assert prepare(GCD.replace("theorem", "lemma") + "  norm_num\n", GCD) == GCD + "  norm_num\n"
+    as_lemma = GCD.replace("theorem", "lemma")
+    assert prepare(GCD + "  norm_num\n", as_lemma) == as_lemma + "  norm_num\n"
+    assert prepare("```lean4\nimport Mathlib\n\nlemma mathd_numbertheory_188 :\n  Nat.gcd 180 168 = 12 := by\n"
+                   "  decide\n```", GCD) == GCD + "  decide\n"  # fmt: skip
+    assert prepare(GCD.replace("theorem mathd", "lemma xmathd") + "  norm_num\n", GCD).reason == "integrity"
+
+
+def test_term_mode_proof_is_assembled_after_the_statements_assign():
+    model = "theorem t (a b : ℕ) (h₀ : a = b) (h₁ : b = 2) : a = 2 := h₀ ▸ h₁\n"
+    column = model.index("h₀ ▸")
+    body = extract_proof_body(model, TERM)
+    assert body == TermBody(" " * column + "h₀ ▸ h₁\n")
+    command = "theorem t (a b : ℕ) (h₀ : a = b) (h₁ : b = 2) : a = 2 :=\n" + " " * column + "h₀ ▸ h₁\n"
+    assert assemble(TERM, body.text, term=True) == command
+    assert prepare(model, TERM) == command
+    # on the next lines, after a comment, with `lemma`
+    model = "lemma t (a b : ℕ) (h₀ : a = b) (h₁ : b = 2) : a = 2 :=\n  -- by substitution\n  h₀ ▸\n    h₁\n"
+    assert prepare(model, TERM) == TERM.removesuffix(" by\n") + "\n  -- by substitution\n  h₀ ▸\n    h₁\n"
+    # `by` that is the start of a longer word is a term too, as Lean reads it
+    assert prepare(TERM.removesuffix("\n") + "Contra h\n", TERM) == TERM.removesuffix(" by\n") + (
+        "\n" + " " * len(TERM.removesuffix("by\n")) + "byContra h\n"
+    )
+
+
+def test_term_mode_body_is_scanned_like_a_tactic_body():
+    statement = TERM.removesuffix("by\n")
+    assert prepare(statement + "sorry\n", TERM) == Judgement("rejected", "sorry", "forbidden: sorry")
+    assert prepare(statement + "by_elab pure (Lean.mkConst ``trivial)\n", TERM).detail == "forbidden: by_elab"
+    assert prepare(statement + "trivial\nwhere\n  @[command_parser] p : Nat := 0\n", TERM).detail == (
+        "forbidden: attribute @[command_parser"
+    )
+    assert prepare(statement + " -- nothing\n", TERM).detail == "empty proof: the attempt holds no Lean code"
+
+
+def test_statement_reflowed_across_lines_is_the_same_statement():
+    reflowed = (
+        "theorem amc12a_2008_p8\n"
+        "    (x y : ℝ)\n"
+        "    (h₀ : 0 < x ∧ 0 < y) (h₁ : y ^ 3 = 1) (h₂ : 6 * x ^ 2 =\n"
+        "      2 * (6 * y ^ 2)) :\n"
+        "    x ^ 3 =\n"
+        "      2 * Real.sqrt 2 :=\n"
+        "  by\n"
+        "  nlinarith [sq_nonneg (x - y)]\n"
+    )
+    assert prepare(reflowed, CUBE) == CUBE + "  nlinarith [sq_nonneg (x - y)]\n"
+    tabs = CUBE.replace(" ", "\t", 3).replace("\n  ", "\n\t\t")
+    assert prepare(tabs + "  simp\n", CUBE) == CUBE + "  simp\n"
+
+
+@pytest.mark.parametrize(
+    "tactic",
+    [
+        "simp (config := { maxSteps := 400000 })",
+        "decide (config := { kernel := true })",
+        "omega +splitDisjunctions",
+        "simp (maxSteps := 400000) +arith [Nat.gcd]",
+        "norm_num (config := { decide := true, zeta := false })",
+        "rw (occs := .pos [1]) [Nat.gcd_comm]",
+    ],
+)
+def test_tactic_configs_of_literals_are_accepted(tactic):
+    assert prepare(f"{GCD}  {tactic}\n", GCD) == f"{GCD}  {tactic}\n"
+
+
 def test_prepare_end_to_end():
     assert prepare(f"```lean4\n{HEADER}{GCD}  norm_num\n```", GCD) == GCD + "  norm_num\n"
     assert prepare(f"{GCD}  native_decide\n", GCD) == Judgement("rejected", "integrity", "forbidden: native_decide")
@@ -403,6 +560,38 @@ NAME = "mathd_numbertheory_188"
 )
 def test_judge_axioms(data, expected):
     assert judge_axioms({"env": 2, "messages": [info(data)]}, NAME) == expected
+
+
+@pytest.mark.parametrize("quote", ["'", "`"])
+@pytest.mark.parametrize(
+    ("wording", "expected"),
+    [
+        ("{q}{name}{q} depends on axioms: [propext, Classical.choice, Quot.sound]", Judgement("proved")),
+        ("{q}{name}{q} does not depend on any axioms", Judgement("proved")),
+        ("{q}{name}{q} depends on axioms: [propext, sorryAx]", Judgement("rejected", "sorry", "depends on sorryAx")),
+        (
+            "{q}{name}{q} depends on axioms: [Classical.choice, Lean.ofReduceBool]",
+            Judgement("rejected", "integrity", "trusts the compiler: Lean.ofReduceBool"),
+        ),
+    ],
+)
+def test_axioms_report_in_either_quoting(quote, wording, expected):
+    """Lean's `printAxiomsOf` quotes the name with `'` (src/Lean/Elab/Print.lean at 8b96499 and 02637a0); the
+    backquoted form of Lean's newer messages is read the same way."""
+    data = wording.format(q=quote, name=NAME)
+    assert judge_axioms({"env": 2, "messages": [info(data)]}, NAME) == expected
+    assert judge_axioms({"env": 2, "messages": [info(data.replace(NAME, "other"))]}, NAME).reason == "integrity"
+
+
+def test_unknown_axioms_wording_is_an_error_logged_once_with_its_text(monkeypatch):
+    monkeypatch.setattr(lean_check, "_unknown_wording_logged", False)  # a fresh process
+    first = f"{NAME} depends on axioms: [propext]"  # unquoted: no Lean version we read prints this
+    second = f"axioms of '{NAME}': none"
+    with structlog.testing.capture_logs() as logs:
+        for data in (first, second, first):
+            judged = judge_axioms({"env": 2, "messages": [info(data)]}, NAME)
+            assert (judged.verdict, judged.reason) == ("error", "")
+    assert logs == [{"event": "axioms_report_unknown_wording", "log_level": "error", "texts": [first]}]
 
 
 def test_axioms_report_about_another_name_is_integrity():
@@ -515,6 +704,9 @@ LEAN_PIECES = [
     "1", "1e5", "0x1F", "(", ")", "[", "]'", "⁻¹'", "+", "open", "native_decide", "α", "ℝ", "s!", ".", "_root_",
     "Lean.ofReduceBool", "debug.x", "«sorryAx»", "exact?", "x₁", "@[", "λ", "\u00a0", "\u2003",
     "×'", "∑'", "℃", "≤", "@", "⟨", "·",
+    # issue 13's rules: configuration items, attributes, eval%
+    "(config := ", "(maxSteps := ", "(disch := ", "(x:=", " := ", "true", ".c", ",", "[", ")", "%", "eval",
+    "eval%", "@[", "@[simp]", "warn.sorry", "{ k := 1, ", "⟨true, true⟩", "lemma",
 ]  # fmt: skip
 
 
@@ -561,7 +753,8 @@ def test_lexer_agrees_with_the_per_character_reference_on_random_text():
 
 def test_prepare_agrees_with_the_reference_on_random_attempts():
     rng = random.Random(16)
-    restated = [GCD, GCD.replace(" ", "  /- c -/ "), GCD.replace(" := by", ":=by"), " ".join(GCD.split()) + "\n"]
+    restated = [GCD, GCD.replace(" ", "  /- c -/ "), GCD.replace(" := by", ":=by"), " ".join(GCD.split()) + "\n",
+                GCD.replace("theorem", "lemma"), GCD.removesuffix("by\n"), GCD.removesuffix("\n")]  # fmt: skip
     for _ in range(4_000):
         before = _soup(rng, LEAN_PIECES, 6) if rng.random() < 0.5 else ""
         statement = rng.choice(restated) if rng.random() < 0.7 else ""
@@ -627,12 +820,58 @@ def test_adversarial_attempts_are_prepared_in_linear_time(name):
     assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
 
 
+def _issue_13_adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
+    """name -> (model text of about `size` characters aimed at one of issue 13's rules, what `prepare(text,
+    GCD)` returns), worked out by hand."""
+    statement = GCD.removesuffix(" by\n")
+    config = Judgement("rejected", "integrity", "forbidden: config term (config := ...)")
+    literal = GCD + "  simp (config := {" + " a := 1," * (size // 8) + " })"
+    many = GCD + "  simp" + " (maxSteps := 1)" * (size // 16)
+    names = GCD + "  simp [" + "eval, " * (size // 6) + "h]"
+    return {
+        "config value of literals": (literal, literal),
+        "config value ending in a term": (literal[:-3] + " b := f })", config),
+        "config items": (many, many),
+        "config value of open brackets": (
+            GCD + "  simp (config := " + "[" * size,
+            GCD + "  simp (config := " + "[" * size,
+        ),
+        "named arguments opened": (GCD + "  exact " + "(x " * (size // 3), GCD + "  exact " + "(x " * (size // 3)),
+        "attribute after comments": (
+            GCD + "  simp\n" + "-- @[simp]\n" * (size // 11) + "where\n  @[simp] f : 1 = 1 := rfl",
+            Judgement("rejected", "integrity", "forbidden: attribute @[simp"),
+        ),
+        "eval without %": (names, names),
+        "eval% at the end": (names + " <;> exact eval% 1", Judgement("rejected", "integrity", "forbidden: eval%")),
+        "many lemma keywords": (
+            "lemma " * (size // 6),
+            Judgement("rejected", "integrity", "the canonical statement is missing or altered"),
+        ),
+        "long term": (
+            statement + " h" + " ▸ h" * (size // 4),
+            statement + "\n" + " " * (len(statement) + 1) + "h" + " ▸ h" * (size // 4),
+        ),
+        "term statements restated": (
+            (statement + " x\n") * (size // 64),
+            statement + "\n" + " " * len(statement) + " x\n",
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_issue_13_adversarial(100)))
+def test_issue_13_rules_stay_linear(name):
+    """An attempt at the length cap aimed at each new rule gets the result worked out by hand in under 2 s."""
+    text, expected = _issue_13_adversarial(MAX_PROOF_CHARS)[name]
+    started = time.perf_counter()
+    result = prepare(text, GCD, max_chars=None)  # some texts run a little past the cap: the scan is timed
+    assert time.perf_counter() - started < 2.0
+    assert result == expected
+
+
 def test_attempts_past_the_cap_are_refused_before_any_scanning():
     """Dense short tokens cost the scan a few microseconds of Python each (10 MB of `"{}` took over a minute
     on the worker's event loop): attempts past MAX_PROOF_CHARS are refused first, and the densest text under
     the cap still scans within seconds."""
-    from verifier_pool.lean_check import MAX_PROOF_CHARS
-
     dense = GCD + '  exact "' + "{}" * (10 * MB // 2)
     started = time.perf_counter()
     judged = prepare(dense, GCD)
