@@ -7,6 +7,7 @@ Values are orjson objects with a schema version, like stream entries.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -26,6 +27,19 @@ class Theorem:
     numbers: list[int] = field(default_factory=list)  # countdown
     target: int = 0  # countdown
 
+    def problem(self) -> str | None:
+        """Why no verifier could check attempts at this record, or None: the record's own shape only (the Lean
+        rules proper, statement assembly and header lexing, run where theorems are loaded: trainer.data)."""
+        if self.task == "lean":
+            if not _ENDS_BY.search(self.statement):
+                return f"a Lean statement must end in ':= by': {self.statement[-60:]!r}"
+        elif self.task == "countdown":
+            if not self.numbers or not all(type(n) is int for n in self.numbers) or type(self.target) is not int:
+                return f"a Countdown problem needs integer numbers and target: {self.numbers!r}, {self.target!r}"
+        else:
+            return f"unknown task {self.task!r} (lean or countdown)"
+        return None
+
     def encode(self) -> bytes:
         return orjson.dumps({"v": SCHEMA_VERSION, **asdict(self)})
 
@@ -40,8 +54,16 @@ class Theorem:
             raise SchemaError(f"bad theorem record {raw[:60]!r}: {e}") from e
 
 
+_ENDS_BY = re.compile(r":=\s*by\s*$")
+
+
 async def register(redis: Redis, keys: Keys, theorems: list[Theorem]) -> None:
-    """Publish canonical records (idempotent: the same id always maps to the same record in a run)."""
+    """Publish canonical records (idempotent: the same id always maps to the same record in a run). A record no
+    verifier could check (`Theorem.problem`) is a ValueError naming it, and nothing is written: refused here,
+    not dead-lettered with every attempt at it."""
+    bad = [f"{t.theorem_id}: {why}" for t in theorems if (why := t.problem())]
+    if bad:
+        raise ValueError(f"{len(bad)} theorem(s) cannot be checked: " + "; ".join(bad[:5]))
     if theorems:
         await redis.hset(keys.theorems, mapping={t.theorem_id: t.encode() for t in theorems})
 

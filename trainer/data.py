@@ -40,6 +40,7 @@ statement-integrity check requires, and must name its theorem (`theorem NAME` / 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -51,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 from streams.theorems import Theorem
 from verifier_pool.countdown import check as countdown_check
 from verifier_pool.countdown import partial_credit
-from verifier_pool.lean_check import theorem_name
+from verifier_pool.lean_check import assemble, extract_proof_body, theorem_name
+from verifier_pool.lean_text import lex
 
 if TYPE_CHECKING:
     from trainer.config import TrainerSettings
@@ -257,7 +259,41 @@ def _lean(ident: Any, header: str, statement: str, informal: str, where: str) ->
         header = DEFAULT_HEADER
     elif not header.endswith("\n"):
         header += "\n"
+    if why := lean_problem(statement, header):
+        raise DataError(f"{where}: {why}")
     return Theorem(theorem_id, "lean", statement=statement, header=header, informal=informal)
+
+
+@functools.lru_cache(maxsize=64)  # a dataset shares a handful of headers among thousands of rows
+def _header_problem(header: str) -> str | None:
+    """Why the verifier could not elaborate `header` as the REPL's first command, or None. Checked: it lexes
+    as Lean does (no unterminated comment or string, no literal whose reading depends on Lean's version)."""
+    for token in lex(header):
+        where = f"header line {token.line}"
+        if token.kind == "ambiguous":
+            return f"{where}: a literal Lean may read differently by version: {token.text[:40]!r}"
+        if token.kind == "comment" and token.text.startswith("/-") and not token.text.endswith("-/"):
+            return f"{where}: a block comment that never ends (it would swallow the statement)"
+        if token.kind == "string" and (len(token.text) < 2 or not token.text.endswith('"')):
+            return f"{where}: a string that never ends"
+    return None
+
+
+def lean_problem(statement: str, header: str) -> str | None:
+    """Why the verifier could not check proofs of this theorem, or None: found when the theorems are loaded,
+    not as an error on every attempt. The statement must name its theorem, assemble into the checked command
+    (verifier_pool.lean_check.assemble), and be found again in a model's text that restates it (else every
+    proof would be rejected as altering it); the header must lex (`_header_problem`)."""
+    try:
+        theorem_name(statement)
+        if "import" in statement:  # assemble's other rule, ending in `by`, extract_proof_body checks too
+            assemble(statement, "  rfl\n")
+        body = extract_proof_body(f"{statement}  rfl\n", statement)  # ~0.14 ms a statement
+    except ValueError as e:
+        return str(e)
+    if not isinstance(body, str) or body.strip() != "rfl":
+        return f"the verifier does not find the statement again in a proof that restates it: {statement[:80]!r}"
+    return _header_problem(header)
 
 
 def _canonical_statement(statement: str) -> str:

@@ -86,3 +86,21 @@ async def test_trim_keeps_the_last_seconds_of_acked_history(redis, keys):
     assert await trim_acked(redis, keys.rewards, keep_s=600) == 3
     assert [eid for eid, _ in await redis.xrange(keys.rewards)] == new
     assert await trim_acked(redis, keys.rewards) == 2
+
+
+async def test_register_refuses_a_record_no_verifier_could_check_and_writes_nothing(redis, keys):
+    from streams.theorems import Theorem, register
+
+    good = Theorem("ok", "lean", statement="theorem ok : True := by\n", header="import Mathlib\n")
+    bad = [
+        Theorem("no-by", "lean", statement="theorem t : True :="),
+        Theorem("cd", "countdown", numbers=[1, "2"], target=3),  # type: ignore[list-item]
+        Theorem("cd-empty", "countdown", numbers=[], target=3),
+        Theorem("x", "chess"),
+    ]
+    for theorem in bad:
+        with pytest.raises(ValueError, match=theorem.theorem_id):
+            await register(redis, keys, [good, theorem])
+    assert await redis.hlen(keys.theorems) == 0
+    await register(redis, keys, [good, Theorem("cd", "countdown", numbers=[1, 2], target=3)])
+    assert await redis.hlen(keys.theorems) == 2

@@ -188,6 +188,17 @@ def test_countdown_rows(tmp_path):
         ('{"prompt": "prove it"}', "no ```lean4 block"),
         ('{"numbers": [1, "2"], "target": 3}', "list of integers"),
         ('{"numbers": [1, 2], "target": "3"}', "`target` must be an integer"),
+        # Statements and headers the verifier could not check, refused at load instead of on every attempt.
+        ('{"formal_statement": "theorem x : True := /- by"}', "does not end with ':= by'"),
+        ('{"formal_statement": "import Mathlib\\ntheorem x : True := by"}', "not a canonical statement"),
+        (
+            '{"formal_statement": "theorem x : True := by", "header": "import Mathlib\\n/- note\\n"}',
+            "header line 2: a block comment that never ends",
+        ),
+        (
+            '{"formal_statement": "theorem x : True := by", "header": "import Mathlib\\nopen \\"Real\\n"}',
+            "header line 2: a string that never ends",
+        ),
     ],
 )
 def test_a_malformed_line_is_an_error_naming_file_and_line(tmp_path, line, message):
