@@ -30,7 +30,7 @@ class TrainerSettings(RoleSettings):
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
 
     # sampling
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, description="GRPO's sampling temperature (ES: es_temperature)")
     max_new_tokens: int = Field(96, ge=1)
     prompt_format: str = "kimina"
 
@@ -40,6 +40,9 @@ class TrainerSettings(RoleSettings):
     sigma: float | None = Field(None, gt=0)
     alpha: float | None = Field(None, gt=0)
     antithetic: bool = False
+    es_temperature: float = Field(
+        0.0, ge=0, description="ES members' sampling temperature; 0: greedy, as the reference ES (GRPO: temperature)"
+    )
     # 2: with `population` members kept in flight and an update at a quorum of them, members issued late in a
     # version finish two updates later; at 1 they were dropped (7.7% of the generated work, ops bench pipeline)
     max_staleness: int = Field(2, ge=0)

@@ -182,7 +182,7 @@ class Run:
             task=self.settings.task,
             theorem_ids=m.theorem_ids,
             sampling={
-                "temperature": 0.0 if is_eval else self.settings.temperature,
+                "temperature": 0.0 if is_eval else self._temperature(),
                 "max_new_tokens": self.settings.max_new_tokens,
             },
             issued_ms=int(time.time() * 1000),
@@ -193,6 +193,10 @@ class Run:
     def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
         """The algorithm's own work-order fields."""
         raise NotImplementedError
+
+    def _temperature(self) -> float:
+        """The sampling temperature of training work (evaluations are greedy)."""
+        return self.settings.temperature
 
     async def top_up(self) -> int:
         raise NotImplementedError
@@ -321,6 +325,11 @@ class ESRun(Run):
         n, k = len(self.train), min(self.settings.batch, len(self.train))
         start = (center * k + self.settings.seed * 7919) % n
         return [self.train[(start + i) % n].theorem_id for i in range(k)]
+
+    def _temperature(self) -> float:
+        """`es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
+        reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
+        return self.settings.es_temperature
 
     def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
         sigma = 0.0 if is_eval else self.cfg.sigma

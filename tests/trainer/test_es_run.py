@@ -131,3 +131,25 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     assert report["version"] == iterations and not report["interrupted"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"reward.png", "staleness.png", "throughput.png"}
     r.close()
+
+
+def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_path):
+    """ES members of a center differ by their weights only when they decode greedily (the reference ES: its
+    members score at temperature 0); `es_temperature` changes that, GRPO's `temperature` stays its own, and
+    evaluations are always greedy."""
+    from trainer.config import TrainerSettings
+    from trainer.data import load_theorems
+    from trainer.metrics import MetricsSink
+    from trainer.run import ESRun
+
+    def orders(**flags):
+        settings = TrainerSettings(run="t", problems=6, held_out=2, **flags)
+        train, held_out = load_theorems(settings)
+        run = ESRun(settings, None, train, held_out, MetricsSink(tmp_path / "run"))
+        member = MemberState("es-v0-m0", 0, 7, 1, [train[0].theorem_id])
+        evaluation = MemberState("eval-v0", 0, 0, 1, [held_out[0].theorem_id])
+        return run._order(member).sampling["temperature"], run._order(evaluation).sampling["temperature"]
+
+    assert orders() == (0.0, 0.0)
+    assert orders(temperature=1.0) == (0.0, 0.0)  # GRPO's setting does not reach ES members
+    assert orders(es_temperature=0.7) == (0.7, 0.0)

@@ -1,4 +1,4 @@
-"""`python -m trainer.compare`: the budget -> iterations conversion, curves and tables from metrics records, the
+"""`python -m evals.compare`: the budget -> iterations conversion, curves and tables from metrics records, the
 flags it refuses, and one short real comparison (both pipelines, the hf engine, a handful of tokens)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
+from evals import compare
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from trainer import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,10 +70,55 @@ def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
 
     monkeypatch.setattr(compare, "run_one", fake_run)
     assert compare.main(["--budget", "64", "--out", str(tmp_path / "c")]) == 1
-    assert ran == ["es"]  # GRPO never started
-    result = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert ran == ["es"]  # GRPO never started, nor the other seeds
+    result = json.loads((tmp_path / "c" / "seed0" / "compare.json").read_text())
     assert not result["ok"] and list(result["algos"]) == ["es"] and result["algos"]["es"]["returncode"] == 130
-    assert "(exit 130)" in (tmp_path / "c" / "compare.md").read_text()
+    assert "(exit 130)" in (tmp_path / "c" / "seed0" / "compare.md").read_text()
+    summary = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert not summary["ok"] and summary["seeds"] == [0] and summary["algos"]["es"]["reward_end"]["n"] == 0
+    assert (
+        "| 0 | ES |" in (tmp_path / "c" / "compare.md").read_text()
+        and "| 130 |" in (tmp_path / "c" / "compare.md").read_text()
+    )
+
+
+def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_not_run_again(tmp_path, monkeypatch):
+    """Three seeds of stand-in trainers whose metrics are known: the summary's mean and sample std are the
+    values computed here, and a second comparison with the same --out runs nothing."""
+    ran = []
+    ends = {("es", 0): 0.2, ("es", 1): 0.3, ("es", 2): 0.4, ("grpo", 0): 0.1, ("grpo", 1): 0.1, ("grpo", 2): 0.4}
+
+    def fake_run(argv, env, log_path):
+        algo, seed = argv[argv.index("--algo") + 1], int(argv[argv.index("--seed") + 1])
+        ran.append((algo, seed))
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        records = [
+            {"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0},
+            {"version": 1, "algo": algo, "attempts": 64, "pass_rate": 0.25},
+            {"eval": True, "version": 1, "held_out_reward": ends[algo, seed], "held_out_exact": 0.5},
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run_dir / "report.json").write_text(json.dumps({"version": 1, "wall_s": 32.0}))
+        return 0, 40.0
+
+    monkeypatch.setattr(compare, "run_one", fake_run)
+    monkeypatch.setattr(compare, "generated_for_training", lambda *a: None)
+    argv = ["--budget", "64", "--es-population", "8", "--es-batch", "8", "--grpo-batch", "8", "--out", str(tmp_path)]
+    assert compare.main(argv) == 0
+    assert len(ran) == 6
+    summary = json.loads((tmp_path / "compare.json").read_text())
+    es, grpo = summary["algos"]["es"], summary["algos"]["grpo"]
+    assert es["reward_end"]["mean"] == pytest.approx(0.3) and es["reward_end"]["std"] == pytest.approx(0.1)
+    assert es["gain"]["mean"] == pytest.approx(0.2) and grpo["gain"]["mean"] == pytest.approx(0.1)
+    assert grpo["reward_end"]["std"] == pytest.approx(((0.1 - 0.2) ** 2 * 2 + (0.4 - 0.2) ** 2) ** 0.5 / 2**0.5)
+    assert es["proved_per_version"]["mean"] == pytest.approx(16.0)  # 0.25 of 64
+    assert es["samples_per_s"]["mean"] == pytest.approx(64 / 32.0)  # samples used over the trainer's wall time
+    md = (tmp_path / "compare.md").read_text()
+    assert "| ES | 0.300 ± 0.100 (n=3) | 0.200 ± 0.100 (n=3) |" in md
+    assert (tmp_path / "compare.png").stat().st_size > 1000 and (tmp_path / "seed2" / "compare.md").exists()
+    ran.clear()
+    assert compare.main(argv) == 0 and ran == []  # every seed finished before
 
 
 def test_a_sigterm_to_the_comparison_reaches_the_trainer(tmp_path):
@@ -134,7 +179,7 @@ def _result(tmp_path: Path) -> dict:
     args = compare.parser().parse_args(["--budget", "192"])
     es, grpo = compare.plans(args)
     result = {"out": str(tmp_path), "budget": 192, "ok": True, "wall_s": 100.0, "extra": ["--engine", "hf"],
-              "settings": {**vars(args), "model": "m", "engine": "hf"}, "algos": {}}  # fmt: skip
+              "settings": {**vars(args), "seed": 0, "model": "m", "engine": "hf"}, "algos": {}}  # fmt: skip
     for p, records in ((es, ES_RECORDS), (grpo, GRPO_RECORDS)):
         run_dir = tmp_path / p.algo
         run_dir.mkdir()
@@ -154,18 +199,16 @@ def test_the_table_json_and_plot_from_two_runs(tmp_path):
     assert "learning rate 1e-05" in md and "generator precision: float32" in md
     assert json.loads((tmp_path / "compare.json").read_text())["algos"]["grpo"]["samples_used"] == 192
     assert (tmp_path / "compare.png").stat().st_size > 1000
-    line = compare.summary_line(result)
-    assert line["grpo"]["held_out_exact"] == 0.5 and line["es"]["samples_used"] == 188
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     out = tmp_path / "cmp"
-    argv = [sys.executable, "-m", "trainer.compare", "--task", "countdown", "--budget", "8", "--out", str(out),
+    argv = [sys.executable, "-m", "evals.compare", "--task", "countdown", "--budget", "8", "--out", str(out),
             "--es-population", "2", "--es-batch", "4", "--grpo-batch", "2", "--grpo-group-size", "4",
             "--max-new-tokens", "16", "--held-out", "2", "--problems", "8", "--eval-points", "1",
-            "--engine", "hf"]  # fmt: skip
+            "--engine", "hf", "--seeds", "0"]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=840)
@@ -173,9 +216,11 @@ def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
         proc.terminate()  # compare passes it on: the trainer stops its pipeline
         proc.communicate(timeout=60)
         raise
-    assert proc.returncode == 0, stderr[-3000:] + "".join(p.read_text()[-3000:] for p in out.glob("*.log"))
+    assert proc.returncode == 0, stderr[-3000:] + "".join(p.read_text()[-3000:] for p in out.glob("**/*.log"))
     line = json.loads(stdout.strip().splitlines()[-1])
-    assert line["ok"] and line["budget"] == 8 and line["out"] == str(out)
+    assert line["ok"] and line["budget"] == 8 and line["seeds"] == [0] and line["es"]["n"] == 1
+    assert (out / "compare.md").exists() and (out / "compare.png").exists()
+    out = out / "seed0"
     result = json.loads((out / "compare.json").read_text())
     es, grpo = result["algos"]["es"], result["algos"]["grpo"]
     assert es["plan"]["iterations"] == 1 and grpo["plan"]["iterations"] == 1

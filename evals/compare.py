@@ -1,8 +1,12 @@
-"""`python -m trainer.compare --task countdown --budget N [flags] [extra trainer flags]`
+"""`python -m evals.compare --task countdown --budget N [--seeds 0 1 2] [flags] [extra trainer flags]`
 
 ES and GRPO from the same base model at the same number of training samples: N attempts generated for
 training each (evaluation attempts not counted), held-out reward (shaped partial credit) and held-out exact
-success against samples, as a table (`compare.md`), `compare.json` and a plot (`compare.png`).
+success against samples, for each seed in `OUT/seed<K>/` (a table `compare.md`, `compare.json` and a plot
+`compare.png`), and over the seeds in `OUT/` itself: mean and spread of the held-out reward and exact success
+at the end, the gain from version 0, proofs verified per version (the case study's measure: training
+attempts judged `proved` per update), wall time and training samples per second, per algorithm; a plot of
+the mean curves with their min-max band. Resumable: a seed whose two runs finished is not run again.
 
 The two runs go one after the other as `python -m trainer` subprocesses, each with its own local pipeline
 (private Redis, generator, verifier), the same seed and so the same problems and held-out split, the same
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -53,7 +58,7 @@ OWNED = {
     "--run": "--out",
     "--run-dir": "--out",
     "--redis-url": "(each run starts its own local pipeline)",
-    "--seed": "--seed",
+    "--seed": "--seeds",
     "--temperature": "--temperature",
     "--max-new-tokens": "--max-new-tokens",
     "--held-out": "--held-out",
@@ -263,7 +268,8 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
     out = [
         f"budget: {result['budget']} training samples per algorithm (`--budget`); evaluation not counted",
         f"same for both: task {s['task']}, seed {s['seed']} (same {s['problems']} training problems and held-out "
-        f"split), sampling temperature {s['temperature']}, max_new_tokens {s['max_new_tokens']}, held-out "
+        f"split), GRPO's sampling temperature {s['temperature']} (ES members: `es_temperature`, greedy unless "
+        f"passed), max_new_tokens {s['max_new_tokens']}, held-out "
         f"problems {s['held_out']}, base model {s['model']}, engine {s['engine']}",
         f"generator precision: {s['gen_dtype']} (`--gen-dtype`; the GRPO trainer computes in float32). Why float32 "
         "by default: bf16 keeps ~2^-8 of a weight, coarser than a GRPO step at this learning rate, so only the "
@@ -349,13 +355,11 @@ def write(result: dict[str, Any], out: Path) -> None:
     plot(result, out / "compare.png")
 
 
-def summary_line(result: dict[str, Any]) -> dict[str, Any]:
-    line: dict[str, Any] = {"out": result["out"], "budget": result["budget"], "ok": result["ok"]}
-    for algo, r in result["algos"].items():
-        last = r["curve"][-1] if r["curve"] else {}
-        line[algo] = {"samples_used": r["samples_used"], "versions": r["versions"], "wall_s": r["wall_s"],
-                      "held_out_reward": last.get("held_out_reward"), "held_out_exact": last.get("held_out_exact"),
-                      "returncode": r["returncode"]}  # fmt: skip
+def summary_line(summary: dict[str, Any]) -> dict[str, Any]:
+    line: dict[str, Any] = {"budget": summary["budget"], "seeds": summary["seeds"], "ok": summary["ok"]}
+    for algo, st in summary["algos"].items():
+        line[algo] = {key: st[key]["mean"] for key in ("reward_end", "gain", "exact_end", "wall_s")}
+        line[algo]["n"] = st["reward_end"]["n"]
     return line
 
 
@@ -363,13 +367,18 @@ def summary_line(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.split("\n\n")[1],
+    p = argparse.ArgumentParser(prog="python -m evals.compare", description=__doc__.split("\n\n")[1],
                                 epilog="Any other flag goes to both `python -m trainer` runs.")  # fmt: skip
     p.add_argument("--task", choices=("countdown", "lean"), default="countdown")
     p.add_argument("--budget", type=int, required=True, help="training samples (generated attempts) per algorithm")
     p.add_argument("--out", default="", help="output folder (default runs/compare-<timestamp>)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=1.0, help="training sampling temperature (evaluation: 0)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one comparison per seed")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="GRPO's sampling temperature (ES members: --es-temperature, default 0; evaluation: 0)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--held-out", type=int, default=32, help="held-out problems")
     p.add_argument("--problems", type=int, default=256, help="countdown training problems")
@@ -434,10 +443,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    results: dict[int, dict[str, Any]] = {}
+    for seed in args.seeds:
+        seed_out = out / f"seed{seed}"
+        done = _json(seed_out / "compare.json")
+        if done.get("ok") and set(done.get("algos", {})) == set(ALGOS):
+            print(f"compare: seed {seed}: finished before, not run again", file=sys.stderr)
+            results[seed] = done
+        else:
+            results[seed] = compare_seed(args, seed, seed_out, todo, extra)
+        write_summary(summarize(results, args), out)
+        if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
+            print("compare: stopped", file=sys.stderr)
+            break
+    summary = summarize(results, args)
+    write_summary(summary, out)
+    print(f"compare: {out / 'compare.md'}, {out / 'compare.png'}", file=sys.stderr)
+    print(json.dumps(summary_line(summary)))
+    return 0 if summary["ok"] else 1
+
+
+def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str]) -> dict[str, Any]:
+    """ES then GRPO on one seed (the same problems and held-out split for both), in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
     if args.gen_dtype != "auto":
         env["PROOFSTREAM_DTYPE"] = args.gen_dtype
-    common = ["--task", args.task, "--seed", str(args.seed), "--temperature", str(args.temperature),
+    common = ["--task", args.task, "--seed", str(seed), "--temperature", str(args.temperature),
               "--max-new-tokens", str(args.max_new_tokens), "--held-out", str(args.held_out),
               "--quorum", str(args.quorum)]  # fmt: skip
     if args.task == "countdown":
@@ -446,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         "out": str(out),
         "budget": args.budget,
         "settings": {
-            **{k: v for k, v in vars(args).items() if k != "out"},
+            **{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
+            "seed": seed,
             "model": _value(extra, "--model", "default (SmolLM2-135M-Instruct)"),
             "engine": _value(extra, "--engine", "auto"),
             "max_staleness": int(
@@ -460,22 +493,132 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     for p in todo:
         run_dir = out / p.algo
-        run = f"{out.name}-{p.algo}"
+        run = f"{out.parent.name}-{out.name}-{p.algo}"
         argv = trainer_argv(p, common, run, run_dir, extra)
-        print(f"compare: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; log {out / p.algo}.log",
-              file=sys.stderr)  # fmt: skip
+        print(f"compare: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
+              f"log {out / p.algo}.log", file=sys.stderr)  # fmt: skip
         code, wall_s = run_one(argv, env, out / f"{p.algo}.log")
         result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
         result["ok"] = result["ok"] and code == 0
         result["wall_s"] = round(time.monotonic() - started, 1)
         write(result, out)  # after each run, so a comparison cut short keeps what it has
-        print(f"compare: {p.algo}: exit {code} after {_minutes(wall_s)}", file=sys.stderr)
+        print(f"compare: seed {seed}: {p.algo}: exit {code} after {_minutes(wall_s)}", file=sys.stderr)
         if code in INTERRUPTED:  # the trainer was stopped (Ctrl-C, SIGTERM): so is the comparison
-            print("compare: stopped", file=sys.stderr)
             break
-    print(f"compare: {out / 'compare.md'}, {out / 'compare.png'}", file=sys.stderr)
-    print(json.dumps(summary_line(result)))
-    return 0 if result["ok"] else 1
+    return result
+
+
+# -- over seeds ------------------------------------------------------------------------------------------
+
+
+def proved_per_version(records: list[dict[str, Any]]) -> float | None:
+    """Training attempts judged `proved` per update (pass rate x attempts of each version), averaged."""
+    updates = [r for r in records if not r.get("eval") and "version" in r and "pass_rate" in r]
+    if not updates:
+        return None
+    return statistics.fmean(float(r["pass_rate"]) * int(r.get("attempts", 0)) for r in updates)
+
+
+def algo_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """One algorithm's figures on one seed (from its result and its run's metrics)."""
+    c = r["curve"]
+    first, last = (c[0], c[-1]) if c else ({}, {})
+    start, end = first.get("held_out_reward"), last.get("held_out_reward")
+    wall = r.get("trainer_wall_s") or r["wall_s"]
+    return {
+        "reward_end": end,
+        "gain": None if start is None or end is None else end - start,
+        "exact_end": last.get("held_out_exact"),
+        "proved_per_version": proved_per_version(_records(Path(r["run_dir"]) / "metrics.jsonl")),
+        "wall_s": wall,
+        "samples_per_s": (r["samples_used"] / wall) if wall else None,
+        "returncode": r["returncode"],
+    }
+
+
+FIGURES = ("reward_end", "gain", "exact_end", "proved_per_version", "wall_s", "samples_per_s")
+
+
+def _stats(values: list[float | None]) -> dict[str, float | int | None]:
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs),
+            "max": max(xs), "n": len(xs)}  # fmt: skip
+
+
+def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    per_seed = {seed: {algo: algo_figures(r) for algo, r in res["algos"].items()} for seed, res in results.items()}
+    algos: dict[str, Any] = {}
+    for algo in ALGOS:
+        rows = [figs[algo] for figs in per_seed.values() if algo in figs and figs[algo]["returncode"] == 0]
+        algos[algo] = {key: _stats([row[key] for row in rows]) for key in FIGURES}
+    return {"budget": args.budget, "seeds": list(results), "per_seed": per_seed, "algos": algos,
+            "ok": all(res["ok"] for res in results.values()) and len(results) == len(args.seeds),
+            "results": results}  # fmt: skip
+
+
+def _ms(st: dict[str, Any], digits: int = 3) -> str:
+    if st["mean"] is None:
+        return "-"
+    return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f} (n={st['n']})"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# ES vs GRPO: {summary['budget']} training samples each, seeds {summary['seeds']}", "",
+             "Mean ± sample standard deviation over the seeds whose run finished. Held-out: greedy on the "
+             "seed's held-out split; gain = end - version 0 of the same seed. Proved per version: training "
+             "attempts judged `proved` per update. Per seed: `seed<K>/compare.md`.", "",
+             "| algo | held-out reward (end) | gain | held-out exact (end) | proved per version | wall (s) | "
+             "training samples / s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for algo, st in summary["algos"].items():
+        lines.append(f"| {LABELS[algo]} | {_ms(st['reward_end'])} | {_ms(st['gain'])} | {_ms(st['exact_end'])} | "
+                     f"{_ms(st['proved_per_version'], 2)} | {_ms(st['wall_s'], 0)} | "
+                     f"{_ms(st['samples_per_s'], 2)} |")  # fmt: skip
+    lines += ["", "| seed | algo | reward end | gain | exact end | exit |", "|---:|---|---:|---:|---:|---:|"]
+    for seed, figs in summary["per_seed"].items():
+        for algo, f in figs.items():
+            lines.append(f"| {seed} | {LABELS[algo]} | {_fmt(f['reward_end'])} | {_fmt(f['gain'])} | "
+                         f"{_fmt(f['exact_end'])} | {f['returncode']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def summary_plot(summary: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for algo in ALGOS:
+        runs = [res["algos"][algo] for res in summary["results"].values() if algo in res["algos"]]
+        curves = [[p for p in r["curve"] if p["samples"] is not None] for r in runs if r["curve"]]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        x = [statistics.fmean(c[i]["samples"] for c in curves) for i in range(n)]
+        ys = [[c[i]["held_out_reward"] for c in curves] for i in range(n)]
+        ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", color=COLORS[algo],
+                label=f"{LABELS[algo]} held-out reward, mean of {len(curves)} seed(s)")  # fmt: skip
+        ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=COLORS[algo], alpha=0.15)
+    ax.set_xlabel("training samples (generated attempts used by updates)")
+    ax.set_ylabel("held-out reward (shaped, greedy)")
+    ax.set_title("ES vs GRPO over seeds (band: min-max)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    doc = {k: v for k, v in summary.items() if k != "results"}
+    (out / "compare.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    (out / "compare.md").write_text(summary_markdown(summary))
+    summary_plot(summary, out / "compare.png")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""`python -m evals.sweep --out DIR [grid flags] [extra trainer flags]`: ES over a grid of its settings.
+
+The case study's next experiment: "systematic sweeps over sigma, population size, and theorem selection to
+understand when ES improves and when it stalls". The grid is the product of the list-valued flags
+(`--sigma`, `--alpha`, `--population`, `--batch`, `--curriculum`, `--problems`) and `--seeds`; each cell is
+one `python -m trainer --algo es` run with its own run id (`<out name>-<cell key>`) and run directory
+(`DIR/cells/<cell key>`), evaluated greedily on the held-out split at version 0, every `--eval-every`
+versions and at the end.
+
+Where the cells run:
+- by default, one after another here, each trainer with its local pipeline (its own embedded Redis in its
+  run directory, generator and verifier children): nothing to set up;
+- `--shard I/N` runs only every N-th cell from the I-th (0-based): N machines with the same command and
+  `--out` on shared storage (or merged afterwards) sweep the grid at once, each with local pipelines;
+- `--redis-url URL`: the trainers use that Redis and start no children; the roles run elsewhere, pointed at
+  a cell's run with `--run <run id>` (`python -m producers --run ID --redis-url URL`, `arq workers.verifier`
+  with `PROOFSTREAM_RUN=ID`): the sweep prints each cell's run id as it starts it (`--plan` prints them all
+  without running anything).
+
+Resumable: a cell whose run finished (its `cell.json` says exit 0) is not run again, so a sweep cut short is
+finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume).
+
+Output in DIR: `sweep.csv` (a row per cell), `sweep.md` (per configuration over its seeds: held-out reward at
+the start and the end, the gain's mean and spread, exact success, samples, wall time) and `sweep.png`
+(held-out reward against training samples, a line per configuration: the mean over seeds, the band their
+min-max). Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, run_one, samples_used
+
+GRID = ("sigma", "alpha", "population", "batch", "curriculum", "problems")  # list-valued flags, in key order
+OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", *(f"--{k}" for k in GRID))
+CSV_COLUMNS = ("key", "config", *GRID, "seed", "returncode", "versions", "samples_used", "reward_start",
+               "reward_end", "gain", "exact_start", "exact_end", "wall_s", "run")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cell:
+    sigma: float
+    alpha: float
+    population: int
+    batch: int
+    curriculum: str
+    problems: int
+    seed: int
+
+    @property
+    def config(self) -> str:
+        """The cell's settings without its seed: the cells of one configuration differ only by seed."""
+        return f"s{self.sigma:g}-a{self.alpha:g}-p{self.population}-b{self.batch}-{self.curriculum}-n{self.problems}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.config}-seed{self.seed}"
+
+    def flags(self) -> list[str]:
+        return ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population", str(self.population),
+                "--batch", str(self.batch), "--curriculum", self.curriculum, "--problems", str(self.problems),
+                "--seed", str(self.seed)]  # fmt: skip
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    """The grid, in a stable order (seeds innermost, so a cut-short sweep has whole configurations first)."""
+    grid = itertools.product(args.sigma, args.alpha, args.population, args.batch, args.curriculum, args.problems,
+                             args.seeds)  # fmt: skip
+    return [Cell(*values) for values in grid]
+
+
+def shard(todo: list[Cell], spec: str) -> list[Cell]:
+    """`I/N`: every N-th cell from the I-th."""
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec!r}: I must be in 0..N-1")
+    return todo[i::n]
+
+
+def run_id(out: Path, cell: Cell) -> str:
+    return f"{out.name}-{cell.key}"
+
+
+def cell_result(cell: Cell, run_dir: Path, run: str, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
+    records = _records(run_dir / "metrics.jsonl")
+    points = curve(records)
+    return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": run, "command": argv,
+            "returncode": code, "wall_s": wall_s, "versions": _json(run_dir / "report.json").get("version"),
+            "samples_used": samples_used(records), "curve": points}  # fmt: skip
+
+
+def finished(run_dir: Path) -> dict[str, Any] | None:
+    """The cell's result if its run finished (exit 0), else None (never run, cut short, or failed)."""
+    doc = _json(run_dir / "cell.json")
+    return doc if doc.get("returncode") == 0 else None
+
+
+# -- tables and plot ---------------------------------------------------------------------------------------
+
+
+def row(result: dict[str, Any]) -> dict[str, Any]:
+    c, points = result["cell"], result["curve"]
+    first, last = (points[0], points[-1]) if points else ({}, {})
+    start, end = first.get("held_out_reward"), last.get("held_out_reward")
+    return {
+        "key": c["key"], "config": c["config"], **{k: c[k] for k in GRID}, "seed": c["seed"],
+        "returncode": result["returncode"], "versions": result["versions"], "samples_used": result["samples_used"],
+        "reward_start": start, "reward_end": end,
+        "gain": None if start is None or end is None else round(end - start, 6),
+        "exact_start": first.get("held_out_exact"), "exact_end": last.get("held_out_exact"),
+        "wall_s": result["wall_s"], "run": result["run"],
+    }  # fmt: skip
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """Per configuration, over its seeds: mean ± sample standard deviation (n-1)."""
+    lines = [f"# ES sweep: {settings['out']}", "",
+             "Held-out: greedy decoding of the center on the held-out split; reward is the verifier's shaped "
+             "credit, exact the share solved. gain = end - start, per seed, then mean ± std over seeds.", "",
+             "| configuration | seeds | reward start | reward end | gain | exact end | samples | wall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for config, group in itertools.groupby(sorted(rows, key=lambda r: (r["config"], r["seed"])),
+                                           key=lambda r: r["config"]):  # fmt: skip
+        group = [r for r in group if r["returncode"] == 0]
+        if not group:
+            continue
+        pick = [r for r in group if r["gain"] is not None]
+        lines.append(
+            f"| {config} | {len(group)} | {_spread([r['reward_start'] for r in pick])} | "
+            f"{_spread([r['reward_end'] for r in pick])} | {_spread([r['gain'] for r in pick])} | "
+            f"{_spread([r['exact_end'] for r in pick if r['exact_end'] is not None])} | "
+            f"{max((r['samples_used'] or 0) for r in group)} | "
+            f"{_minutes(statistics.fmean(r['wall_s'] for r in group))} |"
+        )
+    lines += ["", "Command: `python -m evals.sweep " + " ".join(settings["argv"]) + "`", ""]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    by_config: dict[str, list[list[dict[str, Any]]]] = {}
+    for r in results:
+        if r["returncode"] == 0 and r["curve"]:
+            by_config.setdefault(r["cell"]["config"], []).append([p for p in r["curve"] if p["samples"] is not None])
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for config, curves in sorted(by_config.items()):
+        length = min(len(c) for c in curves)
+        x = [statistics.fmean(c[i]["samples"] for c in curves) for i in range(length)]
+        ys = [[c[i]["held_out_reward"] for c in curves] for i in range(length)]
+        (line,) = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", label=f"{config} ({len(curves)} seeds)")
+        if len(curves) > 1:
+            ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("training samples (generated attempts used by updates)")
+    ax.set_ylabel("held-out reward (shaped, greedy)")
+    ax.set_title("ES sweep: mean over seeds, band = min-max")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    rows = [row(r) for r in results]
+    (out / "sweep.csv").write_text(to_csv(rows))
+    (out / "sweep.md").write_text(markdown(rows, settings))
+    (out / "sweep.json").write_bytes(orjson.dumps({"settings": settings, "cells": results}, option=orjson.OPT_INDENT_2))
+    plot(results, out / "sweep.png")
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.split("\n\n")[1],
+                                epilog="Any other flag goes to every `python -m trainer` run.")  # fmt: skip
+    p.add_argument("--out", required=True, help="the sweep's folder: cells, tables, plot (resumes what it holds)")
+    p.add_argument("--sigma", type=float, nargs="+", default=[0.001])
+    p.add_argument("--alpha", type=float, nargs="+", default=[0.0005])
+    p.add_argument("--population", type=int, nargs="+", default=[8])
+    p.add_argument("--batch", type=int, nargs="+", default=[16], help="problems every member answers")
+    p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"))
+    p.add_argument("--problems", type=int, nargs="+", default=[256], help="Countdown training problems")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=10, help="ES versions per cell")
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--shard", default="0/1", help="I/N: run every N-th cell from the I-th")
+    p.add_argument("--plan", action="store_true", help="print the cells and their run ids, run nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parser().parse_known_args(argv)
+    clash = [a for a in extra if a.split("=", 1)[0] in OWNED]
+    try:
+        todo = shard(cells(args), args.shard)
+    except ValueError as e:
+        clash.append(str(e))
+    if clash:
+        print(f"sweep: set by the sweep (use its own flags): {' '.join(clash)}", file=sys.stderr)
+        return 2
+    out = Path(args.out).expanduser()
+    if args.plan:
+        for cell in todo:
+            print(f"{cell.key}\t{run_id(out, cell)}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"out": str(out), "argv": argv, "iterations": args.iterations, "extra": extra}
+    results, ran, skipped, started, ok = [], 0, 0, time.monotonic(), True
+    for cell in todo:
+        run_dir, run = out / "cells" / cell.key, run_id(out, cell)
+        if (done := finished(run_dir)) is not None:
+            results.append(done)
+            skipped += 1
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "trainer", "--algo", "es", *cell.flags(), "--iterations", str(args.iterations),
+                   "--eval-every", str(args.eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
+        print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
+        code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")
+        result = cell_result(cell, run_dir, run, command, code, wall_s)
+        (run_dir / "cell.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        results.append(result)
+        ran += 1
+        ok = ok and code == 0
+        write(out, results, settings)  # after every cell: a sweep cut short keeps its table
+        if code in INTERRUPTED:
+            print("sweep: stopped", file=sys.stderr)
+            break
+    write(out, results, settings)
+    print(json.dumps({"out": str(out), "cells": len(todo), "ran": ran, "skipped": skipped, "ok": ok,
+                      "wall_s": round(time.monotonic() - started, 1)}))  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

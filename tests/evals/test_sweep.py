@@ -1,0 +1,93 @@
+"""`python -m evals.sweep`: the grid, sharding, the tables from cell results, resuming, and one tiny real cell
+(the trainer with its local pipeline and the hf engine, a handful of tokens) that a second run skips."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evals import sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _args(*argv: str):
+    args, extra = sweep.parser().parse_known_args(["--out", "x", *argv])
+    return args
+
+
+def test_the_grid_is_the_product_of_the_lists_with_seeds_innermost_and_shards_split_it():
+    todo = sweep.cells(_args("--sigma", "0.001", "0.003", "--population", "4", "8", "--seeds", "0", "1"))
+    assert len(todo) == 2 * 2 * 2
+    assert [c.seed for c in todo[:2]] == [0, 1] and todo[0].config == todo[1].config
+    assert todo[0].key == "s0.001-a0.0005-p4-b16-easy-n256-seed0"
+    assert len({c.key for c in todo}) == 8
+    halves = sweep.shard(todo, "0/2") + sweep.shard(todo, "1/2")
+    assert sorted(c.key for c in halves) == sorted(c.key for c in todo)
+    with pytest.raises(ValueError):
+        sweep.shard(todo, "2/2")
+
+
+def _result(config: dict, seed: int, start: float, end: float, code: int = 0) -> dict:
+    cell = sweep.Cell(seed=seed, **config)
+    return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": f"r-{cell.key}",
+            "command": [], "returncode": code, "wall_s": 60.0, "versions": 4, "samples_used": 256,
+            "curve": [{"version": 0, "samples": 0, "held_out_reward": start, "held_out_exact": 0.0},
+                      {"version": 4, "samples": 256, "held_out_reward": end, "held_out_exact": 0.25}]}  # fmt: skip
+
+
+def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path):
+    a = {"sigma": 0.001, "alpha": 0.0005, "population": 8, "batch": 16, "curriculum": "easy", "problems": 256}
+    b = {**a, "sigma": 0.003}
+    results = [_result(a, 0, 0.10, 0.20), _result(a, 1, 0.10, 0.30), _result(a, 2, 0.10, 0.40),
+               _result(b, 0, 0.10, 0.10), _result(b, 1, 0.10, 0.5, code=1)]  # fmt: skip
+    sweep.write(tmp_path, results, {"out": str(tmp_path), "argv": ["--out", "x"], "iterations": 4, "extra": []})
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "sweep.csv").read_text())))
+    assert tuple(rows[0]) == sweep.CSV_COLUMNS and len(rows) == 5
+    assert [round(float(r["gain"]), 6) for r in rows[:3]] == [0.1, 0.2, 0.3]
+    md = (tmp_path / "sweep.md").read_text()
+    # gains 0.1, 0.2, 0.3: mean 0.2, sample std 0.1; the failed cell of b is left out of its line
+    assert "| s0.001-a0.0005-p8-b16-easy-n256 | 3 | 0.100 ± 0.000 | 0.300 ± 0.100 | 0.200 ± 0.100 |" in md
+    assert "| s0.003-a0.0005-p8-b16-easy-n256 | 1 | 0.100 | 0.100 | 0.000 |" in md
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_flags_the_sweep_owns_are_refused(capsys):
+    assert sweep.main(["--out", "x", "--sigma", "0.001", "--run", "mine"]) == 2
+    assert "--run" in capsys.readouterr().err
+
+
+def test_plan_prints_each_cells_run_id_and_runs_nothing(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sweep.main(["--out", str(out), "--seeds", "0", "1", "--plan"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t")[1] for line in lines] == [f"sw-s0.001-a0.0005-p8-b16-easy-n256-seed{s}" for s in (0, 1)]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tiny_real_cell_runs_and_a_second_sweep_skips_it(tmp_path):
+    out = tmp_path / "sw"
+    argv = [sys.executable, "-m", "evals.sweep", "--out", str(out), "--population", "2", "--batch", "2",
+            "--problems", "6", "--seeds", "0", "--iterations", "1", "--eval-every", "1", "--held-out", "2",
+            "--max-new-tokens", "8", "--engine", "hf", "--quorum", "1"]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    logs = "".join(p.read_text()[-3000:] for p in out.glob("cells/*/trainer.log"))
+    assert done.returncode == 0, done.stderr[-3000:] + logs
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (line["cells"], line["ran"], line["skipped"], line["ok"]) == (1, 1, 0, True)
+    [cell] = out.glob("cells/*/cell.json")
+    result = orjson.loads(cell.read_bytes())
+    assert [p["version"] for p in result["curve"]] == [0, 1] and result["samples_used"] == 2 * 2
+    assert (out / "sweep.png").exists() and "| s0.001-a0.0005-p2-b2-easy-n6 | 1 |" in (out / "sweep.md").read_text()
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    line = json.loads(again.stdout.strip().splitlines()[-1])
+    assert (line["ran"], line["skipped"]) == (0, 1)  # the finished cell is not run again
