@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 import redis
 
+from evals import plots
 from streams.keys import Keys
 from trainer.config import TrainerSettings
 
@@ -322,12 +323,7 @@ def _minutes(seconds: float | None) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
     """x = training samples, y = held-out reward (solid) and exact success (dashed), one colour per algo."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := plots.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for algo, r in result["algos"].items():
@@ -338,15 +334,8 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         ax.plot(x, [p["held_out_exact"] for p in pts], marker="^", linestyle="--", color=COLORS[algo],
                 label=f"{LABELS[algo]} held-out exact success")  # fmt: skip
     ax.axvline(result["budget"], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("training samples (generated attempts used by updates)")
-    ax.set_ylabel("held-out reward / exact success")
-    ax.set_title(f"ES vs GRPO, {result['settings']['task']}, greedy on {result['settings']['held_out']} held-out")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    title = f"ES vs GRPO, {result['settings']['task']}, greedy on {result['settings']['held_out']} held-out"
+    return plots.save(plt, fig, ax, path, title, "held-out reward / exact success")
 
 
 def write(result: dict[str, Any], out: Path) -> None:
@@ -584,34 +573,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 
 
 def summary_plot(summary: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := plots.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for algo in ALGOS:
         runs = [res["algos"][algo] for res in summary["results"].values() if algo in res["algos"]]
-        curves = [[p for p in r["curve"] if p["samples"] is not None] for r in runs if r["curve"]]
-        if not curves:
-            continue
-        n = min(len(c) for c in curves)
-        x = [statistics.fmean(c[i]["samples"] for c in curves) for i in range(n)]
-        ys = [[c[i]["held_out_reward"] for c in curves] for i in range(n)]
-        ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", color=COLORS[algo],
-                label=f"{LABELS[algo]} held-out reward, mean of {len(curves)} seed(s)")  # fmt: skip
-        ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=COLORS[algo], alpha=0.15)
-    ax.set_xlabel("training samples (generated attempts used by updates)")
-    ax.set_ylabel("held-out reward (shaped, greedy)")
-    ax.set_title("ES vs GRPO over seeds (band: min-max)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        curves = [r["curve"] for r in runs if r["curve"]]
+        if curves:
+            plots.mean_band(ax, curves, f"{LABELS[algo]} held-out reward, mean of {len(curves)} seed(s)", COLORS[algo])
+    return plots.save(plt, fig, ax, path, "ES vs GRPO over seeds (band: min-max)", "held-out reward (shaped, greedy)")
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from evals import plots
 from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, run_one, samples_used
 
 GRID = ("sigma", "alpha", "population", "batch", "curriculum", "problems")  # list-valued flags, in key order
@@ -170,34 +171,17 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := plots.pyplot()) is None:
         return None
     by_config: dict[str, list[list[dict[str, Any]]]] = {}
     for r in results:
         if r["returncode"] == 0 and r["curve"]:
-            by_config.setdefault(r["cell"]["config"], []).append([p for p in r["curve"] if p["samples"] is not None])
+            by_config.setdefault(r["cell"]["config"], []).append(r["curve"])
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for config, curves in sorted(by_config.items()):
-        length = min(len(c) for c in curves)
-        x = [statistics.fmean(c[i]["samples"] for c in curves) for i in range(length)]
-        ys = [[c[i]["held_out_reward"] for c in curves] for i in range(length)]
-        (line,) = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", label=f"{config} ({len(curves)} seeds)")
-        if len(curves) > 1:
-            ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("training samples (generated attempts used by updates)")
-    ax.set_ylabel("held-out reward (shaped, greedy)")
-    ax.set_title("ES sweep: mean over seeds, band = min-max")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        plots.mean_band(ax, curves, f"{config} ({len(curves)} seeds)")
+    title = "ES sweep: mean over seeds, band = min-max"
+    return plots.save(plt, fig, ax, path, title, "held-out reward (shaped, greedy)", legend_size=7)
 
 
 def write(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) -> None:

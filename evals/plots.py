@@ -1,0 +1,45 @@
+"""The plots of evals: held-out reward against training samples, one line per algorithm or configuration."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+X_LABEL = "training samples (generated attempts used by updates)"
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed (no plot then)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def mean_band(ax: Any, curves: list[list[dict[str, Any]]], label: str, color: str | None = None) -> None:
+    """The mean held-out reward of several runs' curves (points with `samples`), and their min-max band where
+    there are several; cut to the shortest curve."""
+    curves = [[p for p in c if p["samples"] is not None] for c in curves]
+    n = min(len(c) for c in curves)
+    x = [statistics.fmean(c[i]["samples"] for c in curves) for i in range(n)]
+    ys = [[c[i]["held_out_reward"] for c in curves] for i in range(n)]
+    (line,) = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", color=color, label=label)
+    if len(curves) > 1:
+        ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
+
+
+def save(plt: Any, fig: Any, ax: Any, path: Path, title: str, ylabel: str, legend_size: int = 8) -> Path:
+    ax.set_xlabel(X_LABEL)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
