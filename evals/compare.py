@@ -44,6 +44,7 @@ import redis
 from evals import plots
 from streams.keys import Keys
 from trainer.config import TrainerSettings
+from trainer.es import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")
@@ -285,12 +286,14 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         f"(max_staleness {s.get('max_staleness', 1)}; `staleness` in each run's metrics.jsonl)",
     ]
     if es:
-        p = es["plan"]
+        p, cpu = es["plan"], PRESETS["cpu"]
+        sigma = s["es_sigma"] or f"preset cpu ({cpu['sigma']})"
+        alpha = s["es_alpha"] or f"preset cpu ({cpu['alpha']})"
         out.append(
             f"ES: population {s['es_population']} (`--es-population`) x batch {s['es_batch']} (`--es-batch`) = "
-            f"{p['samples_per_version']} samples a version, {p['iterations']} version(s); sigma "
-            f"{s['es_sigma'] or 'preset cpu (0.001)'}, alpha {s['es_alpha'] or 'preset cpu (0.0005)'} (the "
-            "paper's values, Qiu et al. 2025); members share the version's batch"
+            f"{p['samples_per_version']} samples a version, {p['iterations']} version(s); sigma {sigma}, alpha "
+            f"{alpha} (the paper: sigma 0.001, alpha 0.0005, Qiu et al. 2025); members share the version's batch, "
+            "greedy unless --es-temperature is passed"
         )
     if grpo:
         p = grpo["plan"]
