@@ -160,13 +160,15 @@ class VerifyHandler:
         sub-millisecond checks) also judges the batch's other attempts still ahead that missed the cache; their
         verdicts wait in `_judged`, the time split evenly among them."""
         self._unjudged.pop(a.attempt_id, None)
-        others = [(o, t) for o, t in self._unjudged.values() if t.task == theorem.task and o.attempt_id in self._ahead]
         check_many = getattr(checker, "check_many", None)
+        others = [] if check_many is None else [
+            (o, t) for o, t in self._unjudged.values() if t.task == theorem.task and o.attempt_id in self._ahead
+        ]  # fmt: skip
         start = time.perf_counter()
-        if others and check_many is not None:
+        if others:
             judgements = await check_many([(theorem, a.proof)] + [(t, o.proof) for o, t in others])
         else:
-            others, judgements = [], [await checker.check(theorem, a.proof)]
+            judgements = [await checker.check(theorem, a.proof)]
         elapsed = time.perf_counter() - start
         self.busy_s += elapsed
         judged_by, share = checker.environment, elapsed / len(judgements)

@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     results: dict[int, dict[str, Any]] = {}
+    summary: dict[str, Any] = {}
     for seed in args.seeds:
         seed_out = out / f"seed{seed}"
         done = _json(seed_out / "compare.json")
@@ -444,12 +445,11 @@ def main(argv: list[str] | None = None) -> int:
             results[seed] = done
         else:
             results[seed] = compare_seed(args, seed, seed_out, todo, extra)
-        write_summary(summarize(results, args), out)
+        summary = summarize(results, args)
+        write_summary(summary, out)  # after each seed: a comparison cut short keeps its summary
         if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
             print("compare: stopped", file=sys.stderr)
             break
-    summary = summarize(results, args)
-    write_summary(summary, out)
     print(f"compare: {out / 'compare.md'}, {out / 'compare.png'}", file=sys.stderr)
     print(json.dumps(summary_line(summary)))
     return 0 if summary["ok"] else 1
@@ -511,16 +511,23 @@ def proved_per_version(records: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(float(r["pass_rate"]) * int(r.get("attempts", 0)) for r in updates)
 
 
+def endpoints(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A curve's held-out reward and exact success at its first and last evaluation, and the reward's gain
+    between them (None where the curve has no evaluation)."""
+    first, last = (points[0], points[-1]) if points else ({}, {})
+    start, end = first.get("held_out_reward"), last.get("held_out_reward")
+    return {"reward_start": start, "reward_end": end, "gain": None if start is None or end is None else end - start,
+            "exact_start": first.get("held_out_exact"), "exact_end": last.get("held_out_exact")}  # fmt: skip
+
+
 def algo_figures(r: dict[str, Any]) -> dict[str, Any]:
     """One algorithm's figures on one seed (from its result and its run's metrics)."""
-    c = r["curve"]
-    first, last = (c[0], c[-1]) if c else ({}, {})
-    start, end = first.get("held_out_reward"), last.get("held_out_reward")
+    ends = endpoints(r["curve"])
     wall = r.get("trainer_wall_s") or r["wall_s"]
     return {
-        "reward_end": end,
-        "gain": None if start is None or end is None else end - start,
-        "exact_end": last.get("held_out_exact"),
+        "reward_end": ends["reward_end"],
+        "gain": ends["gain"],
+        "exact_end": ends["exact_end"],
         "proved_per_version": proved_per_version(_records(Path(r["run_dir"]) / "metrics.jsonl")),
         "wall_s": wall,
         "samples_per_s": (r["samples_used"] / wall) if wall else None,

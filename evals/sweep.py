@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 
 from evals import plots
-from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, run_one, samples_used
+from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, endpoints, run_one, samples_used
 
 GRID = ("sigma", "alpha", "population", "batch", "curriculum", "problems")  # list-valued flags, in key order
 OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", *(f"--{k}" for k in GRID))
@@ -117,15 +117,11 @@ def finished(run_dir: Path) -> dict[str, Any] | None:
 
 
 def row(result: dict[str, Any]) -> dict[str, Any]:
-    c, points = result["cell"], result["curve"]
-    first, last = (points[0], points[-1]) if points else ({}, {})
-    start, end = first.get("held_out_reward"), last.get("held_out_reward")
+    c, ends = result["cell"], endpoints(result["curve"])
     return {
         "key": c["key"], "config": c["config"], **{k: c[k] for k in GRID}, "seed": c["seed"],
         "returncode": result["returncode"], "versions": result["versions"], "samples_used": result["samples_used"],
-        "reward_start": start, "reward_end": end,
-        "gain": None if start is None or end is None else round(end - start, 6),
-        "exact_start": first.get("held_out_exact"), "exact_end": last.get("held_out_exact"),
+        **ends, "gain": None if ends["gain"] is None else round(ends["gain"], 6),
         "wall_s": result["wall_s"], "run": result["run"],
     }  # fmt: skip
 

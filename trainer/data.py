@@ -281,11 +281,11 @@ def _header_problem(header: str) -> str | None:
 
 def lean_problem(statement: str, header: str) -> str | None:
     """Why the verifier could not check proofs of this theorem, or None: found when the theorems are loaded,
-    not as an error on every attempt. The statement must name its theorem, assemble into the checked command
-    (verifier_pool.lean_check.assemble), and be found again in a model's text that restates it (else every
-    proof would be rejected as altering it); the header must lex (`_header_problem`)."""
+    not as an error on every attempt. For a statement that names its theorem (`_lean` reads the name first):
+    it must assemble into the checked command (verifier_pool.lean_check.assemble) and be found again in a
+    model's text that restates it (else every proof would be rejected as altering it); the header must lex
+    (`_header_problem`)."""
     try:
-        theorem_name(statement)
         if "import" in statement:  # assemble's other rule, ending in `by`, extract_proof_body checks too
             assemble(statement, "  rfl\n")
         body = extract_proof_body(f"{statement}  rfl\n", statement)  # ~0.14 ms a statement

@@ -5,6 +5,7 @@ nothing about Lean)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import sys
 import time
@@ -54,6 +55,20 @@ async def wait_settled(redis, keys, timeout_s: float = 30) -> None:
             return
         assert time.monotonic() < deadline, f"not settled: {states}"
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def countdown_pool(redis_url: str, keys):
+    """A started Countdown pool of one slot on process sandboxes, stopped (drained) on leaving."""
+    settings = VerifierSettings.load(
+        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
+    )
+    service = VerifierService(settings, redis_url)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
 
 
 async def rewards_by_attempt(redis, keys) -> dict[str, Reward]:
@@ -436,29 +451,18 @@ async def test_a_batch_of_repeats_is_served_by_one_cache_lookup_per_read(redis, 
     one HMGET per batch: counted by Redis itself (INFO commandstats), not by our code."""
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
     proofs = ["<answer>3*4+7</answer>", "<answer>3+4+7</answer>", "<answer>7*4-3</answer>", "<answer>x</answer>"]
-    settings = VerifierSettings.load(
-        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
-    )
-    assert settings.batch_size == 16
     pub = Publisher(redis, keys)
     await pub.publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
-    service = VerifierService(settings, redis_url)
-    await service.start()
-    try:
+    async with countdown_pool(redis_url, keys) as service:
+        assert service.settings.batch_size == 16
         await wait_settled(redis, keys)
-    finally:
-        await service.stop()
     # 40 repeats of the 4 judged proofs (a duplicate pair inside every batch), and one unknown theorem,
     # all waiting before the next pool starts: every read takes a full batch.
     repeats = [attempt(100 + i, "cd1", proofs[i % 4]) for i in range(40)] + [attempt(999, "no-such-theorem", "1")]
     await pub.publish(repeats)
     await redis.config_resetstat()
-    service = VerifierService(settings, redis_url)
-    await service.start()
-    try:
+    async with countdown_pool(redis_url, keys):
         await wait_settled(redis, keys)
-    finally:
-        await service.stop()
     stats = await redis.info("commandstats")
     got = await rewards_by_attempt(redis, keys)
     # Every repeat a cache hit, the duplicates inside a batch included.
@@ -482,17 +486,10 @@ async def test_a_batchs_verdicts_are_cached_in_one_write_when_its_last_attempt_i
     ]
     await Publisher(redis, keys).publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
     await redis.config_resetstat()
-    settings = VerifierSettings.load(
-        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
-    )
-    service = VerifierService(settings, redis_url)
-    await service.start()
-    try:
+    async with countdown_pool(redis_url, keys):
         await wait_settled(redis, keys)
         cached = await redis.hvals(keys.verdicts)  # before the stop, which stores what a cut batch judged
         hsets = (await redis.info("commandstats"))["cmdstat_hset"]["calls"] - 1  # less the pool's figures at start
-    finally:
-        await service.stop()
     got = await rewards_by_attempt(redis, keys)
     assert {k: r.verdict for k, r in got.items()} == {
         f"a{i}": "proved" if i % 4 == 0 else "rejected" for i in range(20)
@@ -510,16 +507,9 @@ async def test_a_countdown_batch_is_judged_in_one_exchange_per_read(redis, redis
     # 20 distinct texts: every fourth the solution (trailing spaces differ), the rest use a number not given.
     proofs = [f"<answer>3*4+7</answer>{' ' * i}" if i % 4 == 0 else f"<answer>3*4+{20 + i}</answer>" for i in range(20)]
     await Publisher(redis, keys).publish([attempt(i, "cd1", p) for i, p in enumerate(proofs)])
-    settings = VerifierSettings.load(
-        env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "process"}
-    )
-    service = VerifierService(settings, redis_url)
-    await service.start()
-    try:
+    async with countdown_pool(redis_url, keys) as service:
         await wait_settled(redis, keys)
         exchanges = service.checkers[0]["countdown"].sandbox.stats().total_requests
-    finally:
-        await service.stop()
     got = await rewards_by_attempt(redis, keys)
     wrong = 0.1 + 0.1  # format and parses; the numbers are not the given ones (verifier_pool/countdown.py)
     assert {k: (r.verdict, r.reward, r.cached) for k, r in got.items()} == {
