@@ -59,11 +59,15 @@ async def serve(settings: GeneratorSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    service = GeneratorService(settings, redis, engine)
     try:
-        await GeneratorService(settings, redis, engine).run(stop)
+        await service.run(stop)
     finally:
         engine.close()
         await redis.aclose()
+    if service.fatal:
+        print(f"producers: {service.fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -97,6 +97,7 @@ class EngineStats:
 class Engine(Protocol):
     name: str
     model_path: Path
+    device: str  # "cpu" or "cuda": where the weights live and ES noise is drawn
     tokenizer: Any  # a transformers tokenizer: chat template, encode, decode
     stats: EngineStats
 

@@ -40,6 +40,15 @@ from streams.theorems import Theorem
 log = structlog.get_logger("producers.service")
 
 
+def torch_device_type(device: str) -> str:
+    """ "cuda:1" -> "cuda": the noise depends on the type, not the index."""
+    return str(device).split(":", 1)[0]
+
+
+class WrongNoiseDevice(RuntimeError):
+    """This generator draws ES noise on another device type than the run's: it must not serve the run."""
+
+
 class PolicyNotYetAnnounced(RuntimeError):
     """Transient: the order names a version this generator has not seen yet; it is retried later."""
 
@@ -78,6 +87,27 @@ class GeneratorService:
         self.busy_s = 0.0
         self.holding = False  # waiting for the verifiers to catch up
         self.stop = asyncio.Event()
+        self.fatal = ""  # why this generator stopped itself (the process exits 1 with it)
+        self.noise_checked = False
+
+    async def _check_noise_device(self) -> None:
+        """ES noise is a pure function of (seed, tensor, device type): torch's CUDA and CPU generators draw
+        different numbers from one seed, so a CUDA generator and a CPU generator would score members of two
+        different centers. The first generator to serve an ES order names the run's device type
+        (`{ps:R}:es_noise`); one on another type stops, leaving the order for the others."""
+        if self.noise_checked:
+            return
+        mine = torch_device_type(self.engine.device)
+        await self.redis.set(self.keys.es_noise, mine, nx=True)
+        theirs = (await self.redis.get(self.keys.es_noise) or b"").decode()
+        if theirs != mine:
+            self.fatal = (f"run {self.settings.run} draws its ES noise on {theirs} (its first generator's device); "
+                          f"this generator is on {mine}, where the same seeds give other noise: start it with "
+                          f"--device {theirs}, or serve this run only from {mine} generators in a new run")  # fmt: skip
+            log.error("wrong_noise_device", run=self.settings.run, run_device=theirs, device=mine)
+            self.stop.set()
+            raise WrongNoiseDevice(self.fatal)  # transient: the order stays pending for another generator
+        self.noise_checked = True
 
     async def _room(self) -> None:
         """The consumer's gate: take no order while the verifiers owe `max_outstanding` attempts or more."""
@@ -109,6 +139,8 @@ class GeneratorService:
             order.policy_version, self.settings.policy_wait_s
         ):
             raise PolicyNotYetAnnounced(f"policy version {order.policy_version} not announced yet")
+        if order.algo == "es":
+            await self._check_noise_device()
         theorems = await self._theorems(order)
         try:
             sampling = Sampling.from_order(

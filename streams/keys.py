@@ -81,6 +81,10 @@ class Keys:
     def generator_stats(self) -> str:  # hash generator id -> JSON figures of that generator process
         return self._key("generator_stats")
 
+    @property
+    def es_noise(self) -> str:  # string: the device type ES noise is drawn on (the first ES generator sets it)
+        return self._key("es_noise")
+
     def done(self, dedup_id: str) -> str:
         """Idempotency marker of one consumed input (string with a TTL)."""
         return self._key(f"done:{dedup_id}")

@@ -375,18 +375,34 @@ def check_grpo_folder(view: RunView) -> None:
 # ---------------------------------------------------------------------------------------- weights, engine
 
 
-def build_engine(settings: TrainerSettings, opts: Options):
-    """The hf engine on the run's base model (runs on the engine thread)."""
+async def engine_device(redis: Redis, settings: TrainerSettings, view: RunView, asked: str) -> str:
+    """Where to rebuild the policy. ES centers must be replayed on the device type the run's generators drew
+    their noise on (`{ps:R}:es_noise`: CUDA and CPU draw different numbers from one seed); anything else
+    runs where asked (`auto`: the GPU when there is one, as a generator chooses)."""
     import torch
+
+    noise = (await redis.get(Keys(settings.run).es_noise) or b"").decode() if view.algo == "es" else ""
+    if noise and view.version > 0:
+        if asked not in ("auto", noise):
+            raise EvalError(f"run {settings.run}'s ES noise was drawn on {noise}: its centers replay only there "
+                            f"(--device {noise}), not on {asked}")  # fmt: skip
+        if noise == "cuda" and not torch.cuda.is_available():
+            raise EvalError(f"run {settings.run}'s ES noise was drawn on cuda and this machine has no GPU: "
+                            "evaluate it on a machine with one")  # fmt: skip
+        return noise
+    if asked == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return asked
+
+
+def build_engine(settings: TrainerSettings, opts: Options, device: str):
+    """The hf engine on the run's base model on `device` (runs on the engine thread)."""
     import transformers
 
     from producers.hf import HFEngine
     from producers.model import resolve_model
 
     transformers.utils.logging.disable_progress_bar()
-    device = opts.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # as the generator chooses
     # snapshot_every=0: snapshots are only read, never written
     return HFEngine(resolve_model(settings.model), dtype="auto", device=device, snapshot_dir=opts.snapshots)
 
@@ -534,7 +550,8 @@ async def evaluate(settings: TrainerSettings, opts: Options, url: str, config: s
             raise EvalError(problem)
         vsettings = verifier_settings(settings, config)
         started = time.monotonic()
-        engine = await in_engine_thread(build_engine, settings, opts)
+        device = await engine_device(redis, settings, view, opts.device)
+        engine = await in_engine_thread(build_engine, settings, opts, device)
         timing.extra["load_s"] = time.monotonic() - started
         try:
             started = time.monotonic()

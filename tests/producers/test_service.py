@@ -105,6 +105,29 @@ async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(
     assert service.counts["orders"] == 1 and service.counts["attempts"] == 2
     stats = await one_redis.hget(KEYS.generator_stats, "g1")
     assert stats and b'"attempts":2' in stats
+    assert await one_redis.get(KEYS.es_noise) == b"cpu"  # the first ES generator named the run's noise device
+
+
+async def test_a_generator_on_another_noise_device_stops_and_leaves_the_es_order_for_the_others(one_redis, engine):
+    """CUDA and CPU draw different noise from one seed (docs/results/gpu-check-h100.json): a CPU generator in
+    a run whose ES noise is drawn on cuda would score members of another center. It stops, says why, and the
+    order stays pending for a generator of the run's device type: not answered, not dead-lettered."""
+    await register(one_redis, KEYS, THEOREMS)
+    await one_redis.set(KEYS.es_noise, "cuda")
+    await publish(one_redis, WorkOrder("w-cuda", 0, "es", "countdown", ["cd-a"], member=Member(7, 1), sigma=0.001,
+                                       sampling=SHORT))  # fmt: skip
+    settings = GeneratorSettings(run=RUN, name="g-cpu", policy_wait_s=2.0, report_every_s=0.2)
+    service = GeneratorService(settings, one_redis, engine)
+    await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself: nobody set the stop event
+    assert "on cuda" in service.fatal and "this generator is on cpu" in service.fatal
+    assert await attempts(one_redis) == [] and await one_redis.xlen(KEYS.dlq) == 0
+    pending = await one_redis.xpending(KEYS.work, GENERATORS)
+    assert pending["pending"] == 1  # still owed: another generator claims it after claim_idle_ms
+    assert await one_redis.get(KEYS.es_noise) == b"cuda"  # not overwritten
+    await publish(one_redis, WorkOrder("w-g2", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT))
+    async with serving(one_redis, engine):  # GRPO draws no noise: any device serves it
+        got = await until(lambda: _n(one_redis, 1))
+    assert got[0].work_id == "w-g2"
 
 
 async def _n(redis, n: int):

@@ -202,3 +202,23 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     passed = [p["passed"] for p in doc["per_problem"]]
     assert line["pass_at_k"]["1"] == pytest.approx(ev.mean_pass_at_k(passed, 2, 1), abs=1e-6)
     assert ev.live_server(run_dir / "redis") is None  # the run's Redis was stopped again
+
+
+async def test_es_centers_are_rebuilt_on_the_device_type_their_noise_was_drawn_on(one_redis):
+    """CUDA and CPU draw different ES noise from one seed: a version is replayed where the run's generators
+    drew theirs (`es_noise`), or refused with the reason; GRPO and version 0 draw no noise."""
+    settings = TrainerSettings(run="noise")
+    view = ev.RunView("es", [], [], 3, [0, 1, 2, 3], [])
+    assert await ev.engine_device(one_redis, settings, view, "cpu") == "cpu"  # no generator said: as asked
+    await one_redis.set(Keys("noise").es_noise, "cpu")
+    assert await ev.engine_device(one_redis, settings, view, "auto") == "cpu"
+    with pytest.raises(ev.EvalError, match="replay only there"):
+        await ev.engine_device(one_redis, settings, view, "cuda")
+    await one_redis.set(Keys("noise").es_noise, "cuda")
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(ev.EvalError, match="no GPU"):
+            await ev.engine_device(one_redis, settings, view, "auto")
+    base = ev.RunView("es", [], [], 0, [0], [])
+    grpo = ev.RunView("grpo", [], [], 3, [0, 3], [3])
+    assert await ev.engine_device(one_redis, settings, base, "cpu") == "cpu"
+    assert await ev.engine_device(one_redis, settings, grpo, "cpu") == "cpu"
