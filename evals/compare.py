@@ -43,7 +43,7 @@ import redis
 
 from evals import plots
 from streams.keys import Keys
-from trainer.config import TrainerSettings
+from trainer.config import GRPO_BATCH, TrainerSettings
 from trainer.es import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,13 +380,15 @@ def parser() -> argparse.ArgumentParser:
                    "uses exactly its samples")  # fmt: skip
     p.add_argument("--gen-dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                    help="the generators' weights precision (PROOFSTREAM_DTYPE for the runs' generators)")  # fmt: skip
-    p.add_argument("--es-population", type=int, default=8)
-    p.add_argument("--es-batch", type=int, default=8, help="problems every ES member answers, per version")
+    cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
+    p.add_argument("--es-population", type=int, default=cpu["population"], help="default: the cpu preset's")
+    p.add_argument("--es-batch", type=int, default=cpu["batch"],
+                   help="problems every ES member answers, per version (default: the cpu preset's)")  # fmt: skip
     p.add_argument("--es-sigma", type=float, default=None, help="default: the cpu preset's")
     p.add_argument("--es-alpha", type=float, default=None, help="default: the cpu preset's")
-    p.add_argument("--grpo-batch", type=int, default=8, help="theorems (groups) per GRPO step")
-    p.add_argument("--grpo-group-size", type=int, default=8)
-    p.add_argument("--grpo-lr", type=float, default=1e-5)
+    p.add_argument("--grpo-batch", type=int, default=GRPO_BATCH, help="theorems (groups) per GRPO step")
+    p.add_argument("--grpo-group-size", type=int, default=trainer["group_size"].default)
+    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="default: the trainer's")
     return p
 
 

@@ -1,11 +1,12 @@
-"""`python -m evals.sweep --out DIR [grid flags] [extra trainer flags]`: ES over a grid of its settings.
+"""`python -m evals.sweep --out DIR [grid flags] [extra trainer flags]`: ES or GRPO over a grid of settings.
 
 The case study's next experiment: "systematic sweeps over sigma, population size, and theorem selection to
-understand when ES improves and when it stalls". The grid is the product of the list-valued flags
-(`--sigma`, `--alpha`, `--population`, `--batch`, `--curriculum`, `--problems`) and `--seeds`; each cell is
-one `python -m trainer --algo es` run with its own run id (`<out name>-<cell key>`) and run directory
-(`DIR/cells/<cell key>`), evaluated greedily on the held-out split at version 0, every `--eval-every`
-versions and at the end.
+understand when ES improves and when it stalls". The grid is the product of the list-valued flags and
+`--seeds`: for ES (`--algo es`, the default) `--sigma`, `--alpha`, `--population`, `--antithetic on off`;
+for GRPO (`--algo grpo`) `--lr`, `--group-size`, `--temperature`; for both `--batch`, `--curriculum`,
+`--problems`. Each cell is one `python -m trainer` run with its own run id (`<out name>-<cell key>`) and run
+directory (`DIR/cells/<cell key>`), evaluated greedily on the held-out split at version 0, every
+`--eval-every` versions and at the end. Unset lists default to the trainer's defaults (the ES `cpu` preset).
 
 Where the cells run:
 - by default, one after another here, each trainer with its local pipeline (its own embedded Redis in its
@@ -45,43 +46,76 @@ import orjson
 
 from evals import plots
 from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, endpoints, run_one, samples_used
+from trainer.config import TrainerSettings
+from trainer.es import PRESETS
 
-GRID = ("sigma", "alpha", "population", "batch", "curriculum", "problems")  # list-valued flags, in key order
-OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", *(f"--{k}" for k in GRID))
-CSV_COLUMNS = ("key", "config", *GRID, "seed", "returncode", "versions", "samples_used", "reward_start",
+ES_GRID = ("sigma", "alpha", "population", "antithetic")  # an ES cell's own list-valued flags, in key order
+GRPO_GRID = ("lr", "group_size", "temperature")  # a GRPO cell's
+SHARED_GRID = ("batch", "curriculum", "problems")
+GRID = (*ES_GRID, *GRPO_GRID, *SHARED_GRID)
+OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", "--group-size",
+         *(f"--{k}" for k in GRID), "--no-antithetic")  # fmt: skip
+CSV_COLUMNS = ("key", "config", "algo", *GRID, "seed", "returncode", "versions", "samples_used", "reward_start",
                "reward_end", "gain", "exact_start", "exact_end", "wall_s", "run")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Cell:
-    sigma: float
-    alpha: float
-    population: int
+    """One run of the grid. An ES cell leaves the GRPO fields None, and the other way round."""
+
+    algo: str
     batch: int
     curriculum: str
     problems: int
     seed: int
+    sigma: float | None = None
+    alpha: float | None = None
+    population: int | None = None
+    antithetic: bool | None = None
+    lr: float | None = None
+    group_size: int | None = None
+    temperature: float | None = None
 
     @property
     def config(self) -> str:
         """The cell's settings without its seed: the cells of one configuration differ only by seed."""
-        return f"s{self.sigma:g}-a{self.alpha:g}-p{self.population}-b{self.batch}-{self.curriculum}-n{self.problems}"
+        shared = f"b{self.batch}-{self.curriculum}-n{self.problems}"
+        if self.algo == "grpo":
+            return f"grpo-lr{self.lr:g}-g{self.group_size}-t{self.temperature:g}-{shared}"
+        pairs = "-anti" if self.antithetic else ""
+        return f"s{self.sigma:g}-a{self.alpha:g}-p{self.population}{pairs}-{shared}"
 
     @property
     def key(self) -> str:
         return f"{self.config}-seed{self.seed}"
 
     def flags(self) -> list[str]:
-        return ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population", str(self.population),
-                "--batch", str(self.batch), "--curriculum", self.curriculum, "--problems", str(self.problems),
-                "--seed", str(self.seed)]  # fmt: skip
+        out = ["--algo", self.algo, "--batch", str(self.batch), "--curriculum", self.curriculum,
+               "--problems", str(self.problems), "--seed", str(self.seed)]  # fmt: skip
+        if self.algo == "grpo":
+            return out + ["--lr", f"{self.lr:g}", "--group-size", str(self.group_size),
+                          "--temperature", f"{self.temperature:g}"]  # fmt: skip
+        return out + ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population",
+                      str(self.population), "--antithetic" if self.antithetic else "--no-antithetic"]  # fmt: skip
 
 
 def cells(args: argparse.Namespace) -> list[Cell]:
-    """The grid, in a stable order (seeds innermost, so a cut-short sweep has whole configurations first)."""
-    grid = itertools.product(args.sigma, args.alpha, args.population, args.batch, args.curriculum, args.problems,
-                             args.seeds)  # fmt: skip
-    return [Cell(*values) for values in grid]
+    """The grid, per algorithm, in a stable order (seeds innermost, so a cut-short sweep has whole
+    configurations first)."""
+    out: list[Cell] = []
+    for algo in args.algo:
+        own = ES_GRID if algo == "es" else GRPO_GRID
+        lists = [getattr(args, k) for k in own] + [getattr(args, k) for k in SHARED_GRID] + [args.seeds]
+        for values in itertools.product(*lists):
+            named = dict(zip((*own, *SHARED_GRID, "seed"), values, strict=True))
+            out.append(Cell(algo=algo, **named))
+    return out
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{value!r}: on or off")
+    return value == "on"
 
 
 def shard(todo: list[Cell], spec: str) -> list[Cell]:
@@ -119,7 +153,8 @@ def finished(run_dir: Path) -> dict[str, Any] | None:
 def row(result: dict[str, Any]) -> dict[str, Any]:
     c, ends = result["cell"], endpoints(result["curve"])
     return {
-        "key": c["key"], "config": c["config"], **{k: c[k] for k in GRID}, "seed": c["seed"],
+        "key": c["key"], "config": c["config"], "algo": c.get("algo", "es"), **{k: c.get(k) for k in GRID},
+        "seed": c["seed"],
         "returncode": result["returncode"], "versions": result["versions"], "samples_used": result["samples_used"],
         **ends, "gain": None if ends["gain"] is None else round(ends["gain"], 6),
         "wall_s": result["wall_s"], "run": result["run"],
@@ -144,9 +179,10 @@ def _spread(values: list[float]) -> str:
 
 def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
     """Per configuration, over its seeds: mean ± sample standard deviation (n-1)."""
-    lines = [f"# ES sweep: {settings['out']}", "",
-             "Held-out: greedy decoding of the center on the held-out split; reward is the verifier's shaped "
-             "credit, exact the share solved. gain = end - start, per seed, then mean ± std over seeds.", "",
+    lines = [f"# Sweep: {settings['out']}", "",
+             "Held-out: greedy decoding of the policy (the ES center) on the held-out split; reward is the "
+             "verifier's shaped credit, exact the share solved. gain = end - start, per seed, then mean ± std over "
+             "seeds.", "",
              "| configuration | seeds | reward start | reward end | gain | exact end | samples | wall |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for config, group in itertools.groupby(sorted(rows, key=lambda r: (r["config"], r["seed"])),
@@ -176,7 +212,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for config, curves in sorted(by_config.items()):
         plots.mean_band(ax, curves, f"{config} ({len(curves)} seeds)")
-    title = "ES sweep: mean over seeds, band = min-max"
+    title = "Sweep: mean over seeds, band = min-max"
     return plots.save(plt, fig, ax, path, title, "held-out reward (shaped, greedy)", legend_size=7)
 
 
@@ -195,14 +231,26 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.split("\n\n")[1],
                                 epilog="Any other flag goes to every `python -m trainer` run.")  # fmt: skip
     p.add_argument("--out", required=True, help="the sweep's folder: cells, tables, plot (resumes what it holds)")
-    p.add_argument("--sigma", type=float, nargs="+", default=[0.001])
-    p.add_argument("--alpha", type=float, nargs="+", default=[0.0005])
-    p.add_argument("--population", type=int, nargs="+", default=[8])
-    p.add_argument("--batch", type=int, nargs="+", default=[16], help="problems every member answers")
+    p.add_argument("--algo", nargs="+", default=["es"], choices=("es", "grpo"),
+                   help="es: a cell per sigma x alpha x population x antithetic; grpo: per lr x group size x "
+                   "temperature; either times batch x curriculum x problems x seeds")  # fmt: skip
+    cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
+    p.add_argument("--sigma", type=float, nargs="+", default=[cpu["sigma"]], help="ES (default: the cpu preset's)")
+    p.add_argument("--alpha", type=float, nargs="+", default=[cpu["alpha"]], help="ES (default: the cpu preset's)")
+    p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES")
+    p.add_argument("--antithetic", nargs="+", default=[cpu["antithetic"]], type=_on_off, metavar="on|off",
+                   help="ES: mirrored pairs (+eps, -eps) or independent members")  # fmt: skip
+    p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO")
+    p.add_argument("--group-size", dest="group_size", type=int, nargs="+", default=[trainer["group_size"].default],
+                   help="GRPO: samples per theorem")  # fmt: skip
+    p.add_argument("--temperature", type=float, nargs="+", default=[trainer["temperature"].default],
+                   help="GRPO's sampling temperature (ES members: es_temperature, greedy by default)")  # fmt: skip
+    p.add_argument("--batch", type=int, nargs="+", default=[cpu["batch"]],
+                   help="problems every ES member answers; theorems (groups) per GRPO step")  # fmt: skip
     p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"))
     p.add_argument("--problems", type=int, nargs="+", default=[256], help="Countdown training problems")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=10, help="ES versions per cell")
+    p.add_argument("--iterations", type=int, default=10, help="policy versions per cell")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--shard", default="0/1", help="I/N: run every N-th cell from the I-th")
     p.add_argument("--plan", action="store_true", help="print the cells and their run ids, run nothing")
@@ -235,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped += 1
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "trainer", "--algo", "es", *cell.flags(), "--iterations", str(args.iterations),
+        command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(args.iterations),
                    "--eval-every", str(args.eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
         code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")

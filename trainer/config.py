@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from streams.settings import RoleSettings
+from trainer.es import PRESETS
+
+GRPO_BATCH = 8  # theorems (groups) per GRPO step unless `batch` says otherwise
 
 
 class TrainerSettings(RoleSettings):
@@ -26,7 +29,9 @@ class TrainerSettings(RoleSettings):
     curriculum: Literal["easy", "ramp", "none"] = Field(
         "easy", description="countdown: easy = 2-3 numbers, + - * only (what the 135M default can reach)"
     )
-    batch: int = Field(8, ge=1, description="theorems per member (ES) or per step (GRPO)")
+    batch: int = Field(
+        GRPO_BATCH, ge=1, description="theorems per member (ES; default: the preset's) or per step (GRPO; default 8)"
+    )
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
 
     # sampling
@@ -39,7 +44,7 @@ class TrainerSettings(RoleSettings):
     population: int | None = Field(None, ge=2, description="overrides the preset")
     sigma: float | None = Field(None, gt=0)
     alpha: float | None = Field(None, gt=0)
-    antithetic: bool = False
+    antithetic: bool = Field(False, description="ES: mirrored member pairs (+eps, -eps); default: the preset's")
     es_temperature: float = Field(
         0.0, ge=0, description="ES members' sampling temperature; 0: greedy, as the reference ES (GRPO: temperature)"
     )
@@ -56,6 +61,9 @@ class TrainerSettings(RoleSettings):
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: std-normalized; dr_grpo: mean only")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model; 0: off")
     grad_accum: int = Field(1, ge=1, description="micro-batches per step (at least: passes of 8 sequences)")
+    train_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="the GRPO trainer's; auto: cuda when available"
+    )
 
     # the local pipeline (no redis_url): children the trainer starts
     engine: Literal["auto", "hf", "vllm"] = "auto"
@@ -71,6 +79,19 @@ class TrainerSettings(RoleSettings):
     # docker backend runs lean-audit from lean_image), or "trust_repl" to take the Lean server's word.
     lean_audit_cmd: list[str] = Field(default_factory=list)
     lean_second_line: Literal["audit", "trust_repl"] = "audit"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data: Any) -> Any:
+        """Fill what depends on the algorithm: ES takes its batch and pairing from the preset."""
+        if not isinstance(data, dict) or data.get("preset", "cpu") not in PRESETS:
+            return data  # field validation says what is wrong
+        preset, data = PRESETS[data.get("preset", "cpu")], dict(data)
+        if data.get("batch") is None:
+            data["batch"] = preset["batch"] if data.get("algo", "es") == "es" else GRPO_BATCH
+        if data.get("antithetic") is None:
+            data["antithetic"] = preset["antithetic"]
+        return data
 
     @model_validator(mode="after")
     def _lean_needs_data(self) -> TrainerSettings:

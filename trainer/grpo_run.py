@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 import structlog
+import torch
 
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
@@ -55,6 +56,13 @@ def unneeded_policies(folders: list[Path], needed_from: int) -> list[Path]:
     return [f for f in folders if f.name.startswith("v") and f.name[1:].isdigit() and int(f.name[1:]) < needed_from]
 
 
+def training_device(setting: str) -> str:
+    """`auto`: the GPU when torch sees one (the generators choose theirs the same way), else the CPU."""
+    if setting != "auto":
+        return setting
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 class GRPORun(Run):
     algo = "grpo"
 
@@ -63,7 +71,9 @@ class GRPORun(Run):
         accum = max(settings.grad_accum, grad_accum_for(settings.batch, settings.group_size))
         self.cfg = GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
                               advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum)  # fmt: skip
-        self.trainer = GRPOTrainer(model_path, self.cfg, out_dir=sink.run_dir)
+        self.trainer = GRPOTrainer(
+            model_path, self.cfg, out_dir=sink.run_dir, device=training_device(settings.train_device)
+        )
         self.checkpoint_file = ""
         # not checkpointed: re-read from the attempts group's pending list after a restart
         self.samples: dict[str, dict[str, Any]] = {}  # attempt_id -> what the step needs

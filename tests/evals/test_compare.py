@@ -39,7 +39,8 @@ def test_the_budget_buys_whole_versions_and_evaluations_spread_over_them():
 
 
 def test_plans_from_flags_give_each_algorithm_its_own_trainer_flags():
-    args = compare.parser().parse_args(["--budget", "256", "--es-population", "4", "--grpo-group-size", "4"])
+    args = compare.parser().parse_args(["--budget", "256", "--es-population", "4", "--es-batch", "8",
+                                        "--grpo-group-size", "4", "--grpo-lr", "1e-5"])  # fmt: skip
     es, grpo = compare.plans(args)
     assert (es.samples_per_version, es.iterations) == (32, 8)
     assert es.flags == ("--population", "4", "--batch", "8")
@@ -69,7 +70,7 @@ def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
         return 130, 1.0  # python -m trainer after SIGINT/SIGTERM
 
     monkeypatch.setattr(compare, "run_one", fake_run)
-    assert compare.main(["--budget", "64", "--out", str(tmp_path / "c")]) == 1
+    assert compare.main(["--budget", "128", "--out", str(tmp_path / "c")]) == 1
     assert ran == ["es"]  # GRPO never started, nor the other seeds
     result = json.loads((tmp_path / "c" / "seed0" / "compare.json").read_text())
     assert not result["ok"] and list(result["algos"]) == ["es"] and result["algos"]["es"]["returncode"] == 130
@@ -176,7 +177,7 @@ def test_generated_for_training_is_the_generators_count_less_evaluation(tmp_path
 
 
 def _result(tmp_path: Path) -> dict:
-    args = compare.parser().parse_args(["--budget", "192"])
+    args = compare.parser().parse_args(["--budget", "192", "--es-batch", "8", "--grpo-lr", "1e-5"])
     es, grpo = compare.plans(args)
     result = {"out": str(tmp_path), "budget": 192, "ok": True, "wall_s": 100.0, "extra": ["--engine", "hf"],
               "settings": {**vars(args), "seed": 0, "model": "m", "engine": "hf"}, "algos": {}}  # fmt: skip

@@ -27,12 +27,25 @@ def test_the_grid_is_the_product_of_the_lists_with_seeds_innermost_and_shards_sp
     todo = sweep.cells(_args("--sigma", "0.001", "0.003", "--population", "4", "8", "--seeds", "0", "1"))
     assert len(todo) == 2 * 2 * 2
     assert [c.seed for c in todo[:2]] == [0, 1] and todo[0].config == todo[1].config
-    assert todo[0].key == "s0.001-a0.0005-p4-b16-easy-n256-seed0"
+    assert todo[0].key == "s0.001-a0.002-p4-anti-b16-easy-n256-seed0"
     assert len({c.key for c in todo}) == 8
     halves = sweep.shard(todo, "0/2") + sweep.shard(todo, "1/2")
     assert sorted(c.key for c in halves) == sorted(c.key for c in todo)
     with pytest.raises(ValueError):
         sweep.shard(todo, "2/2")
+
+
+def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
+    todo = sweep.cells(_args("--algo", "es", "grpo", "--antithetic", "on", "off", "--lr", "1e-5", "3e-5",
+                             "--group-size", "4", "--seeds", "0"))  # fmt: skip
+    es, grpo = [c for c in todo if c.algo == "es"], [c for c in todo if c.algo == "grpo"]
+    assert [c.antithetic for c in es] == [True, False] and len(grpo) == 2
+    assert grpo[1].key == "grpo-lr3e-05-g4-t1-b16-easy-n256-seed0"
+    flags = grpo[1].flags()
+    assert flags[flags.index("--lr") + 1] == "3e-05" and flags[flags.index("--group-size") + 1] == "4"
+    assert "--sigma" not in flags and "--no-antithetic" in es[1].flags() and "--antithetic" in es[0].flags()
+    with pytest.raises(SystemExit):
+        _args("--antithetic", "maybe")
 
 
 def _result(config: dict, seed: int, start: float, end: float, code: int = 0) -> dict:
@@ -44,7 +57,16 @@ def _result(config: dict, seed: int, start: float, end: float, code: int = 0) ->
 
 
 def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path):
-    a = {"sigma": 0.001, "alpha": 0.0005, "population": 8, "batch": 16, "curriculum": "easy", "problems": 256}
+    a = {
+        "algo": "es",
+        "sigma": 0.001,
+        "alpha": 0.0005,
+        "population": 8,
+        "antithetic": False,
+        "batch": 16,
+        "curriculum": "easy",
+        "problems": 256,
+    }
     b = {**a, "sigma": 0.003}
     results = [_result(a, 0, 0.10, 0.20), _result(a, 1, 0.10, 0.30), _result(a, 2, 0.10, 0.40),
                _result(b, 0, 0.10, 0.10), _result(b, 1, 0.10, 0.5, code=1)]  # fmt: skip
@@ -68,7 +90,8 @@ def test_plan_prints_each_cells_run_id_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "sw"
     assert sweep.main(["--out", str(out), "--seeds", "0", "1", "--plan"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split("\t")[1] for line in lines] == [f"sw-s0.001-a0.0005-p8-b16-easy-n256-seed{s}" for s in (0, 1)]
+    expected = [f"sw-s0.001-a0.002-p8-anti-b16-easy-n256-seed{s}" for s in (0, 1)]
+    assert [line.split("\t")[1] for line in lines] == expected
     assert not out.exists()
 
 
@@ -87,7 +110,7 @@ def test_a_tiny_real_cell_runs_and_a_second_sweep_skips_it(tmp_path):
     [cell] = out.glob("cells/*/cell.json")
     result = orjson.loads(cell.read_bytes())
     assert [p["version"] for p in result["curve"]] == [0, 1] and result["samples_used"] == 2 * 2
-    assert (out / "sweep.png").exists() and "| s0.001-a0.0005-p2-b2-easy-n6 | 1 |" in (out / "sweep.md").read_text()
+    assert (out / "sweep.png").exists() and "| s0.001-a0.002-p2-anti-b2-easy-n6 | 1 |" in (out / "sweep.md").read_text()
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     line = json.loads(again.stdout.strip().splitlines()[-1])
     assert (line["ran"], line["skipped"]) == (0, 1)  # the finished cell is not run again

@@ -153,3 +153,21 @@ def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_p
     assert orders() == (0.0, 0.0)
     assert orders(temperature=1.0) == (0.0, 0.0)  # GRPO's setting does not reach ES members
     assert orders(es_temperature=0.7) == (0.7, 0.0)
+
+
+def test_es_takes_its_batch_and_pairing_from_the_preset_and_grpo_keeps_its_own_batch():
+    """The cpu preset is the measured configuration (docs/results/sweep-cpu): its batch and antithetic pairs
+    come with it unless set, from flags, env or a config file alike; GRPO's batch is not the preset's."""
+    from trainer.config import GRPO_BATCH, TrainerSettings
+    from trainer.es import PRESETS
+    from trainer.run import es_config
+
+    es = TrainerSettings()
+    assert (es.batch, es.antithetic) == (16, True) == (PRESETS["cpu"]["batch"], PRESETS["cpu"]["antithetic"])
+    assert es_config(es).antithetic and es_config(es).alpha == 0.002
+    assert TrainerSettings(algo="grpo").batch == GRPO_BATCH == 8
+    paper = TrainerSettings(preset="paper")
+    assert (paper.batch, paper.antithetic, es_config(paper).population) == (200, False, 30)
+    assert TrainerSettings.load(flags={"batch": 4, "antithetic": False}, env={}).batch == 4
+    assert TrainerSettings.load(flags={}, env={"PROOFSTREAM_ANTITHETIC": "false"}).antithetic is False
+    assert TrainerSettings.load(flags={"algo": "grpo"}, env={}).batch == 8
