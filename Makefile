@@ -32,7 +32,7 @@ test: $(STAMP)
 RUN_ARGS ?=
 run: $(STAMP)
 	$(BIN)/python -m trainer --algo es --task countdown --run make-run-$$(date +%Y%m%d-%H%M%S) \
-	  --iterations 5 --batch 4 --max-new-tokens 64 --held-out 16 --eval-every 5 $(RUN_ARGS)
+	  --iterations 8 --max-new-tokens 64 --held-out 32 --eval-every 4 $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
