@@ -10,7 +10,10 @@ sigma, alpha) per policy version, ~200 bytes each. Everything here is a pure fun
   master again. Nothing is ever added and subtracted back in bf16 (that drifts and loses the update).
 - An update is `theta += alpha/N * sum_n z_n * sign_n * eps_n`, accumulated in fp32 in member order, so
   replaying the same history from the same base gives bit-identical weights. Snapshots of the master every
-  K versions (safetensors, written atomically) bound the replay of a generator that starts late.
+  K versions (safetensors, written atomically) bound the replay of a generator that starts late. A snapshot
+  is named by the history that made it (`history_digest`: the device type and every step up to its
+  version, hashed in order) and its bytes are checked against the digest it was written with, so a run
+  that reuses a run id, or a torn file, never hands a generator another run's center.
 
 Tensor names are the checkpoint's (safetensors) names, the same in every engine, so a member means the
 same perturbation under transformers and under vLLM. The engine supplies `write`, which receives
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 
 Weights = dict[str, torch.Tensor]
@@ -83,6 +87,15 @@ class ESStep:
         }
 
 
+def history_digest(steps: Mapping[int, ESStep], version: int, origin: str) -> str:
+    """What center `version` is, as a hash: its origin (the noise's device type; the base model is the
+    snapshot folder's) and the steps 1..version in order. Two runs share it only if they share the center."""
+    h = hashlib.sha256(f"{origin}\x00".encode())
+    for v in range(1, version + 1):
+        h.update(repr(steps[v]).encode())  # a frozen dataclass of ints, floats and tuples: a stable repr
+    return h.hexdigest()
+
+
 def apply_step(master: Weights, step: ESStep) -> None:
     """theta += alpha/N * sum_n z_n sign_n eps_n, in place, in fp32, tensors in name order, members in order."""
     scale = step.alpha / len(step.seeds)
@@ -120,6 +133,13 @@ def load_master(source: str | os.PathLike, device: str = "cpu") -> Weights:
     return master
 
 
+def snapshot_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return dict(handle.metadata() or {})
+
+
 def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file atomically (temporary file in the same folder, fsync, rename)."""
     from safetensors.torch import save_file
@@ -135,6 +155,11 @@ def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+TAG = 16  # hex digits of the history digest in a snapshot's file name
+
+log = structlog.get_logger("producers.es")
 
 
 class ESWeights:
@@ -159,6 +184,7 @@ class ESWeights:
     ) -> None:
         self._base = base
         self.device = device
+        self.device_type = str(device).split(":", 1)[0]  # the noise depends on the type, not the index
         self._write = write
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.snapshot_every = snapshot_every
@@ -204,37 +230,55 @@ class ESWeights:
         """A fresh copy of the newest known center at or below `version`: memory, snapshot, or base."""
         below = [v for v in self.masters if v <= version]
         best = max(below, default=-1)
-        snap = self._newest_snapshot(version)
+        snap = self._newest_snapshot(version) if version > best else None
         if snap is not None and snap[0] > best:
             self.snapshots_loaded += 1
-            return snap[0], load_master(snap[1], self.device)
+            return snap
         if best >= 0:
             return best, {k: v.clone() for k, v in self.masters[best].items()}
         return 0, self._base()
 
-    def _newest_snapshot(self, version: int) -> tuple[int, Path] | None:
+    def history(self, version: int) -> str:
+        return history_digest(self.steps, version, self.device_type)
+
+    def _newest_snapshot(self, version: int) -> tuple[int, Weights] | None:
+        """The newest snapshot at or below `version` whose name is this history's and whose bytes are the
+        ones it was written with; a snapshot of another history (a reused run id) or a torn file is passed
+        over, never loaded."""
         if self.snapshot_dir is None or not self.snapshot_dir.is_dir():
             return None
         found = []
-        for path in self.snapshot_dir.glob("v*.safetensors"):
-            try:
-                v = int(path.stem[1:])
-            except ValueError:
+        for path in self.snapshot_dir.glob("v*-*.safetensors"):
+            number, _, tag = path.stem[1:].partition("-")
+            if number.isdigit() and 0 < int(number) <= version:
+                found.append((int(number), tag, path))
+        for v, tag, path in sorted(found, reverse=True):
+            history = self.history(v)
+            if tag != history[:TAG]:
                 continue
-            if 0 < v <= version:
-                found.append((v, path))
-        return max(found, default=None)
+            try:
+                weights, metadata = load_master(path, self.device), snapshot_metadata(path)
+            except Exception as e:  # noqa: BLE001 - a snapshot is a cache: unreadable means not there
+                log.warning("es_snapshot_unreadable", path=str(path), error=str(e))
+                continue
+            if metadata.get("history") != history or metadata.get("digest") != digest(weights):
+                log.warning("es_snapshot_refused", path=str(path), version=v,
+                            reason="its history or its bytes are not the ones it was written with")  # fmt: skip
+                continue
+            return v, weights
+        return None
 
     def snapshot_path(self, version: int) -> Path:
         assert self.snapshot_dir is not None
-        return self.snapshot_dir / f"v{version:08d}.safetensors"
+        return self.snapshot_dir / f"v{version:08d}-{self.history(version)[:TAG]}.safetensors"
 
     def _maybe_snapshot(self, version: int, weights: Weights) -> None:
         if self.snapshot_dir is None or self.snapshot_every <= 0 or version % self.snapshot_every:
             return
         path = self.snapshot_path(version)
         if not path.exists():  # every generator computes the same bits: the first one to get here writes
-            save_weights(weights, path, metadata={"version": str(version), "digest": digest(weights)})
+            meta = {"version": str(version), "digest": digest(weights), "history": self.history(version)}
+            save_weights(weights, path, metadata=meta)
 
     def use(self, version: int, seed: int | None = None, sign: int = 1, sigma: float = 0.0) -> bool:
         """Make the engine's weights center(version) [+ sigma*sign*eps(seed)]. False if they already are."""

@@ -9,7 +9,16 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="ES weights need torch (make test installs torch==2.13.0)")
 
-from producers.es import ESStep, ESWeights, apply_step, digest, load_master, noise, noise_seed  # noqa: E402
+from producers.es import (  # noqa: E402
+    ESStep,
+    ESWeights,
+    apply_step,
+    digest,
+    load_master,
+    noise,
+    noise_seed,
+    snapshot_metadata,
+)
 from tests.producers.conftest import needs_model  # noqa: E402
 
 
@@ -115,13 +124,48 @@ def test_snapshots_bound_the_replay_and_give_the_same_bits(tmp_path):
     for v, step in enumerate(STEPS, start=1):
         writer.add_step(v, step)
     full = digest(writer.center(3))
-    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["v00000002.safetensors"]
+    [snapshot] = tmp_path.glob("*.safetensors")
+    assert snapshot.name == f"v00000002-{writer.history(2)[:16]}.safetensors"
     reader = ESWeights(lambda: pytest.fail("the base must not be needed"), Recorder(), snapshot_dir=tmp_path)
     for v, step in enumerate(STEPS, start=1):
         reader.add_step(v, step)
     assert digest(reader.center(3)) == full
     assert reader.snapshots_loaded == 1 and reader.replayed == 1
-    assert digest(load_master(tmp_path / "v00000002.safetensors")) == digest(writer.center(2))
+    assert digest(load_master(snapshot)) == digest(writer.center(2))
+
+
+def test_a_snapshot_of_another_history_or_with_other_bytes_is_never_loaded(tmp_path):
+    """A new run that reuses a run id (and so the snapshot folder) must not start from the old run's center;
+    nor may a snapshot whose bytes changed after it was written."""
+    base = small_base()
+
+    def fresh():
+        return {k: v.clone() for k, v in base.items()}
+
+    old = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path, snapshot_every=2)
+    for v, step in enumerate(STEPS, start=1):
+        old.add_step(v, step)
+    old.center(3)  # writes the old run's v2 snapshot
+    new_steps = [ESStep((7,), (1,), (1.0,), 0.01, 0.05), *STEPS[1:]]  # the new run's first step differs
+    new = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path)
+    for v, step in enumerate(new_steps, start=1):
+        new.add_step(v, step)
+    scratch = ESWeights(fresh, Recorder())
+    for v, step in enumerate(new_steps, start=1):
+        scratch.add_step(v, step)
+    assert digest(new.center(3)) == digest(scratch.center(3)) != digest(old.center(3))
+    assert new.snapshots_loaded == 0 and new.replayed == 3
+    # the same history, but the file's bytes changed: refused, the center rebuilt from the base
+    [snapshot] = tmp_path.glob("*.safetensors")
+    from safetensors.torch import save_file
+
+    tampered = {k: v.clone() + 1e-3 for k, v in load_master(snapshot).items()}
+    save_file(tampered, str(snapshot), metadata=snapshot_metadata(snapshot))
+    again = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path)
+    for v, step in enumerate(STEPS, start=1):
+        again.add_step(v, step)
+    assert digest(again.center(3)) == digest(old.center(3))
+    assert again.snapshots_loaded == 0 and again.replayed == 3
 
 
 def test_history_cannot_be_rewritten_and_gaps_are_refused():
