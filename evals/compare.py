@@ -45,6 +45,7 @@ from evals import plots
 from streams.keys import Keys
 from trainer.config import GRPO_BATCH, TrainerSettings
 from trainer.es import PRESETS
+from trainer.run import FINISHED_BEFORE
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")
@@ -485,13 +486,19 @@ def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan
         "ok": True,
     }
     started = time.monotonic()
+    before = _json(out / "compare.json").get("algos", {})
     for p in todo:
+        if before.get(p.algo, {}).get("returncode") == 0:  # this seed was cut short after that run finished
+            result["algos"][p.algo] = before[p.algo]
+            print(f"compare: seed {seed}: {p.algo}: finished before, not run again", file=sys.stderr)
+            continue
         run_dir = out / p.algo
         run = f"{out.parent.name}-{out.name}-{p.algo}"
         argv = trainer_argv(p, common, run, run_dir, extra)
         print(f"compare: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
               f"log {out / p.algo}.log", file=sys.stderr)  # fmt: skip
         code, wall_s = run_one(argv, env, out / f"{p.algo}.log")
+        code = 0 if code == FINISHED_BEFORE else code  # it finished before its result was written: read it
         result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
         result["ok"] = result["ok"] and code == 0
         result["wall_s"] = round(time.monotonic() - started, 1)

@@ -48,6 +48,7 @@ from evals import plots
 from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, endpoints, run_one, samples_used
 from trainer.config import TrainerSettings
 from trainer.es import PRESETS
+from trainer.run import FINISHED_BEFORE
 
 ES_GRID = ("sigma", "alpha", "population", "antithetic")  # an ES cell's own list-valued flags, in key order
 GRPO_GRID = ("lr", "group_size", "temperature")  # a GRPO cell's
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--eval-every", str(args.eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
         code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")
+        code = 0 if code == FINISHED_BEFORE else code  # it finished before its cell.json was written: read it
         result = cell_result(cell, run_dir, run, command, code, wall_s)
         (run_dir / "cell.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
         results.append(result)

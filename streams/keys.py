@@ -82,6 +82,10 @@ class Keys:
         return self._key("generator_stats")
 
     @property
+    def trainer_lease(self) -> str:  # string with a TTL: the one trainer of the run (trainer/lease.py)
+        return self._key("trainer_lease")
+
+    @property
     def es_noise(self) -> str:  # string: the device type ES noise is drawn on (the first ES generator sets it)
         return self._key("es_noise")
 

@@ -21,11 +21,14 @@ import structlog
 
 from streams import logs
 from streams.connect import connect, shown_url
+from streams.keys import Keys
 from streams.settings import SettingsError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
+from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink
+from trainer.run import FINISHED_BEFORE, RunFinished
 
 log = structlog.get_logger("trainer")
 
@@ -49,20 +52,37 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         from trainer.run import ESRun
 
         run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+    lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
+    try:
+        await lease.acquire()
+    except BaseException:
+        await redis.aclose()
+        bar(None)
+        raise
     watchdog = asyncio.create_task(local.watch(stop)) if local else None
+    usurped = asyncio.create_task(_set_when(lease.lost, stop))
     try:
         summary = await run.run(stop)
     finally:
-        if watchdog:
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+        for task in (watchdog, usurped):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await lease.release()
         await redis.aclose()
         bar(None)
     if watchdog and watchdog.done() and not watchdog.cancelled() and watchdog.exception():
         raise watchdog.exception()
+    if lease.lost.is_set():
+        raise TrainerRunning(f"run {settings.run!r}: another trainer took the run over; this one stopped")
     summary["interrupted"] = stop.is_set()
     return summary
+
+
+async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:
+    await event.wait()
+    then.set()
 
 
 def _progress(total: int):
@@ -106,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(train(settings, url, local, run_dir))
     except KeyboardInterrupt:
         summary = {"interrupted": True}
+    except RunFinished as e:
+        print(f"trainer: {e}", file=sys.stderr)
+        return FINISHED_BEFORE
     except RuntimeError as e:
         print(f"trainer: {e}", file=sys.stderr)
         return 1

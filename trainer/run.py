@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,15 @@ from trainer.metrics import MetricsSink
 log = structlog.get_logger("trainer.run")
 
 STATE_FIELD = "state"
+
+
+FINISHED_BEFORE = 3  # python -m trainer's exit status when the run id names a finished run
+
+
+class RunFinished(RuntimeError):
+    """The run id names a finished run: resuming it would do nothing, silently."""
+
+
 CHECKPOINT_EVERY_S = 2.0
 
 
@@ -93,6 +103,7 @@ class Run:
         self.eval_results: dict[int, dict[str, Any]] = {}
         self.eval_ids: list[str] = []  # the held-out split as evaluated: what trainer.eval checks its own against
         self.counts: collections.Counter[str] = collections.Counter()
+        self.finished = False  # the run reached `iterations` and its last evaluation
         self.last_update = time.monotonic()
         # not checkpointed: rewards read since the last checkpoint (entry ids to ack once it is written)
         self._unacked: list[bytes] = []
@@ -113,6 +124,7 @@ class Run:
             "eval_results": {str(k): v for k, v in self.eval_results.items()},
             "eval_ids": self.eval_ids,
             "counts": dict(self.counts),
+            "finished": self.finished,
         }
 
     def _load(self, doc: dict[str, Any]) -> None:
@@ -127,6 +139,7 @@ class Run:
         self.eval_results = {int(k): v for k, v in doc["eval_results"].items()}
         self.eval_ids = list(doc.get("eval_ids", []))
         self.counts.update(doc["counts"])
+        self.finished = bool(doc.get("finished"))
 
     async def resume(self) -> bool:
         """Load the checkpoint if the run has one; re-publish the orders still in flight. True if resumed."""
@@ -137,6 +150,17 @@ class Run:
             await register(self.redis, self.keys, self.train + self.held_out)
             return False
         self._load(orjson.loads(raw))
+        run, iterations = self.settings.run, self.settings.iterations
+        if self.finished and self.version >= iterations:
+            raise RunFinished(
+                f"run {run!r} finished at version {self.version} ({self.counts['samples']} training samples); "
+                f"nothing to resume. Use a new --run for a new run, or --iterations N with N > {self.version} "
+                "to continue this one"
+            )
+        what = "continuing the finished" if self.finished else "resuming"
+        print(f"trainer: {what} run {run!r} at version {self.version} of {iterations} ({self.counts['samples']} "
+              f"training samples so far, {len(self.members)} in flight)", file=sys.stderr)  # fmt: skip
+        self.finished = False
         self.counts["resumes"] += 1
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.members.values(), *self.evals.values()])
@@ -304,6 +328,7 @@ class Run:
             while self.evals and not stop.is_set() and time.monotonic() < deadline:
                 await self.poll(block_ms=500)
                 self._eval_done()
+        self.finished = not stop.is_set() and self.version >= self.settings.iterations
         await self.checkpoint()
         await self.trim_history()
         return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
@@ -373,10 +398,11 @@ class ESRun(Run):
         stragglers = [m for m in self.members.values() if not m.complete]
         for m in [*used, *stale]:
             del self.members[m.work_id]
+        attempts = sum(len(m.rewards) for m in used)
         self.counts["members_used"] += len(used)
+        self.counts["samples"] += attempts
         self.counts["members_stale_dropped"] += len(stale)
         self.version += 1
-        attempts = sum(len(m.rewards) for m in used)
         now = time.monotonic()
         metrics = {
             "version": self.version,

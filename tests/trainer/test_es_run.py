@@ -101,6 +101,7 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
         second = _trainer(one_redis_url, run, tmp_path, iterations)
         out, err = second.communicate(timeout=180)
         assert second.returncode == 0, err[-3000:]
+        assert f"trainer: resuming run 'resume' at version {killed_at} of {iterations}" in err  # said, not silent
     finally:
         roles.send_signal(signal.SIGTERM)
         roles.wait(30)
