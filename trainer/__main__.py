@@ -22,6 +22,7 @@ import structlog
 from streams import logs
 from streams.connect import connect, shown_url
 from streams.keys import Keys
+from streams.ride_out import UNAVAILABLE
 from streams.settings import SettingsError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
@@ -42,16 +43,23 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bar = _progress(settings.iterations)
+    model_path = None
     if settings.algo == "grpo":
         from producers.model import resolve_model
-        from trainer.grpo_run import GRPORun
 
         model_path = await asyncio.to_thread(resolve_model, settings.model)
-        run = GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
-    else:
+
+    def fresh_run():
+        """The run as its state in Redis says (a new one, or resumed): also after Redis came back, since a
+        restarted Redis may have lost the last second of writes (AOF everysec) that this process had made."""
+        if settings.algo == "grpo":
+            from trainer.grpo_run import GRPORun
+
+            return GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
         from trainer.run import ESRun
 
-        run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+        return ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+
     lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
     try:
         await lease.acquire()
@@ -62,7 +70,18 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     watchdog = asyncio.create_task(local.watch(stop)) if local else None
     usurped = asyncio.create_task(_set_when(lease.lost, stop))
     try:
-        summary = await run.run(stop)
+        while True:
+            try:
+                summary = await fresh_run().run(stop)
+                break
+            except UNAVAILABLE as e:
+                if local is not None:  # our own Redis child: the watchdog says what happened to it
+                    raise
+                print(f"trainer: Redis is unavailable ({e}); waiting for it, then resuming from the run's state "
+                      "there", file=sys.stderr)  # fmt: skip
+                if not await _redis_back(redis, stop):
+                    summary = {"version": None, "counts": {}}
+                    break
     finally:
         for task in (watchdog, usurped):
             if task:
@@ -78,6 +97,21 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         raise TrainerRunning(f"run {settings.run!r}: another trainer took the run over; this one stopped")
     summary["interrupted"] = stop.is_set()
     return summary
+
+
+async def _redis_back(redis, stop: asyncio.Event) -> bool:
+    """Wait (capped backoff) until Redis answers and holds data again; False if stopped first."""
+    delay, waited = 0.05, 0.0
+    while not stop.is_set():
+        with contextlib.suppress(*UNAVAILABLE):
+            await redis.ping()
+            log.info("redis_back", waited_s=round(waited, 1))
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        waited += delay
+        delay = min(delay * 2, 2.0)
+    return False
 
 
 async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:

@@ -71,11 +71,15 @@ def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
 
 
 def _trainer(url: str, run: str, run_dir: Path, iterations: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown",
+    argv = _trainer_argv(url, run, run_dir, iterations)
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trainer_argv(url: str, run: str, run_dir: Path, iterations: int) -> list[str]:
+    return [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown",
             "--iterations", str(iterations), "--population", "4", "--batch", "3", "--problems", "40",
             "--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir), "--log-level", "warning",
             "--history-s", "0"]  # fmt: skip
-    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _until(predicate, timeout_s: float, what: str):
@@ -172,3 +176,45 @@ def test_es_takes_its_batch_and_pairing_from_the_preset_and_grpo_keeps_its_own_b
     assert TrainerSettings.load(flags={"batch": 4, "antithetic": False}, env={}).batch == 4
     assert TrainerSettings.load(flags={}, env={"PROOFSTREAM_ANTITHETIC": "false"}).antithetic is False
     assert TrainerSettings.load(flags={"algo": "grpo"}, env={}).batch == 8
+
+
+def test_the_trainer_rides_out_a_redis_restart_and_resumes_from_what_redis_kept(tmp_path):
+    """Redis SIGKILLed mid-run and started again on its AOF: the trainer (with --redis-url, as in a stack)
+    waits for it, rebuilds its state from Redis, and finishes the run: every version once, no member in two
+    updates, every member's score from all of its rewards."""
+    from streams.embedded import EmbeddedRedis
+
+    run, iterations = "blip", 8
+    keys = Keys(run)
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendfsync="always").start()
+    r = redis_sync.Redis.from_url(server.url)
+    roles = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_roles", server.url, run, "0.05"], cwd=ROOT)
+    log_path = tmp_path / "trainer.err"
+    trainer = None
+    try:
+        with open(log_path, "w") as err:
+            trainer = subprocess.Popen(_trainer_argv(server.url, run, tmp_path, iterations), cwd=ROOT,
+                                       stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        _until(lambda: r.xlen(keys.policy) >= 2 or trainer.poll() is not None, 120, "two versions")
+        assert trainer.poll() is None, log_path.read_text()[-3000:]
+        server.kill()
+        _until(lambda: "Redis is unavailable" in log_path.read_text() or trainer.poll() is not None, 60,
+               "the trainer to notice")  # fmt: skip
+        assert trainer.poll() is None, log_path.read_text()[-3000:]  # still alive, waiting
+        server.start()  # the same port and data
+        assert trainer.wait(180) == 0, log_path.read_text()[-3000:]
+    finally:
+        roles.send_signal(signal.SIGTERM)
+        roles.wait(30)
+        if trainer is not None and trainer.poll() is None:
+            trainer.kill()
+    updates = [decode(PolicyUpdate, f) for _, f in r.xrange(keys.policy)]
+    assert [u.policy_version for u in updates] == list(range(1, iterations + 1))
+    used = [w for u in updates for w in u.es_step["members"]]
+    assert len(used) == len(set(used))
+    for u in updates:
+        for seed, raw in zip(u.es_step["seeds"], u.es_step["raw_rewards"], strict=True):
+            assert raw == pytest.approx(sum(fake_reward(seed, i) for i in range(3)) / 3, abs=1e-6)
+    assert "resuming run 'blip'" in log_path.read_text()
+    r.close()
+    server.close()
