@@ -53,6 +53,10 @@ STATE_FIELD = "state"
 FINISHED_BEFORE = 3  # python -m trainer's exit status when the run id names a finished run
 
 
+class RunMismatch(RuntimeError):
+    """The run directory and the Redis it was given do not describe the same run."""
+
+
 class RunFinished(RuntimeError):
     """The run id names a finished run: resuming it would do nothing, silently."""
 
@@ -147,6 +151,14 @@ class Run:
         await ensure_group(self.redis, self.keys.rewards, TRAINER)
         await ensure_group(self.redis, self.keys.work, GENERATORS)
         if raw is None:
+            done = max((int(r["version"]) for r in self.sink.records() if "version" in r and not r.get("eval")),
+                       default=0)  # fmt: skip
+            if done:
+                raise RunMismatch(
+                    f"{self.sink.run_dir} holds run {self.settings.run!r} up to version {done} (metrics.jsonl), "
+                    "but this Redis has no state for it: the run's Redis data is gone, or this is another Redis. "
+                    "Point the trainer at that run's Redis, or start over in a new --run-dir (or delete this one)"
+                )
             await register(self.redis, self.keys, self.train + self.held_out)
             return False
         self._load(orjson.loads(raw))

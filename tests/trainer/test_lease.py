@@ -1,6 +1,7 @@
 """One trainer per run (trainer/lease.py) on a real Redis: a second trainer is refused with the holder's name,
 a holder that died on this host is taken over at once, a lease taken from under its holder stops it, and a
-finished run refuses to "resume" (python -m trainer exits 3 and says what to do)."""
+finished run refuses to "resume" (python -m trainer exits 3 and says what to do), and a run directory whose
+Redis lost the run is an error, not a fresh start."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _trainer(url: str, run: str, run_dir: Path, iterations: int, *extra: str) ->
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_a_second_trainer_is_refused_and_a_finished_run_is_not_resumed_silently(one_redis_url, tmp_path):
+def test_a_second_trainer_is_refused_and_a_finished_or_lost_run_is_not_resumed_silently(one_redis_url, tmp_path):
     import redis as redis_sync
 
     r = redis_sync.Redis.from_url(one_redis_url)
@@ -96,4 +97,8 @@ def test_a_second_trainer_is_refused_and_a_finished_run_is_not_resumed_silently(
         roles.wait(30)
     state = orjson.loads(r.hget(Keys("twice").trainer_state, "state"))
     assert state["version"] == 3 and state["finished"] and state["counts"]["samples"] == 24
+    r.delete(Keys("twice").trainer_state)  # the run's Redis data lost: the directory must not start over
+    lost = _trainer(one_redis_url, "twice", tmp_path / "a", 4)
+    assert lost.returncode == 1 and "holds run 'twice' up to version 3 (metrics.jsonl), but this Redis" in lost.stderr
+    assert r.hget(Keys("twice").trainer_state, "state") is None
     r.close()
