@@ -109,6 +109,8 @@ class Stats:
     reclaimed: int = 0
     released: int = 0
     claims_lost: int = 0  # entries in hand that another consumer reclaimed (this one stalled past the deadline)
+    outages: int = 0  # times the loop found Redis unavailable and waited for it
+    handed_back: int = 0  # entries still ours after an outage, handed back so they are taken again at once
 
 
 class Consumer(Generic[M]):
@@ -188,10 +190,13 @@ class Consumer(Generic[M]):
             await refresher
 
     async def _run(self, stop: asyncio.Event, refresher: asyncio.Task) -> None:
-        backoff_s = 0.05
+        backoff_s, recovering = 0.05, False
         while not stop.is_set():
             try:
                 await self.ensure_group()
+                if recovering:
+                    await self._hand_back_mine()
+                    recovering = False
                 while not stop.is_set():
                     await self.run_once(stop)
                     backoff_s = 0.05
@@ -202,6 +207,8 @@ class Consumer(Generic[M]):
                 # trimming of acked history or an operator frees memory) or a replica after a failover.
                 # Whatever we held stays pending and is settled later.
                 log.warning("redis_unavailable", consumer=self.name, error=str(e), retry_s=backoff_s)
+                self.stats.outages += 1
+                recovering = True
                 await _sleep_or_stop(stop, backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
 
@@ -463,6 +470,19 @@ class Consumer(Generic[M]):
         self.stats.duplicates += settled.duplicates
         self.stats.dead += settled.dead
         return settled
+
+    async def _hand_back_mine(self) -> None:
+        """After an outage: what is still pending under our name (a batch whose settle failed when Redis
+        went away, or its release) is handed back at once, with the delivery the outage cost it given back
+        (it is not the entry's fault), so it is taken again now, by us or another consumer, instead of
+        after `claim_idle_ms`. Its marker, if the settle did land, makes a second handling a no-op."""
+        rows = await self.redis.xpending_range(self.source, self.group, min="-", max="+", count=10_000,
+                                               consumername=self.name)  # fmt: skip
+        if rows:
+            await self._release([(row["message_id"], None, row["times_delivered"]) for row in rows])
+            self.stats.handed_back += len(rows)
+            self._next_claim = 0.0
+            log.info("handed_back_after_outage", consumer=self.name, entries=len(rows))
 
     async def _release(self, entries: list, after_ms: int = 0, counted: bool = False) -> None:
         """Hand entries back without acking them: make them claimable by any consumer in `after_ms`.

@@ -447,3 +447,45 @@ async def test_a_full_redis_refusing_writes_pauses_the_loop_until_memory_is_free
     stop.set()
     await task
     assert await pending(redis, keys) == 0
+
+
+async def test_what_a_consumer_held_when_redis_died_is_taken_again_at_once_and_costs_no_delivery(tmp_path):
+    """Redis dies while an entry is in hand, so its settle fails; when Redis is back (its AOF kept the entry
+    pending under this consumer), the consumer hands its pending entries back and takes them again at once,
+    not after claim_idle_ms (a minute here), and the outage costs the entry no delivery."""
+    from streams.connect import connect
+    from streams.embedded import EmbeddedRedis
+    from streams.keys import Keys
+
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendfsync="always").start()
+    redis, keys = connect(server.url), Keys("blip")
+    await Publisher(redis, keys).publish([attempt(0)])
+    calls: list[int] = []
+
+    async def handler(d: Delivery[Attempt]) -> list[Reward]:
+        calls.append(d.deliveries)
+        if len(calls) == 1:
+            server.kill()  # the result cannot be settled: Redis is gone
+        return reward_for(d)
+
+    slow_reclaim = ConsumerSettings(batch_size=10, block_ms=50, claim_idle_ms=60_000, claim_every_ms=0)
+    c = consumer(redis, keys, handler, settings=slow_reclaim)
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    try:
+        deadline = time.monotonic() + 20
+        while c.stats.outages == 0:  # the settle failed and the loop is waiting for Redis
+            assert time.monotonic() < deadline and not task.done(), task.done() and task.exception()
+            await asyncio.sleep(0.01)  # polls an observable condition; the consumer runs concurrently
+        server.start()  # the same port and data: the entry is pending under c1, idle for less than a minute
+        started = time.monotonic()
+        while (await rewards(redis, keys)) != Counter({"a0": 1}):
+            assert time.monotonic() - started < 15 and not task.done(), task.done() and task.exception()
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await redis.aclose()
+        server.close()
+    assert calls == [1, 1]  # handled again, and the outage cost it no delivery
+    assert c.stats.handed_back == 1
