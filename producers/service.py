@@ -82,7 +82,7 @@ class GeneratorService:
             ),
             gate=self._room,
         )
-        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "policy_errors": 0}
+        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "settled_skipped": 0, "policy_errors": 0}
         self.started = time.monotonic()
         self.busy_s = 0.0
         self.holding = False  # waiting for the verifiers to catch up
@@ -129,6 +129,12 @@ class GeneratorService:
 
     async def handle(self, delivery: Delivery[WorkOrder]) -> list[Attempt]:
         order = delivery.message
+        if await self.redis.exists(self.keys.done(order.dedup_id)):
+            # settled already (a restarted trainer published it again, or its settle landed before an outage
+            # hid the reply): its attempts exist; the runtime acks it without publishing anything
+            self.counts["settled_skipped"] += 1
+            log.info("settled_order_skipped", work_id=order.work_id)
+            return []
         await self.policy.poll()
         if order.max_staleness is not None and self.policy.latest - order.policy_version > order.max_staleness:
             self.counts["stale_skipped"] += 1

@@ -108,6 +108,19 @@ async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(
     assert await one_redis.get(KEYS.es_noise) == b"cpu"  # the first ES generator named the run's noise device
 
 
+async def test_an_order_whose_marker_says_it_is_settled_is_not_generated_again(one_redis, engine):
+    """A restarted trainer publishes its orders in flight again; one a generator already settled (its
+    marker set in the settle script) is acked without generating: no engine time, no attempts."""
+    await register(one_redis, KEYS, THEOREMS)
+    order = WorkOrder("w-done", 0, "es", "countdown", ["cd-a"], member=Member(7, 1), sigma=0.001, sampling=SHORT)
+    await one_redis.set(KEYS.done(order.dedup_id), b"1-0")  # as the first settle left it
+    await publish(one_redis, order)
+    async with serving(one_redis, engine) as service:
+        await until(lambda: settled(one_redis))
+    assert await attempts(one_redis) == []
+    assert service.counts["settled_skipped"] == 1 and service.counts["orders"] == 0
+
+
 async def test_a_generator_on_another_noise_device_stops_and_leaves_the_es_order_for_the_others(one_redis, engine):
     """CUDA and CPU draw different noise from one seed (docs/results/gpu-check-h100.json): a CPU generator in
     a run whose ES noise is drawn on cuda would score members of another center. It stops, says why, and the
