@@ -114,15 +114,17 @@ def test_replay_is_deterministic_and_a_late_start_equals_a_continuous_follower(t
     assert digest(late.center(3)) != digest(late.center(2))  # an old center is rebuilt, not confused
 
 
+def following(steps, base, **options) -> ESWeights:
+    """ES weights over a copy of `base` that have received `steps` (versions 1..len)."""
+    es = ESWeights(lambda: {k: v.clone() for k, v in base.items()}, Recorder(), **options)
+    for v, step in enumerate(steps, start=1):
+        es.add_step(v, step)
+    return es
+
+
 def test_snapshots_bound_the_replay_and_give_the_same_bits(tmp_path):
     base = small_base()
-
-    def fresh():
-        return {k: v.clone() for k, v in base.items()}
-
-    writer = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path, snapshot_every=2)
-    for v, step in enumerate(STEPS, start=1):
-        writer.add_step(v, step)
+    writer = following(STEPS, base, snapshot_dir=tmp_path, snapshot_every=2)
     full = digest(writer.center(3))
     [snapshot] = tmp_path.glob("*.safetensors")
     assert snapshot.name == f"v00000002-{writer.history(2)[:16]}.safetensors"
@@ -138,22 +140,11 @@ def test_a_snapshot_of_another_history_or_with_other_bytes_is_never_loaded(tmp_p
     """A new run that reuses a run id (and so the snapshot folder) must not start from the old run's center;
     nor may a snapshot whose bytes changed after it was written."""
     base = small_base()
-
-    def fresh():
-        return {k: v.clone() for k, v in base.items()}
-
-    old = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path, snapshot_every=2)
-    for v, step in enumerate(STEPS, start=1):
-        old.add_step(v, step)
+    old = following(STEPS, base, snapshot_dir=tmp_path, snapshot_every=2)
     old.center(3)  # writes the old run's v2 snapshot
     new_steps = [ESStep((7,), (1,), (1.0,), 0.01, 0.05), *STEPS[1:]]  # the new run's first step differs
-    new = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path)
-    for v, step in enumerate(new_steps, start=1):
-        new.add_step(v, step)
-    scratch = ESWeights(fresh, Recorder())
-    for v, step in enumerate(new_steps, start=1):
-        scratch.add_step(v, step)
-    assert digest(new.center(3)) == digest(scratch.center(3)) != digest(old.center(3))
+    new = following(new_steps, base, snapshot_dir=tmp_path)
+    assert digest(new.center(3)) == digest(following(new_steps, base).center(3)) != digest(old.center(3))
     assert new.snapshots_loaded == 0 and new.replayed == 3
     # the same history, but the file's bytes changed: refused, the center rebuilt from the base
     [snapshot] = tmp_path.glob("*.safetensors")
@@ -161,9 +152,7 @@ def test_a_snapshot_of_another_history_or_with_other_bytes_is_never_loaded(tmp_p
 
     tampered = {k: v.clone() + 1e-3 for k, v in load_master(snapshot).items()}
     save_file(tampered, str(snapshot), metadata=snapshot_metadata(snapshot))
-    again = ESWeights(fresh, Recorder(), snapshot_dir=tmp_path)
-    for v, step in enumerate(STEPS, start=1):
-        again.add_step(v, step)
+    again = following(STEPS, base, snapshot_dir=tmp_path)
     assert digest(again.center(3)) == digest(old.center(3))
     assert again.snapshots_loaded == 0 and again.replayed == 3
 
