@@ -218,3 +218,55 @@ def test_the_trainer_rides_out_a_redis_restart_and_resumes_from_what_redis_kept(
     assert "resuming run 'blip'" in log_path.read_text()
     r.close()
     server.close()
+
+
+async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_and_keep_or_cut_stragglers(
+    one_redis, tmp_path
+):
+    """The README's async rules, one by one, on a real Redis: an update needs a quorum of fresh complete
+    members (here 6 of 8), or two once `deadline_s` has passed since the last update; a member whose center is
+    more than `max_staleness` versions old is never in a step (dropped and counted); a member still running
+    at an update (a straggler) stays, is used by the next update if it is fresh enough then, else cut and
+    counted."""
+    from trainer.config import TrainerSettings
+    from trainer.metrics import MetricsSink
+    from trainer.run import ESRun
+
+    settings = TrainerSettings(run="rules", population=8, quorum=0.75, max_staleness=1, deadline_s=60,
+                               antithetic=False, problems=6, held_out=2, eval_every=0)  # fmt: skip
+    run = ESRun(settings, one_redis, [], [], MetricsSink(tmp_path))
+    run.version = 3
+
+    def add(center: int, index: int, score: float | None) -> MemberState:
+        m = MemberState(f"es-v{center}-m{index}", center, 100 * center + index, 1, ["t"])
+        if score is not None:
+            m.rewards = {f"{m.work_id}:0:0": score}
+        run.members[m.work_id] = m
+        return m
+
+    for i in range(5):
+        add(3, i, i / 10)
+    add(1, 0, 0.9)  # complete but two versions old: past the bound
+    straggler_fresh, straggler_old = add(3, 9, None), add(2, 9, None)
+    assert run._ready() is None  # 5 fresh of a quorum of 6; the stale one does not count
+    run.last_update = time.monotonic() - 61
+    assert run._ready() is not None and run.counts["deadline_updates"] == 1  # >= 2 fresh past the deadline
+    run.last_update = time.monotonic()
+    add(2, 0, 0.5)  # one version old: fresh
+    ready = run._ready()
+    assert ready is not None and run.counts["deadline_updates"] == 1  # at the quorum, not the deadline
+    metrics = await run.update(ready)
+    step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
+    assert sorted(step["members"]) == sorted([*(f"es-v3-m{i}" for i in range(5)), "es-v2-m0"])
+    assert metrics["stale_dropped"] == 1 and run.counts["members_stale_dropped"] == 1
+    assert metrics["stragglers"] == 2 and set(run.members) == {straggler_fresh.work_id, straggler_old.work_id}
+    straggler_fresh.rewards = {"s:0:0": 1.0}  # both finish after the update, now at version 4
+    straggler_old.rewards = {"o:0:0": 1.0}
+    for i in range(5):
+        add(4, i, i / 10)
+    ready = run._ready()
+    await run.update(ready)
+    step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
+    assert "es-v3-m9" in step["members"]  # the straggler of center 3 went into the next update
+    assert "es-v2-m9" not in step["members"] and run.counts["members_stale_dropped"] == 2  # the other was cut
+    assert run.members == {}
