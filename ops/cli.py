@@ -60,6 +60,11 @@ def _print(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dic
 # -- commands -----------------------------------------------------------------------------------------
 
 
+async def cmd_run(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    _print(args, await inspect.run_report(redis, keys), text.run)
+    return 0
+
+
 async def cmd_streams(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     _print(args, await inspect.stream_report(redis, keys), text.streams)
     return 0
@@ -163,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(command_fn=fn)
         return p
 
+    leaf(sub, "run", cmd_run, "a run's health on one screen: trainer, in flight, generators, dead letters, groups")
     leaf(sub, "streams", cmd_streams, "stream lengths, consumer groups (lag, pending, oldest pending), consumers")
 
     p = leaf(sub, "tail", cmd_tail, "the last entries of a stream, decoded")

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 
 from streams.groups import consumer_states, group_states
@@ -92,6 +93,63 @@ async def stream_report(redis: Redis, keys: Keys) -> dict[str, Any]:
 def _consumer(row: dict) -> dict[str, Any]:
     # `inactive` (ms since the last successful read or claim) exists from Redis 7.2 on.
     return {"name": row["name"], "pending": row["pending"], "idle_ms": row["idle"], "inactive_ms": row.get("inactive")}
+
+
+# -- a run's health ------------------------------------------------------------------------------------
+
+GENERATOR_FIGURES = ("orders", "attempts", "stale_skipped", "settled_skipped", "policy_errors")
+DLQ_SCAN = 10_000  # dead letters read to count by reason (the newest ones; the total is XLEN)
+
+
+async def run_report(redis: Redis, keys: Keys) -> dict[str, Any]:
+    """One run's health: the trainer (version, in flight and their age, counts), its lease, the generators'
+    figures, dead letters by reason, the oldest pending entry of every group, the last version's metrics."""
+    now = await redis_now_ms(redis)
+    raw_state = await redis.hget(keys.trainer_state, "state")
+    state = orjson.loads(raw_state) if raw_state else None
+    trainer: dict[str, Any] | None = None
+    if state is not None:
+        work = [*state.get("members", [])]
+        running = [m for m in work if len(m.get("rewards", {})) < len(m["theorem_ids"]) * m.get("samples", 1)]
+        ages = [max(0, now - int(m["issued_at"] * 1000)) for m in running if m.get("issued_at")]
+        trainer = {"algo": state.get("algo"), "version": state.get("version"), "finished": state.get("finished"),
+                   "in_flight": len(running), "complete_waiting": len(work) - len(running),
+                   "oldest_in_flight_ms": max(ages, default=None), "evals_in_flight": len(state.get("evals", [])),
+                   "counts": state.get("counts", {})}  # fmt: skip
+    lease = await redis.get(keys.trainer_lease)
+    generators = {_key(k): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
+    letters = await redis.xrevrange(keys.dlq, count=DLQ_SCAN)
+    by_reason: dict[str, int] = {}
+    for _id, fields in letters:
+        try:
+            letter = decode(DeadLetter, fields)
+        except SchemaError:
+            kind = "undecodable dead letter"
+        else:
+            kind = f"{letter.source.rsplit(':', 1)[-1]}: {reason_kind(letter.reason)}"
+        by_reason[kind] = by_reason.get(kind, 0) + 1
+    streams = await stream_report(redis, keys)
+    pending = {f"{name}/{group}": {k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms",
+                                                      "oldest_pending_idle_ms")}
+               for name, st in streams["streams"].items() for group, g in st["groups"].items()}  # fmt: skip
+    last = await redis.xrevrange(keys.metrics, count=1)
+    metrics = orjson.loads(last[0][1][b"json"]) if last else None
+    return {
+        "run": keys.run, "now_ms": now, "trainer": trainer,
+        "lease": orjson.loads(lease) if lease else None,
+        "generators": {name: {k: g.get(k, 0) for k in GENERATOR_FIGURES} for name, g in generators.items()},
+        "dead_letters": {"total": await redis.xlen(keys.dlq), "by_reason": by_reason,
+                         "counted_of_newest": len(letters)},
+        "groups": pending, "last_metrics": metrics,
+    }  # fmt: skip
+
+
+def reason_kind(reason: str) -> str:
+    """A dead letter's reason without its particulars: "poison", "schema", "delivered too often", ..."""
+    if reason.startswith("delivered "):
+        return "delivered too often"
+    head = reason.split(":", 1)[0].strip()
+    return head if head and len(head) <= 40 else reason[:40]
 
 
 # -- entries ------------------------------------------------------------------------------------------

@@ -100,6 +100,46 @@ def streams(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run(report: dict[str, Any]) -> str:
+    """`python -m ops run`: one screen."""
+    name, t = report["run"], report["trainer"]
+    lines = [f"run {name}"]
+    if t is None:
+        lines.append("trainer: no state in Redis (not started, or another Redis)")
+    else:
+        c = t["counts"]
+        done = " (finished)" if t["finished"] else ""
+        lines.append(f"trainer: {t['algo']} version {t['version']}{done}; {t['in_flight']} in flight (oldest "
+                     f"{duration(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
+                     f"update, {t['evals_in_flight']} evaluations in flight")  # fmt: skip
+        keys = ("samples", "members_issued", "members_used", "members_stale_dropped", "groups_issued", "groups_used",
+                "groups_stale_dropped", "deadline_updates", "late_rewards", "duplicate_rewards", "resumes")  # fmt: skip
+        lines.append("  " + ", ".join(f"{k} {c[k]}" for k in keys if k in c))
+    lease = report["lease"]
+    lines.append(f"lease: {lease['host']} pid {lease['pid']}" if lease else "lease: none (no trainer running)")
+    lines.append("")
+    gens = report["generators"]
+    if gens:
+        lines += table(["GENERATOR", *(k.upper() for k in next(iter(gens.values())))],
+                       [[n, *(str(v) for v in g.values())] for n, g in gens.items()])  # fmt: skip
+    else:
+        lines.append("no generator has reported")
+    lines.append("")
+    d = report["dead_letters"]
+    lines.append(f"dead letters: {d['total']}")
+    lines += [f"  {n:>6}  {kind}" for kind, n in sorted(d["by_reason"].items(), key=lambda kv: -kv[1])]
+    lines.append("")
+    rows = [[g, str(v["pending"]), str(v["lag"]), v["oldest_pending_id"] or "-", duration(v["oldest_pending_age_ms"]),
+             duration(v["oldest_pending_idle_ms"])] for g, v in report["groups"].items()]  # fmt: skip
+    lines += table(["STREAM/GROUP", "PENDING", "LAG", "OLDEST PENDING", "AGE", "IDLE"], rows)
+    m = report["last_metrics"]
+    if m:
+        shown = {k: m[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers", "stale_dropped",
+                                   "dead_letters", "work_outstanding", "attempts_outstanding") if k in m}  # fmt: skip
+        lines += ["", "last version: " + ", ".join(f"{k} {v}" for k, v in shown.items())]
+    return "\n".join(lines)
+
+
 def entry(view: dict[str, Any]) -> str:
     """`<id>  field=value ...` on one line; `!` marks an entry that does not decode, raw fields follow."""
     f = dict(view["fields"])

@@ -278,3 +278,44 @@ def test_bench_subcommands_come_from_bench_wire(capsys):
     assert main(["bench", "wire", "--help"]) == 0
     assert "--rounds" in capsys.readouterr().out
     assert main(["bench"]) == 2
+
+
+# -- a run's health -----------------------------------------------------------------------------------
+
+
+async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_groups(redis, redis_url, keys, capsys,
+                                                                                  tmp_path):  # fmt: skip
+    """`python -m ops run` on a run a real ES trainer issued members for, with a dead letter made by a real
+    consumer and a generator's figures: every figure is the one Redis holds."""
+    from trainer.config import TrainerSettings
+    from trainer.data import load_theorems
+    from trainer.metrics import MetricsSink
+    from trainer.run import ESRun
+
+    settings = TrainerSettings(run=keys.run, population=4, batch=2, problems=8, held_out=2, antithetic=False)
+    train, held_out = load_theorems(settings)
+    es = ESRun(settings, redis, train, held_out, MetricsSink(tmp_path))
+    await es.resume()
+    assert await es.top_up() == 4  # four members in flight, written to the state and published as work
+    await es.checkpoint()  # as the trainer's loop does every few seconds: the counts are in the state too
+    await Publisher(redis, keys).publish([attempt(1), attempt(2)])
+    await consume_once(redis, keys, "c1", poison={"a2"})  # a2 dead-lettered: poison
+    await redis.hset(keys.generator_stats, "g1", orjson.dumps({"orders": 5, "attempts": 10, "stale_skipped": 2}))
+    await redis.set(keys.trainer_lease, orjson.dumps({"host": "h", "pid": 42, "token": "t", "since": 0}))
+
+    report = await ops_json(capsys, redis_url, "run")
+
+    t = report["trainer"]
+    assert (t["algo"], t["version"], t["in_flight"], t["complete_waiting"]) == ("es", 0, 4, 0)
+    assert t["oldest_in_flight_ms"] >= 0 and t["counts"]["members_issued"] == 4
+    assert report["lease"]["pid"] == 42
+    assert report["generators"]["g1"] == {"orders": 5, "attempts": 10, "stale_skipped": 2, "settled_skipped": 0,
+                                          "policy_errors": 0}  # fmt: skip
+    assert report["dead_letters"] == {"total": 1, "by_reason": {"attempts: poison": 1}, "counted_of_newest": 1}
+    assert report["groups"]["work/generators"]["lag"] == 4  # nobody took the members' orders yet
+    assert report["groups"]["attempts/verifiers"]["pending"] == 0
+    code, out, _ = await ops(capsys, redis_url, "run")
+    assert code == 0
+    assert "trainer: es version 0; 4 in flight" in out and "lease: h pid 42" in out
+    assert "dead letters: 1" in out and "attempts: poison" in out
+    assert [line.split()[:2] for line in out.splitlines() if line.startswith("g1 ")] == [["g1", "5"]]
