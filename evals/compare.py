@@ -301,9 +301,9 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         out.append(
             f"GRPO: batch {s['grpo_batch']} theorems (`--grpo-batch`) x group size {s['grpo_group_size']} "
             f"(`--grpo-group-size`) = {p['samples_per_version']} samples a version, {p['iterations']} version(s); "
-            f"learning rate {s['grpo_lr']} (`--grpo-lr`; the trainer's default 1e-6 is a billion-parameter "
-            "value, and an AdamW step moves each weight by about the learning rate: a handful of steps at 1e-6 "
-            "leave a 135M model where it was), AdamW, one optimizer step per batch, std-normalized advantages, "
+            f"learning rate {s['grpo_lr']} (`--grpo-lr`, default the trainer's `lr`: an AdamW step moves each "
+            "weight by about the learning rate, and a billion-parameter model's 1e-6 leaves a 135M model where it "
+            "was in a handful of steps), AdamW, one optimizer step per batch, std-normalized advantages, "
             "clip 0.2/0.28, no KL"
         )
     if result.get("extra"):

@@ -70,16 +70,19 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     watchdog = asyncio.create_task(local.watch(stop)) if local else None
     usurped = asyncio.create_task(_set_when(lease.lost, stop))
     try:
+        pause_s = 0.0  # grows while runs fail at once (a Redis that answers PING but refuses writes: full)
         while True:
+            started = time.monotonic()
             try:
                 summary = await fresh_run().run(stop)
                 break
             except UNAVAILABLE as e:
                 if local is not None:  # our own Redis child: the watchdog says what happened to it
                     raise
-                print(f"trainer: Redis is unavailable ({e}); waiting for it, then resuming from the run's state "
-                      "there", file=sys.stderr)  # fmt: skip
-                if not await _redis_back(redis, stop):
+                pause_s = 0.0 if time.monotonic() - started > 60 else min(max(2 * pause_s, 0.5), 30.0)
+                print(f"trainer: Redis is unavailable ({type(e).__name__}: {e}); waiting for it, then resuming "
+                      "from the run's state there", file=sys.stderr)  # fmt: skip
+                if not await _redis_back(redis, stop, pause_s):
                     summary = {"version": None, "counts": {}}
                     break
     finally:
@@ -99,8 +102,10 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     return summary
 
 
-async def _redis_back(redis, stop: asyncio.Event) -> bool:
-    """Wait (capped backoff) until Redis answers and holds data again; False if stopped first."""
+async def _redis_back(redis, stop: asyncio.Event, pause_s: float = 0.0) -> bool:
+    """Wait `pause_s`, then (capped backoff) until Redis answers; False if stopped first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), pause_s)
     delay, waited = 0.05, 0.0
     while not stop.is_set():
         with contextlib.suppress(*UNAVAILABLE):

@@ -58,7 +58,8 @@ class TrainerSettings(RoleSettings):
 
     # GRPO
     group_size: int = Field(8, ge=2, description="G: samples per theorem")
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW; 1e-5 measured on the 135M default (docs/results/compare-"
+                      "countdown-1024); models of billions of parameters want ~1e-6")  # fmt: skip
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: std-normalized; dr_grpo: mean only")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model; 0: off")
     grad_accum: int = Field(1, ge=1, description="micro-batches per step (at least: passes of 8 sequences)")
