@@ -40,6 +40,11 @@ from streams.theorems import Theorem
 log = structlog.get_logger("producers.service")
 
 
+# Errors after which an engine serves nothing again (vLLM's engine core process is gone: killed, stalled
+# past its timeouts, out of memory); by name, so that importing vLLM stays optional.
+ENGINE_DEAD = {"EngineDeadError"}
+
+
 def torch_device_type(device: str) -> str:
     """ "cuda:1" -> "cuda": the noise depends on the type, not the index."""
     return str(device).split(":", 1)[0]
@@ -160,6 +165,12 @@ class GeneratorService:
         except PolicyMismatch as e:
             self.counts["policy_errors"] += 1
             raise Poison(str(e)) from e
+        except Exception as e:
+            if type(e).__name__ in ENGINE_DEAD:  # every later order would fail too, and die in the dead letters
+                self.fatal = f"the {self.engine.name} engine died ({type(e).__name__}: {e}); restart the generator"
+                log.error("engine_dead", error=str(e))
+                self.stop.set()
+            raise  # transient for the runtime: the order is handed back for another (or this, restarted) generator
         self.busy_s += time.monotonic() - started
         self.counts["orders"] += 1
         self.counts["attempts"] += len(attempts)

@@ -108,6 +108,28 @@ async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(
     assert await one_redis.get(KEYS.es_noise) == b"cpu"  # the first ES generator named the run's noise device
 
 
+async def test_a_dead_engine_stops_the_generator_and_leaves_the_order_pending(one_redis, engine, monkeypatch):
+    """Seen here: a vLLM engine core stalled past its timeouts raises EngineDeadError on every call after;
+    a generator that went on took order after order and sent each to the dead letters. It stops instead
+    (exit 1 with the reason), and the order stays pending for a live generator."""
+
+    class EngineDeadError(RuntimeError):  # vllm.v1.engine.exceptions.EngineDeadError, matched by name
+        pass
+
+    def dead(*args, **kwargs):
+        raise EngineDeadError("EngineCore encountered an issue")
+
+    monkeypatch.setattr(engine, "generate", dead)
+    await register(one_redis, KEYS, THEOREMS)
+    await publish(one_redis, WorkOrder("w-dead", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1,
+                                       sampling=SHORT))  # fmt: skip
+    settings = GeneratorSettings(run=RUN, name="g-dead", policy_wait_s=2.0, report_every_s=0.2)
+    service = GeneratorService(settings, one_redis, engine)
+    await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
+    assert "engine died (EngineDeadError" in service.fatal
+    assert await one_redis.xlen(KEYS.dlq) == 0 and (await one_redis.xpending(KEYS.work, GENERATORS))["pending"] == 1
+
+
 async def test_an_order_whose_marker_says_it_is_settled_is_not_generated_again(one_redis, engine):
     """A restarted trainer publishes its orders in flight again; one a generator already settled (its
     marker set in the settle script) is acked without generating: no engine time, no attempts."""
