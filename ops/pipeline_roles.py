@@ -72,6 +72,7 @@ class SyntheticEngine:
     verifier's verdict cache never spares a check."""
 
     name = "synthetic"
+    device = "cpu"  # where its (absent) ES noise would be drawn: one device type for the whole bench
 
     def __init__(self, gen_s: float) -> None:
         self.gen_s = gen_s
