@@ -87,6 +87,11 @@ class ESStep:
         }
 
 
+def device_type(device: str | torch.device) -> str:
+    """ "cuda:1" -> "cuda": noise depends on the device type, not its index."""
+    return str(device).split(":", 1)[0]
+
+
 def history_digest(steps: Mapping[int, ESStep], version: int, origin: str) -> str:
     """What center `version` is, as a hash: its origin (the noise's device type; the base model is the
     snapshot folder's) and the steps 1..version in order. Two runs share it only if they share the center."""
@@ -184,7 +189,7 @@ class ESWeights:
     ) -> None:
         self._base = base
         self.device = device
-        self.device_type = str(device).split(":", 1)[0]  # the noise depends on the type, not the index
+        self.device_type = device_type(device)
         self._write = write
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.snapshot_every = snapshot_every
@@ -268,16 +273,13 @@ class ESWeights:
             return v, weights
         return None
 
-    def snapshot_path(self, version: int) -> Path:
-        assert self.snapshot_dir is not None
-        return self.snapshot_dir / f"v{version:08d}-{self.history(version)[:TAG]}.safetensors"
-
     def _maybe_snapshot(self, version: int, weights: Weights) -> None:
         if self.snapshot_dir is None or self.snapshot_every <= 0 or version % self.snapshot_every:
             return
-        path = self.snapshot_path(version)
+        history = self.history(version)
+        path = self.snapshot_dir / f"v{version:08d}-{history[:TAG]}.safetensors"
         if not path.exists():  # every generator computes the same bits: the first one to get here writes
-            meta = {"version": str(version), "digest": digest(weights), "history": self.history(version)}
+            meta = {"version": str(version), "digest": digest(weights), "history": history}
             save_weights(weights, path, metadata=meta)
 
     def use(self, version: int, seed: int | None = None, sign: int = 1, sigma: float = 0.0) -> bool:

@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 from producers import prompts
 from producers.config import GeneratorSettings
 from producers.engine import Engine, Sampling, in_engine_thread
+from producers.es import device_type
 from producers.policy import PolicyFollower, PolicyMismatch
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
@@ -43,11 +44,6 @@ log = structlog.get_logger("producers.service")
 # Errors after which an engine serves nothing again (vLLM's engine core process is gone: killed, stalled
 # past its timeouts, out of memory); by name, so that importing vLLM stays optional.
 ENGINE_DEAD = {"EngineDeadError"}
-
-
-def torch_device_type(device: str) -> str:
-    """ "cuda:1" -> "cuda": the noise depends on the type, not the index."""
-    return str(device).split(":", 1)[0]
 
 
 class WrongNoiseDevice(RuntimeError):
@@ -95,6 +91,12 @@ class GeneratorService:
         self.fatal = ""  # why this generator stopped itself (the process exits 1 with it)
         self.noise_checked = False
 
+    def _give_up(self, reason: str) -> None:
+        """Stop serving for good: the order in hand goes back to the group, the process exits 1 with `reason`."""
+        self.fatal = reason
+        log.error("generator_gives_up", reason=reason)
+        self.stop.set()
+
     async def _check_noise_device(self) -> None:
         """ES noise is a pure function of (seed, tensor, device type): torch's CUDA and CPU generators draw
         different numbers from one seed, so a CUDA generator and a CPU generator would score members of two
@@ -102,15 +104,13 @@ class GeneratorService:
         (`{ps:R}:es_noise`); one on another type stops, leaving the order for the others."""
         if self.noise_checked:
             return
-        mine = torch_device_type(self.engine.device)
+        mine = device_type(self.engine.device)
         await self.redis.set(self.keys.es_noise, mine, nx=True)
         theirs = (await self.redis.get(self.keys.es_noise) or b"").decode()
         if theirs != mine:
-            self.fatal = (f"run {self.settings.run} draws its ES noise on {theirs} (its first generator's device); "
+            self._give_up(f"run {self.settings.run} draws its ES noise on {theirs} (its first generator's device); "
                           f"this generator is on {mine}, where the same seeds give other noise: start it with "
                           f"--device {theirs}, or serve this run only from {mine} generators in a new run")  # fmt: skip
-            log.error("wrong_noise_device", run=self.settings.run, run_device=theirs, device=mine)
-            self.stop.set()
             raise WrongNoiseDevice(self.fatal)  # transient: the order stays pending for another generator
         self.noise_checked = True
 
@@ -167,9 +167,7 @@ class GeneratorService:
             raise Poison(str(e)) from e
         except Exception as e:
             if type(e).__name__ in ENGINE_DEAD:  # every later order would fail too, and die in the dead letters
-                self.fatal = f"the {self.engine.name} engine died ({type(e).__name__}: {e}); restart the generator"
-                log.error("engine_dead", error=str(e))
-                self.stop.set()
+                self._give_up(f"the {self.engine.name} engine died ({type(e).__name__}: {e}); restart the generator")
             raise  # transient for the runtime: the order is handed back for another (or this, restarted) generator
         self.busy_s += time.monotonic() - started
         self.counts["orders"] += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -48,6 +49,7 @@ class RedisDataMismatch(RuntimeError):
 SERVER_RECORD = "server.json"
 
 
+@functools.cache
 def server_version(binary: str) -> str:
     """ "7.0.15" from `redis-server --version` ("Redis server v=7.0.15 sha=...")."""
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout

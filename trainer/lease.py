@@ -22,10 +22,9 @@ from typing import Any
 import orjson
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streams.keys import Keys
+from streams.ride_out import UNAVAILABLE
 
 log = structlog.get_logger("trainer.lease")
 _LOADED = time.time()  # no lease of this process is older
@@ -104,7 +103,7 @@ class TrainerLease:
                     log.error("trainer_lease_lost", run=self.run, holder=_parse(await self.redis.get(self.key)))
                     self.lost.set()
                     return
-            except (RedisConnectionError, RedisTimeoutError, OSError) as e:  # Redis away: renew when it is back
+            except UNAVAILABLE as e:  # Redis away: renew when it is back
                 log.warning("trainer_lease_renew_failed", run=self.run, error=str(e))
 
     async def release(self) -> None:
@@ -112,7 +111,7 @@ class TrainerLease:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        with contextlib.suppress(RedisConnectionError, RedisTimeoutError, OSError):
+        with contextlib.suppress(*UNAVAILABLE):
             await self._swap(keys=[self.key], args=[self.value, "", self.ttl_ms])
 
     async def __aenter__(self) -> TrainerLease:
