@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from streams import letters
 from streams.groups import consumer_states, group_states
 from streams.keys import Keys
 from streams.schema import BY_STREAM, VERSION_FIELD, DeadLetter, SchemaError, decode
@@ -119,16 +120,7 @@ async def run_report(redis: Redis, keys: Keys) -> dict[str, Any]:
                    "counts": state.get("counts", {})}  # fmt: skip
     lease = await redis.get(keys.trainer_lease)
     generators = {_key(k): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
-    letters = await redis.xrevrange(keys.dlq, count=DLQ_SCAN)
-    by_reason: dict[str, int] = {}
-    for _id, fields in letters:
-        try:
-            letter = decode(DeadLetter, fields)
-        except SchemaError:
-            kind = "undecodable dead letter"
-        else:
-            kind = f"{letter.source.rsplit(':', 1)[-1]}: {reason_kind(letter.reason)}"
-        by_reason[kind] = by_reason.get(kind, 0) + 1
+    by_reason = await letters.by_reason(redis, keys, DLQ_SCAN)
     streams = await stream_report(redis, keys)
     pending = {f"{name}/{group}": {k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms",
                                                       "oldest_pending_idle_ms")}
@@ -140,17 +132,9 @@ async def run_report(redis: Redis, keys: Keys) -> dict[str, Any]:
         "lease": orjson.loads(lease) if lease else None,
         "generators": {name: {k: g.get(k, 0) for k in GENERATOR_FIGURES} for name, g in generators.items()},
         "dead_letters": {"total": await redis.xlen(keys.dlq), "by_reason": by_reason,
-                         "counted_of_newest": len(letters)},
+                         "counted_of_newest": sum(by_reason.values())},
         "groups": pending, "last_metrics": metrics,
     }  # fmt: skip
-
-
-def reason_kind(reason: str) -> str:
-    """A dead letter's reason without its particulars: "poison", "schema", "delivered too often", ..."""
-    if reason.startswith("delivered "):
-        return "delivered too often"
-    head = reason.split(":", 1)[0].strip()
-    return head if head and len(head) <= 40 else reason[:40]
 
 
 # -- entries ------------------------------------------------------------------------------------------

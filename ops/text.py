@@ -115,6 +115,8 @@ def run(report: dict[str, Any]) -> str:
         keys = ("samples", "members_issued", "members_used", "members_stale_dropped", "groups_issued", "groups_used",
                 "groups_stale_dropped", "deadline_updates", "late_rewards", "duplicate_rewards", "resumes")  # fmt: skip
         lines.append("  " + ", ".join(f"{k} {c[k]}" for k in keys if k in c))
+        lost = {k: v for k, v in c.items() if k.startswith(("cut_", "evals_"))}  # orders lost, by outcome
+        lines.append("  lost orders: " + (", ".join(f"{k} {v}" for k, v in sorted(lost.items())) or "none"))
     lease = report["lease"]
     lines.append(f"lease: {lease['host']} pid {lease['pid']}" if lease else "lease: none (no trainer running)")
     lines.append("")

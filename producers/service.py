@@ -2,7 +2,8 @@
 
 One `Consumer` reads `{ps:R}:work` in group `generators`, one order at a time. For each order the handler
 
-1. skips it, counted, when the newest policy is past the order's staleness bound (nobody will use it);
+1. skips it, counted, when the trainer cancelled it (its done marker is set) or the newest policy is past
+   its staleness bound (nobody will use it: dead-lettered as `skipped: stale ...`, so the trainer knows);
 2. waits (bounded) for the policy version the order names, then puts that policy in the engine: the ES
    member around its center, or the GRPO weights (digest checked);
 3. builds the prompts from the canonical theorem records, generates `samples_per_theorem` samples per
@@ -34,7 +35,7 @@ from producers.es import device_type
 from producers.policy import PolicyFollower, PolicyMismatch
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
-from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison
+from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
 from streams.schema import Attempt, WorkOrder, pack_float32, pack_int32
 from streams.theorems import Theorem
 
@@ -136,16 +137,18 @@ class GeneratorService:
         order = delivery.message
         if await self.redis.exists(self.keys.done(order.dedup_id)):
             # settled already (a restarted trainer published it again, or its settle landed before an outage
-            # hid the reply): its attempts exist; the runtime acks it without publishing anything
+            # hid the reply: its attempts exist), or cancelled by the trainer (it cut the order's member or
+            # group): the runtime acks it without publishing anything
             self.counts["settled_skipped"] += 1
             log.info("settled_order_skipped", work_id=order.work_id)
             return []
         await self.policy.poll()
         if order.max_staleness is not None and self.policy.latest - order.policy_version > order.max_staleness:
             self.counts["stale_skipped"] += 1
-            log.info("stale_order_skipped", work_id=order.work_id, version=order.policy_version,
-                     latest=self.policy.latest, bound=order.max_staleness)  # fmt: skip
-            return []
+            raise Skip(
+                f"stale: policy version {order.policy_version}, newest {self.policy.latest}, "
+                f"bound {order.max_staleness}"
+            )
         if self.policy.latest < order.policy_version and not await self.policy.wait_for(
             order.policy_version, self.settings.policy_wait_s
         ):

@@ -51,6 +51,15 @@ _MAX_CLAIM_SCANS = 200  # XAUTOCLAIM calls per reclaim pass: 2,000 pending entri
 class Poison(Exception):
     """Raised by a handler when the input itself is bad and will fail the same way on every delivery."""
 
+    kind = "poison"  # the dead letter's reason starts with it
+
+
+class Skip(Poison):
+    """Raised by a handler for an input that is fine but no longer wanted (a work order past its staleness
+    bound): dead-lettered at once as `skipped: <why>`, so whoever waits for its results learns that none come."""
+
+    kind = "skipped"
+
 
 @fast_init  # one per entry on the hot path
 @dataclass(frozen=True, slots=True)
@@ -370,7 +379,7 @@ class Consumer(Generic[M]):
                 try:
                     results = await handler(Delivery(entry_id, message, deliveries))
                 except Poison as e:
-                    s.dead(entry_id, self._letter(entry, f"poison: {e}"))
+                    s.dead(entry_id, self._letter(entry, f"{e.kind}: {e}"))
                 except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
                     self._failed(entry, e, failed)
                 else:
@@ -414,7 +423,7 @@ class Consumer(Generic[M]):
             for entry, d, outcome in zip(taken, deliveries, outcomes, strict=True):
                 if isinstance(outcome, Exception):
                     if isinstance(outcome, Poison):
-                        s.dead(d.entry_id, self._letter(entry, f"poison: {outcome}"))
+                        s.dead(d.entry_id, self._letter(entry, f"{outcome.kind}: {outcome}"))
                     else:
                         self._failed(entry, outcome, failed)
                     continue

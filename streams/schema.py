@@ -73,7 +73,12 @@ class WorkOrder:
 
     @property
     def dedup_id(self) -> str:
-        return f"work:{self.work_id}"
+        return self.dedup_for(self.work_id)
+
+    @staticmethod
+    def dedup_for(work_id: str) -> str:
+        """The marker name of order `work_id` (the trainer sets it to cancel an order it no longer needs)."""
+        return f"work:{work_id}"
 
 
 @dataclass(frozen=True, slots=True)

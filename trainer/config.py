@@ -53,6 +53,10 @@ class TrainerSettings(RoleSettings):
     max_staleness: int = Field(2, ge=0)
     quorum: float = Field(0.75, gt=0, le=1)
     deadline_s: float = Field(900.0, gt=0)
+    order_timeout_s: float = Field(
+        1800.0, gt=0, description="an order unanswered this long after it was issued is cut and issued anew "
+        "(a generator died with it in hand and none reclaimed it)",
+    )  # fmt: skip
     lease_s: float = Field(15.0, gt=0, description="one trainer a run: a second waits this long for the first's lease")
     history_s: float = Field(3600.0, ge=0, description="acked rewards and work orders kept for inspection this long")
 

@@ -64,6 +64,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from streams import faults
+
 ADVANTAGE_MODES = ("grpo", "dr_grpo")
 _TOKENIZER_PATTERNS = (
     "tokenizer*",
@@ -515,6 +517,7 @@ class GRPOTrainer:
             torch.save(state, tmp)
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
+            faults.point("grpo.checkpoint_written")  # a kill here leaves the temp file (GRPORun removes it)
             os.replace(tmp, path)
             _fsync_dir(path.parent)
         finally:

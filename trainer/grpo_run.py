@@ -30,6 +30,7 @@ import orjson
 import structlog
 import torch
 
+from streams import faults
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
 from streams.schema import Attempt, PolicyUpdate, SchemaError, decode, encode, unpack_float32, unpack_int32
@@ -92,6 +93,7 @@ class GRPORun(Run):
                                f"the run's state says {self.version}")  # fmt: skip
 
     async def resume(self) -> bool:
+        self._remove_partial_files()
         await ensure_group(self.redis, self.keys.attempts, TRAINER)
         resumed = await super().resume()
         if resumed:
@@ -104,8 +106,10 @@ class GRPORun(Run):
         return {"samples_per_theorem": m.samples}
 
     async def top_up(self) -> int:
-        in_flight = sum(1 for m in self.members.values() if not self._group_ready(m))
-        want = self.settings.batch - in_flight
+        if self.settings.quorum >= 1:  # lockstep, as ES (trainer/run.py): `batch` groups a version, no more
+            want = self.settings.batch - sum(1 for m in self.members.values() if m.center == self.version)
+        else:
+            want = self.settings.batch - sum(1 for m in self.members.values() if not self._group_ready(m))
         if want <= 0:
             return 0
         center, first = self.version, self.next_index[self.version]
@@ -160,6 +164,18 @@ class GRPORun(Run):
     def _group_ready(self, m: MemberState) -> bool:
         return m.complete and all(a in self.samples for a in m.rewards)
 
+    def _usable(self, m: MemberState) -> bool:
+        return self._group_ready(m)
+
+    async def _lose(self, m: MemberState, why: str, detail: str) -> None:
+        """Cut as in Run, and let go of the group's samples and attempt entries."""
+        await super()._lose(m, why, detail)
+        prefix = f"{m.work_id}:"
+        for attempt_id in [a for a in self.samples if a.startswith(prefix)]:
+            del self.samples[attempt_id]
+        if entries := self.attempt_entries.pop(m.work_id, []):
+            await self.redis.xack(self.keys.attempts, TRAINER, *entries)
+
     # -- the step ----------------------------------------------------------------------------------------
 
     def _ready(self) -> list[MemberState] | None:
@@ -177,6 +193,7 @@ class GRPORun(Run):
         groups = [[GRPOSample(reward=m.rewards[a], **self.samples[a]) for a in sorted(m.rewards)] for m in fresh]
         started = time.monotonic()
         step = await asyncio.to_thread(self.trainer.step, groups)
+        faults.point("grpo.stepped")  # new weights in memory only: a restart redoes the step from the checkpoint
         attempts = sum(len(m.rewards) for m in fresh)
         self.counts["samples"] += attempts
         metrics: dict[str, Any] = {
@@ -192,6 +209,7 @@ class GRPORun(Run):
             "staleness": dict(collections.Counter(str(self.version - m.center) for m in fresh)),
             "verdicts": dict(self._verdicts),
             "groups_used": [m.work_id for m in fresh],
+            **self.health_figures(),
             **{k: v for k, v in step.items() if k not in ("version", "reward_mean", "groups")},
             "train_s": round(time.monotonic() - started, 2),
             "time": time.time(),
@@ -203,6 +221,7 @@ class GRPORun(Run):
             path.parent.mkdir(exist_ok=True)
             await asyncio.to_thread(self.trainer.checkpoint, path)
             self.checkpoint_file = str(path)
+            faults.point("grpo.saved")  # policy folder and checkpoint on disk, the run's state not yet in Redis
             policy = PolicyUpdate(self.trainer.version, "grpo", weights_path=str(Path(folder).resolve()),
                                   digest=digest, created_ms=int(time.time() * 1000))  # fmt: skip
             metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
@@ -234,6 +253,16 @@ class GRPORun(Run):
             log.info("grpo_update", version=self.version, reward_mean=metrics["reward_mean"], groups=len(fresh))
             return metrics
         return None
+
+    def _remove_partial_files(self) -> None:
+        """Temp files and folders a killed trainer left half-written (checkpoints and policy folders are written
+        under a dot name and renamed into place): nobody else writes here (one trainer a run, trainer/lease.py)."""
+        for folder in (self.sink.run_dir / "checkpoints", self.sink.run_dir / "policy"):
+            for partial in folder.glob(".*") if folder.is_dir() else []:
+                if partial.is_dir():
+                    shutil.rmtree(partial, ignore_errors=True)
+                else:
+                    partial.unlink(missing_ok=True)
 
     def _prune_checkpoints(self) -> None:
         folder = self.sink.run_dir / "checkpoints"

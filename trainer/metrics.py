@@ -12,9 +12,11 @@ import orjson
 import structlog
 from redis.asyncio import Redis
 
+from streams import letters
 from streams.groups import group_states
 from streams.keys import GENERATORS, VERIFIERS, Keys
 
+DLQ_SCAN = 1_000  # the newest dead letters counted by reason in each version's metrics (the total is XLEN)
 log = structlog.get_logger("trainer.metrics")
 
 
@@ -44,12 +46,17 @@ class MetricsSink:
         return [orjson.loads(line) for line in self.path.read_bytes().splitlines() if line.strip()]
 
     async def pipeline_figures(self, redis: Redis, keys: Keys) -> dict[str, Any]:
-        """Lags, dead letters, verifier utilization and generator throughput, as the workers last reported."""
-        out: dict[str, Any] = {"dead_letters": await redis.xlen(keys.dlq)}
-        for stream, group, name in ((keys.work, GENERATORS, "work"), (keys.attempts, VERIFIERS, "attempts")):
+        """Lags, the oldest pending entry of each group, dead letters by reason, verifier utilization and generator
+        throughput, as the workers last reported."""
+        out: dict[str, Any] = {"dead_letters": await redis.xlen(keys.dlq),
+                               "dead_letters_by_reason": await letters.by_reason(redis, keys, DLQ_SCAN)}  # fmt: skip
+        idle: dict[str, int | None] = {}
+        for name, stream in keys.streams().items():
             for g in await group_states(redis, stream):
-                if g.name == group:
+                idle[f"{name}/{g.name}"] = g.oldest_pending_idle_ms
+                if (name, g.name) in (("work", GENERATORS), ("attempts", VERIFIERS)):
                     out[f"{name}_outstanding"] = g.outstanding
+        out["oldest_pending_idle_ms"] = idle
         verifiers = [orjson.loads(v) for v in (await redis.hvals(keys.verifier_stats))]
         if verifiers:
             out["verifier_utilization"] = round(sum(v.get("utilization", 0.0) for v in verifiers) / len(verifiers), 4)

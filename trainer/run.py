@@ -3,8 +3,9 @@
 The loop, until `iterations` versions exist:
 
 1. **Top up.** Keep `population` members in flight (issued, not yet fully rewarded) around the newest
-   center, so generators never wait for an update. Members are written to the checkpoint before their
-   work orders are published (write-ahead); their work ids and seeds are pure functions of
+   center, so generators never wait for an update (at quorum 1: exactly `population` a center, in
+   lockstep). Members are written to the checkpoint before their work orders are published
+   (write-ahead); their work ids and seeds are pure functions of
    (run, center, index), so a restarted trainer re-publishes the same orders and the generators' markers
    make the repeats no-ops.
 2. **Collect.** Read `{ps:R}:rewards` in group `trainer`; add each reward to its member by attempt id
@@ -17,6 +18,15 @@ The loop, until `iterations` versions exist:
 
 Evaluation orders (`eval-v<version>`: the center, greedy, on the held-out split) go through the same
 pipeline every `eval_every` versions and at the end.
+
+Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards; a
+dead letter naming it (the trainer reads `{ps:R}:dlq` in its group too: a work order given up on, a stale
+order a generator skipped, an attempt or reward given up on); the staleness bound passing it (an order of a
+center more than `max_staleness` versions old can no longer be used: generators skip it by the same rule);
+or `order_timeout_s` passing with it unanswered (a generator died with it in hand and none reclaimed it). A
+lost member or group is cut, counted (`cut_<why>`), and its order cancelled (its done marker set, so a
+generator that takes it later skips it); top-up then issues a new one in its place. A lost evaluation is
+issued again under a new work id, up to `EVAL_TRIES` times.
 
 After each update, and at the end, the rewards and work orders that every group has acked and that are
 older than `history_s` are trimmed from their streams (`streams.groups.trim_acked`): a long run's Redis
@@ -62,6 +72,8 @@ class RunFinished(RuntimeError):
 
 
 CHECKPOINT_EVERY_S = 2.0
+EVAL_TRIES = 3  # an evaluation order lost this many times is given up (counted: evals_lost)
+CANCEL_TTL_S = 7 * 24 * 3600  # a cancelled order's done marker lives as long as the runtime's own markers
 
 
 def es_config(settings: TrainerSettings) -> ESConfig:
@@ -109,10 +121,12 @@ class Run:
         self.counts: collections.Counter[str] = collections.Counter()
         self.finished = False  # the run reached `iterations` and its last evaluation
         self.last_update = time.monotonic()
-        # not checkpointed: rewards read since the last checkpoint (entry ids to ack once it is written)
-        self._unacked: list[bytes] = []
+        # not checkpointed: rewards and dead letters read since the last checkpoint (entry ids to ack once it is
+        # written, by stream)
+        self._unacked: dict[str, list[bytes]] = {self.keys.rewards: [], self.keys.dlq: []}
         self._verdicts: collections.Counter[str] = collections.Counter()
         self._last_checkpoint = 0.0
+        self._watching_since = time.time()  # an order's timeout counts from here at the earliest (see _expire)
         self._window_started = time.monotonic()
         self._window_rewards = 0
 
@@ -149,6 +163,7 @@ class Run:
         """Load the checkpoint if the run has one; re-publish the orders still in flight. True if resumed."""
         raw = await self.redis.hget(self.keys.trainer_state, STATE_FIELD)
         await ensure_group(self.redis, self.keys.rewards, TRAINER)
+        await ensure_group(self.redis, self.keys.dlq, TRAINER)
         await ensure_group(self.redis, self.keys.work, GENERATORS)
         if raw is None:
             done = max((int(r["version"]) for r in self.sink.records() if "version" in r and not r.get("eval")),
@@ -176,7 +191,7 @@ class Run:
         self.counts["resumes"] += 1
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.members.values(), *self.evals.values()])
-        await self._read(block_ms=None, pending=True)  # rewards read before the crash, never acked
+        await self._read(block_ms=None, pending=True)  # rewards and dead letters read before the crash, never acked
         log.info("trainer_resumed", version=self.version, members=len(self.members), evals=len(self.evals))
         return True
 
@@ -187,9 +202,10 @@ class Run:
                 pipe.xadd(stream, fields)
             pipe.hset(self.keys.trainer_state, STATE_FIELD, orjson.dumps(self.state()))
             await pipe.execute()
-        if self._unacked:
-            await self.redis.xack(self.keys.rewards, TRAINER, *self._unacked)
-            self._unacked.clear()
+        for stream, ids in self._unacked.items():
+            if ids:
+                await self.redis.xack(stream, TRAINER, *ids)
+                ids.clear()
         self._last_checkpoint = time.monotonic()
 
     async def trim_history(self) -> None:
@@ -252,10 +268,13 @@ class Run:
         """Evaluate `version` on the held-out split, once: a second order would carry the same work id, which
         the generators drop as a repeat, and the run would wait for its rewards until the deadline (a GRPO
         step without signal keeps the version; the end of a run asks for the last version again)."""
-        if not self.held_out or f"eval-v{version}" in self.evals or version in self.eval_results:
+        if not self.held_out or version in self.eval_results or any(m.center == version for m in self.evals.values()):
             return
+        await self._issue_eval(version, f"eval-v{version}")
+
+    async def _issue_eval(self, version: int, work_id: str) -> None:
         self.eval_ids = [t.theorem_id for t in self.held_out]
-        m = MemberState(f"eval-v{version}", version, 0, 1, self.eval_ids, issued_at=time.time())
+        m = MemberState(work_id, version, 0, 1, self.eval_ids, issued_at=time.time())
         self.evals[m.work_id] = m
         await self.checkpoint()
         await self._publish_orders([m])
@@ -263,21 +282,28 @@ class Run:
     # -- rewards -----------------------------------------------------------------------------------------
 
     async def _read(self, block_ms: int | None, pending: bool = False) -> int:
-        start = "0" if pending else ">"
+        """Read rewards and dead letters (new ones; or, with `pending`, those read before and never acked)."""
+        first = "0" if pending else ">"
+        starts: dict[str, str | bytes] = {self.keys.rewards: first, self.keys.dlq: first}
         seen = 0
-        while True:
-            reply = await self.redis.xreadgroup(TRAINER, self.consumer, {self.keys.rewards: start}, count=500,
+        while starts:
+            reply = await self.redis.xreadgroup(TRAINER, self.consumer, starts, count=500,
                                                 block=None if pending else block_ms)  # fmt: skip
-            entries = reply[0][1] if reply else []
-            for entry_id, fields in entries:
-                await self._take(entry_id, fields)
-            seen += len(entries)
-            if not pending or not entries:
-                return seen
-            start = entries[-1][0]
+            got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}
+            for stream in list(starts):
+                entries = got.get(stream, [])
+                take = self._take if stream == self.keys.rewards else self._take_letter
+                for entry_id, fields in entries:
+                    await take(entry_id, fields)
+                seen += len(entries)
+                if pending and entries:
+                    starts[stream] = entries[-1][0]
+                else:
+                    del starts[stream]
+        return seen
 
     async def _take(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        self._unacked.append(entry_id)
+        self._unacked[self.keys.rewards].append(entry_id)
         try:
             reward = decode(Reward, fields)
         except SchemaError as e:
@@ -297,6 +323,71 @@ class Run:
         member.proved += reward.verdict == "proved"
         self._verdicts[reward.verdict] += 1
         self._window_rewards += 1
+
+    # -- lost outcomes -----------------------------------------------------------------------------------
+
+    async def _take_letter(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+        """A dead letter: if it names an order in flight (its own fields, or an attempt's or reward's), that
+        order will never complete."""
+        self._unacked[self.keys.dlq].append(entry_id)
+        if not fields:  # deleted from the dead letters (`ops dlq purge`/`requeue`) after this trainer read it
+            return
+        try:
+            letter = decode(DeadLetter, fields)
+        except SchemaError:
+            return
+        work_id = letter.original.get(b"work_id", b"").decode("utf-8", "replace")
+        m = self.members.get(work_id) or self.evals.get(work_id)
+        if m is not None:
+            why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
+            await self._lose(m, why, letter.reason)
+
+    async def _expire(self) -> None:
+        """Cut what can no longer be used: orders of centers past the staleness bound (evaluations have
+        none), and orders unanswered `order_timeout_s` after they were issued. A restarted trainer gives the
+        orders it inherits the whole timeout again: their rewards may be waiting in the stream, unread while
+        no trainer ran."""
+        now, bound = time.time(), self.settings.max_staleness
+        for m in list(self.members.values()):
+            if self.version - m.center > bound and not self._usable(m):
+                await self._lose(m, "stale", f"center {m.center}, now at version {self.version}")
+        for m in [*self.members.values(), *self.evals.values()]:
+            waited = now - max(m.issued_at, self._watching_since)
+            if waited > self.settings.order_timeout_s and not self._usable(m):
+                await self._lose(m, "timeout", f"unanswered for {waited:.0f} s")
+
+    def _usable(self, m: MemberState) -> bool:
+        """Complete (GRPO: with its samples): the next update decides about it."""
+        return m.complete
+
+    async def _lose(self, m: MemberState, why: str, detail: str) -> None:
+        """`m`'s order ends without its rewards: cut it (top-up issues another in its place) or, for an
+        evaluation, ask again. The order is cancelled: a generator that takes it later skips it unserved."""
+        if self.members.pop(m.work_id, None) is not None:
+            self.counts[f"cut_{why}"] += 1
+        elif self.evals.pop(m.work_id, None) is not None:
+            tries = int(m.work_id.rsplit("-r", 1)[1]) + 1 if "-r" in m.work_id else 1
+            if tries < EVAL_TRIES:
+                self.counts["evals_reissued"] += 1
+                await self._issue_eval(m.center, f"eval-v{m.center}-r{tries}")
+            else:
+                self.counts["evals_lost"] += 1
+        else:
+            return
+        log.warning("order_lost", work_id=m.work_id, why=why, detail=detail[:200])
+        await self.redis.set(self.keys.done(WorkOrder.dedup_for(m.work_id)), b"cancelled", nx=True, ex=CANCEL_TTL_S)
+
+    def health_figures(self) -> dict[str, Any]:
+        """What each version's metrics carry besides the update: orders in flight and the age of the oldest,
+        and the orders lost so far, by outcome (`cut_<why>`, `evals_reissued`, `evals_lost`)."""
+        running = [m for m in self.members.values() if not self._usable(m)]
+        oldest = min((m.issued_at for m in running if m.issued_at), default=None)
+        return {
+            "in_flight": len(running),
+            "oldest_in_flight_s": round(time.time() - oldest, 1) if oldest else None,
+            "evals_in_flight": len(self.evals),
+            **{k: v for k, v in self.counts.items() if k.startswith(("cut_", "evals_"))},
+        }
 
     # -- updates -----------------------------------------------------------------------------------------
 
@@ -325,6 +416,7 @@ class Run:
             await self.top_up()
             await self.poll(block_ms=500)
             self._eval_done()
+            await self._expire()
             ready = self._ready()
             if ready is not None:
                 await self.update(ready)
@@ -332,7 +424,7 @@ class Run:
                 if self.settings.eval_every and self.version % self.settings.eval_every == 0:
                     await self.issue_eval(self.version)
                 self.progress(self.version)
-            elif self._unacked and time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+            elif any(self._unacked.values()) and time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
                 await self.checkpoint()
         if not stop.is_set() and self.settings.eval_every:
             await self.issue_eval(self.version)
@@ -340,6 +432,7 @@ class Run:
             while self.evals and not stop.is_set() and time.monotonic() < deadline:
                 await self.poll(block_ms=500)
                 self._eval_done()
+                await self._expire()
         self.finished = not stop.is_set() and self.version >= self.settings.iterations
         await self.checkpoint()
         await self.trim_history()
@@ -373,9 +466,15 @@ class ESRun(Run):
         return {"member": Member(m.seed, m.sign) if sigma else None, "sigma": sigma}
 
     async def top_up(self) -> int:
-        """Issue members around the newest center until `population` are in flight. Returns how many."""
-        in_flight = sum(1 for m in self.members.values() if not m.complete)
-        want = self.cfg.population - in_flight
+        """Issue members around the newest center until `population` are in flight. Returns how many.
+
+        At quorum 1 the run goes in lockstep: a center gets `population` members and no more (a cut one is
+        replaced), and its update uses all of them, so the steps do not depend on timing (issue 15's
+        deterministic recovery). Below 1, members finished early make room for new ones at once."""
+        if self.cfg.quorum >= 1:
+            want = self.cfg.population - sum(1 for m in self.members.values() if m.center == self.version)
+        else:
+            want = self.cfg.population - sum(1 for m in self.members.values() if not m.complete)
         if want <= 0:
             return 0
         center = self.version
@@ -430,6 +529,7 @@ class ESRun(Run):
             "verdicts": dict(self._verdicts),
             "rewards_per_s": round(self._window_rewards / max(now - self._window_started, 1e-9), 2),
             "update_s": round(now - self.last_update, 2),
+            **self.health_figures(),
             "time": time.time(),
         }
         metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))

@@ -4,6 +4,7 @@ a dead letter made by a real consumer can be listed, shown, requeued byte for by
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import socket
@@ -298,16 +299,19 @@ async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_group
     await es.resume()
     assert await es.top_up() == 4  # four members in flight, written to the state and published as work
     await es.checkpoint()  # as the trainer's loop does every few seconds: the counts are in the state too
-    await Publisher(redis, keys).publish([attempt(1), attempt(2)])
+    await Publisher(redis, keys).publish([attempt(1), dataclasses.replace(attempt(2), work_id="es-v0-m1")])
     await consume_once(redis, keys, "c1", poison={"a2"})  # a2 dead-lettered: poison
+    await es.poll(block_ms=1)  # the trainer reads the dead letter: member 1 will never complete; cut
+    await es.checkpoint()
     await redis.hset(keys.generator_stats, "g1", orjson.dumps({"orders": 5, "attempts": 10, "stale_skipped": 2}))
     await redis.set(keys.trainer_lease, orjson.dumps({"host": "h", "pid": 42, "token": "t", "since": 0}))
 
     report = await ops_json(capsys, redis_url, "run")
 
     t = report["trainer"]
-    assert (t["algo"], t["version"], t["in_flight"], t["complete_waiting"]) == ("es", 0, 4, 0)
+    assert (t["algo"], t["version"], t["in_flight"], t["complete_waiting"]) == ("es", 0, 3, 0)
     assert t["oldest_in_flight_ms"] >= 0 and t["counts"]["members_issued"] == 4
+    assert t["counts"]["cut_dead_letter"] == 1
     assert report["lease"]["pid"] == 42
     assert report["generators"]["g1"] == {"orders": 5, "attempts": 10, "stale_skipped": 2, "settled_skipped": 0,
                                           "policy_errors": 0}  # fmt: skip
@@ -316,6 +320,7 @@ async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_group
     assert report["groups"]["attempts/verifiers"]["pending"] == 0
     code, out, _ = await ops(capsys, redis_url, "run")
     assert code == 0
-    assert "trainer: es version 0; 4 in flight" in out and "lease: h pid 42" in out
+    assert "trainer: es version 0; 3 in flight" in out and "lease: h pid 42" in out
+    assert "lost orders: cut_dead_letter 1" in out
     assert "dead letters: 1" in out and "attempts: poison" in out
     assert [line.split()[:2] for line in out.splitlines() if line.startswith("g1 ")] == [["g1", "5"]]

@@ -201,6 +201,9 @@ async def test_stale_orders_are_skipped_and_counted_fresh_ones_use_the_announced
         await until(lambda: settled(one_redis))
     assert [a.work_id for a in got] == ["w-new"]
     assert service.counts["stale_skipped"] == 1 and service.policy.latest == 3
+    # the skip is an outcome the trainer reads: a dead letter naming the order, with why
+    (letter,) = [decode(DeadLetter, f) for _, f in await one_redis.xrange(KEYS.dlq)]
+    assert letter.reason.startswith("skipped: stale") and letter.original[b"work_id"] == b"w-old"
     # A generator that starts now, from the history alone, holds the same center bit for bit.
     late = ESWeights(lambda: load_master(engine.model_path), lambda named: None)
     for update in steps:

@@ -17,7 +17,7 @@ import redis as redis_sync
 
 from streams.groups import id_order
 from streams.keys import TRAINER, Keys
-from streams.schema import PolicyUpdate, decode
+from streams.schema import PolicyUpdate, WorkOrder, decode
 from tests.fixtures.fake_roles import fake_reward
 from trainer.es import ESConfig, MemberState, make_step, members_for, select, zscore
 
@@ -226,8 +226,8 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     """The README's async rules, one by one, on a real Redis: an update needs a quorum of fresh complete
     members (here 6 of 8), or two once `deadline_s` has passed since the last update; a member whose center is
     more than `max_staleness` versions old is never in a step (dropped and counted); a member still running
-    at an update (a straggler) stays, is used by the next update if it is fresh enough then, else cut and
-    counted."""
+    at an update (a straggler) stays, is used by the next update if it is fresh enough then, else cut, counted
+    and its order cancelled."""
     from trainer.config import TrainerSettings
     from trainer.metrics import MetricsSink
     from trainer.run import ESRun
@@ -238,7 +238,7 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     run.version = 3
 
     def add(center: int, index: int, score: float | None) -> MemberState:
-        m = MemberState(f"es-v{center}-m{index}", center, 100 * center + index, 1, ["t"])
+        m = MemberState(f"es-v{center}-m{index}", center, 100 * center + index, 1, ["t"], issued_at=time.time())
         if score is not None:
             m.rewards = {f"{m.work_id}:0:0": score}
         run.members[m.work_id] = m
@@ -260,13 +260,15 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     assert sorted(step["members"]) == sorted([*(f"es-v3-m{i}" for i in range(5)), "es-v2-m0"])
     assert metrics["stale_dropped"] == 1 and run.counts["members_stale_dropped"] == 1
     assert metrics["stragglers"] == 2 and set(run.members) == {straggler_fresh.work_id, straggler_old.work_id}
-    straggler_fresh.rewards = {"s:0:0": 1.0}  # both finish after the update, now at version 4
-    straggler_old.rewards = {"o:0:0": 1.0}
+    await run._expire()  # the loop's next turn: the straggler of center 2 can never be used at version 4
+    assert set(run.members) == {straggler_fresh.work_id} and run.counts["cut_stale"] == 1
+    cancelled = Keys("rules").done(WorkOrder.dedup_for(straggler_old.work_id))
+    assert await one_redis.get(cancelled) == b"cancelled"  # a generator that takes its order skips it
+    straggler_fresh.rewards = {"s:0:0": 1.0}  # it finishes after the update, now at version 4
     for i in range(5):
         add(4, i, i / 10)
     ready = run._ready()
     await run.update(ready)
     step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
     assert "es-v3-m9" in step["members"]  # the straggler of center 3 went into the next update
-    assert "es-v2-m9" not in step["members"] and run.counts["members_stale_dropped"] == 2  # the other was cut
     assert run.members == {}
