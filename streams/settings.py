@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 ENV_PREFIX = "PROOFSTREAM_"
 CONFIG_ENV = "PROOFSTREAM_CONFIG"
+# The role tables a TOML file may hold: a table named otherwise is a typo that would be ignored silently.
+SECTIONS = ("trainer", "generator", "verifier")
 
 
 class SettingsError(ValueError):
@@ -37,6 +39,18 @@ def _structured(where: str, value: Any, annotation: Any) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as e:
         raise SettingsError(f'{where} must be JSON for this setting, e.g. \'["a", "b"]\': {e}') from e
+
+
+def _help(info: Any) -> str:
+    """A flag's help: its description, its choices (a Literal) and its default."""
+    parts = [info.description] if info.description else []
+    choices = [a for a in typing.get_args(info.annotation) if typing.get_origin(info.annotation) is typing.Literal]
+    if choices:
+        parts.append("one of " + ", ".join(map(str, choices)))
+    default = info.get_default(call_default_factory=True)
+    if default not in (None, "", []) and "default" not in (info.description or ""):  # else the text says it
+        parts.append(f"default {default}")
+    return "; ".join(parts)
 
 
 class RoleSettings(BaseModel):
@@ -84,6 +98,8 @@ class RoleSettings(BaseModel):
         out: dict[str, Any] = {}
         for key, value in doc.items():
             if isinstance(value, dict):
+                if key not in SECTIONS:
+                    raise SettingsError(f"{path}: unknown table [{key}]; role tables are {', '.join(SECTIONS)}")
                 if key == cls.section:
                     out.update(value)
                 continue  # another role's table
@@ -97,14 +113,15 @@ class RoleSettings(BaseModel):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One `--flag` per field. Defaults are suppressed so only given flags override the lower layers."""
+        """One `--flag` per field, its help naming the default and the choices. Defaults are suppressed so only
+        given flags override the lower layers (TOML, env)."""
         for name, info in cls.model_fields.items():
             flag = "--" + name.replace("_", "-")
             if info.annotation is bool:
                 parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                    default=argparse.SUPPRESS, help=info.description)  # fmt: skip
+                                    default=argparse.SUPPRESS, help=_help(info))  # fmt: skip
             else:
-                parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=info.description)
+                parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=_help(info))
         parser.add_argument("--config", dest="config", default=None, help="TOML file (also $PROOFSTREAM_CONFIG)")
 
     @classmethod

@@ -45,6 +45,7 @@ def test_config_path_from_env(tmp_path):
         ("", {"PROOFSTREAM_CONCURRENCY": "many"}, "concurrency"),
         ("[verifier]\nwarm = 'sometimes'\n", {}, "warm"),
         ("[verifier\n", {}, "not valid TOML"),
+        ("[verifer]\nconcurrency = 3\n", {}, r"unknown table \[verifer\]"),
     ],
 )
 def test_bad_configuration_names_the_problem(tmp_path, toml, env, message):
@@ -65,6 +66,18 @@ def test_flags_override_only_when_given(tmp_path, monkeypatch):
     args = parser.parse_args(["--concurrency", "7", "--no-warm", "--redis-url", "redis://h:1/0"])
     s = VerifierLike.from_args(args)
     assert (s.concurrency, s.warm, s.redis_url) == (7, False, "redis://h:1/0")
+
+
+def test_help_names_each_flags_default_and_choices():
+    from trainer.config import TrainerSettings
+
+    parser = argparse.ArgumentParser()
+    TrainerSettings.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "--algo ALGO one of es, grpo; default es" in text
+    assert "--deadline-s DEADLINE_S default 900.0" in text
+    assert "--group-size GROUP_SIZE G: samples per theorem; default 8" in text
+    assert "--batch BATCH theorems per member (ES; default: the preset's) or per step (GRPO; default 8) --" in text
 
 
 def test_list_settings_from_env_are_json():
