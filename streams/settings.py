@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 ENV_PREFIX = "PROOFSTREAM_"
 CONFIG_ENV = "PROOFSTREAM_CONFIG"
 # The role tables a TOML file may hold: a table named otherwise is a typo that would be ignored silently.
-SECTIONS = ("trainer", "generator", "verifier")
+SECTIONS = ("trainer", "generator", "verifier", "ops")
 
 
 class SettingsError(ValueError):

@@ -68,6 +68,17 @@ def test_flags_override_only_when_given(tmp_path, monkeypatch):
     assert (s.concurrency, s.warm, s.redis_url) == (7, False, "redis://h:1/0")
 
 
+def test_every_role_table_is_a_known_table():
+    """A role's table must be in SECTIONS, or a file holding it would be refused by every other role."""
+    from ops.cli import OpsSettings
+    from producers.config import GeneratorSettings
+    from streams.settings import SECTIONS
+    from trainer.config import TrainerSettings
+    from verifier_pool.config import VerifierSettings
+
+    assert {c.section for c in (OpsSettings, GeneratorSettings, TrainerSettings, VerifierSettings)} == set(SECTIONS)
+
+
 def test_help_names_each_flags_default_and_choices():
     from trainer.config import TrainerSettings
 
