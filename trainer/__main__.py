@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     local = None
     started = time.monotonic()
+    url = settings.redis_url or ""
     try:
         if settings.redis_url:
             url = settings.redis_url
@@ -168,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunFinished as e:
         print(f"trainer: {e}", file=sys.stderr)
         return FINISHED_BEFORE
+    except UNAVAILABLE as e:  # at the start: once the run is going, an outage is waited out instead
+        if local is not None:  # the trainer's own Redis child died: its log says why
+            raise
+        print(f"trainer: cannot reach Redis at {shown_url(url)} ({type(e).__name__}: {e}). Start it, or point "
+              "--redis-url (PROOFSTREAM_REDIS_URL) at the run's Redis; without --redis-url the trainer starts "
+              "its own", file=sys.stderr)  # fmt: skip
+        return 2
     except RuntimeError as e:
         print(f"trainer: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ tests/fixtures/fake_roles.py, so every member's score is known in advance)."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -272,3 +273,14 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
     assert "es-v3-m9" in step["members"]  # the straggler of center 3 went into the next update
     assert run.members == {}
+
+
+def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_path):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run(_trainer_argv(f"redis://127.0.0.1:{port}/0", "nowhere", tmp_path, 2), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert f"trainer: cannot reach Redis at redis://127.0.0.1:{port}/0" in proc.stderr
+    assert "Traceback" not in proc.stderr
