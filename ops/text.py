@@ -148,6 +148,13 @@ def entry(view: dict[str, Any]) -> str:
     if view["type"]:
         f.pop("v", None)  # the schema version is implied once the entry decoded
     original = f.pop("original", None) if view["type"] == "DeadLetter" else None
+    if view["type"] is None and isinstance(f.get("json"), str):  # a metrics entry: its figures one by one
+        try:
+            figures = orjson.loads(f["json"])
+        except orjson.JSONDecodeError:
+            figures = None
+        if isinstance(figures, dict):
+            f = {**{k: v for k, v in f.items() if k not in ("json", "v")}, **figures}
     body = " ".join(f"{k}={short(v)}" for k, v in f.items())
     if original is not None:
         body += f" original=<{len(original)} fields>"

@@ -216,6 +216,12 @@ async def test_tail_decodes_the_last_entries(redis, redis_url, keys, capsys):
     assert code == 0 and "attempt_id=a2" in out and "attempt_id=a0" not in out
     code, out, _ = await ops(capsys, redis_url, "tail", "metrics")
     assert code == 0 and "policy_version=3 reward_mean=0.25" in out
+    # what the trainer writes: the version's figures as JSON; each shown, none cut off with the rest
+    figures = {"version": 4, "reward_mean": 0.125, **{f"figure_{i}": i for i in range(20)}, "cut_timeout": 2}
+    await redis.xadd(keys.metrics, {"v": "1", "json": orjson.dumps(figures)})
+    code, out, _ = await ops(capsys, redis_url, "tail", "metrics", "-n", "1")
+    assert code == 0 and out.startswith(f"{(await redis.xrevrange(keys.metrics, count=1))[0][0].decode()}  version=4")
+    assert "reward_mean=0.125" in out and "figure_19=19 cut_timeout=2" in out
     code, out, _ = await ops(capsys, redis_url, "tail", "work")
     assert (code, out.strip()) == (0, "{ps:test}:work has no entries")
 
