@@ -28,12 +28,16 @@ log = structlog.get_logger("producers")
 
 def build_engine(settings: GeneratorSettings):
     """Resolve the model and load it in the chosen engine (blocking: seconds to a minute)."""
-    path = resolve_model(settings.model, settings.model_cache or None)
+    import torch  # heavy: imported when an engine is built, not for --help
+
     device = settings.device
     if device == "auto":
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise EngineUnavailable(f"--device cuda, but torch {torch.__version__} ({built}) sees no CUDA device here; "
+                                "use --device cpu, or auto to take a GPU when there is one")  # fmt: skip
+    path = resolve_model(settings.model, settings.model_cache or None)
     snapshots = settings.snapshots() / path.name  # centers of one base model only
     return make_engine(
         choose(settings.engine),

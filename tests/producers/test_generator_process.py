@@ -85,7 +85,7 @@ def test_an_order_of_a_killed_generator_completes_once_elsewhere(one_redis_url, 
         r.close()
 
 
-def test_without_redis_or_with_a_missing_model_it_says_what_to_do(one_redis_url, tmp_path):
+def test_without_redis_a_model_or_a_gpu_it_says_what_to_do(one_redis_url, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("PROOFSTREAM_REDIS_URL", None)
     no_redis = subprocess.run([sys.executable, "-m", "producers", "--run", RUN], cwd=ROOT, env=env,
@@ -99,3 +99,10 @@ def test_without_redis_or_with_a_missing_model_it_says_what_to_do(one_redis_url,
     bad_flag = subprocess.run([sys.executable, "-m", "producers", "--engine", "tgi"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad_flag.returncode == 2 and "engine" in bad_flag.stderr
+    import torch
+
+    if not torch.cuda.is_available():  # asking for a GPU that is not there: a sentence, not a traceback
+        no_gpu = subprocess.run([sys.executable, "-m", "producers", "--redis-url", one_redis_url, "--device", "cuda"],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert no_gpu.returncode == 2 and "--device cuda, but torch" in no_gpu.stderr, no_gpu.stderr
+        assert "Traceback" not in no_gpu.stderr
