@@ -112,10 +112,12 @@ class RoleSettings(BaseModel):
         return out
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One `--flag` per field, its help naming the default and the choices. Defaults are suppressed so only
-        given flags override the lower layers (TOML, env)."""
+    def add_arguments(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+        """One `--flag` per field (but `exclude`), its help naming the default and the choices. Defaults are
+        suppressed so only given flags override the lower layers (TOML, env)."""
         for name, info in cls.model_fields.items():
+            if name in exclude:
+                continue
             flag = "--" + name.replace("_", "-")
             if info.annotation is bool:
                 parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,

@@ -63,6 +63,10 @@ from trainer.config import TrainerSettings
 from trainer.local import DATA_LOCK
 
 # What defines a run: a flag that contradicts the finished run's report on one of these is refused.
+# Trainer settings that shape training only: `--help` does not offer them (an evaluation has no use for them).
+TRAINING_ONLY = ("iterations", "batch", "eval_every", "preset", "population", "sigma", "alpha", "antithetic",
+                 "es_temperature", "max_staleness", "quorum", "deadline_s", "order_timeout_s", "lease_s", "history_s",
+                 "group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "verifiers")  # fmt: skip
 RUN_FIELDS = ("run", "algo", "task", "seed", "dataset", "problems", "held_out", "curriculum", "model", "prompt_format")
 ROWS_PER_CALL = 64  # prompts x samples in one engine call: batched generation, bounded padding and memory
 CHECK_TRIES = 3  # an `error` verdict (the checker could not judge) is retried, then the eval stops
@@ -105,7 +109,8 @@ class Options:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer.eval", description=__doc__.split("\n\n")[1])
-    TrainerSettings.add_arguments(parser)  # --run, --run-dir, --redis-url, --config, --max-new-tokens, ...
+    # --run, --run-dir, --redis-url, --config, --max-new-tokens, the task and data, the model, the sandboxes
+    TrainerSettings.add_arguments(parser, exclude=TRAINING_ONLY)
     parser.add_argument("--version", dest="eval_version", required=True, help="policy version, or 'latest'")
     parser.add_argument("--samples", dest="eval_samples", type=int, default=8, help="samples per problem (n)")
     parser.add_argument("--k", dest="eval_k", default=None, help="e.g. 1,4,8 (each <= n); default 1,4,8 up to n, and n")

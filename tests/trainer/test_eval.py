@@ -222,3 +222,11 @@ async def test_es_centers_are_rebuilt_on_the_device_type_their_noise_was_drawn_o
     grpo = ev.RunView("grpo", [], [], 3, [0, 3], [3])
     assert await ev.engine_device(one_redis, settings, base, "cpu") == "cpu"
     assert await ev.engine_device(one_redis, settings, grpo, "cpu") == "cpu"
+
+
+def test_help_offers_what_an_evaluation_uses_and_not_the_training_flags():
+    import trainer.eval as ev
+
+    text = ev._parser().format_help()
+    assert "--max-new-tokens" in text and "--run-dir" in text and "--sandbox" in text
+    assert not [f for f in ev.TRAINING_ONLY if f"--{f.replace('_', '-')} " in text]
