@@ -138,6 +138,21 @@ def _progress(total: int):
     return update
 
 
+def headline_of(run: str, summary: dict) -> str:
+    """The run's result in one line: where it got to, the held-out evaluation first and last, the samples."""
+    if summary.get("version") is None:
+        return ""
+    state = "stopped" if summary.get("interrupted") else "finished"
+    line = f"run {run!r} {state} at version {summary['version']}"
+    evals = sorted((summary.get("evals") or {}).items(), key=lambda kv: int(kv[0]))
+    if evals:
+        (v0, first), (v1, last) = evals[0], evals[-1]
+        line += (f"; held-out reward {first['held_out_reward']:.3f} (v{v0}) -> {last['held_out_reward']:.3f} (v{v1}), "
+                 f"exact {first['held_out_exact']:.3f} -> {last['held_out_exact']:.3f}")  # fmt: skip
+    samples = (summary.get("counts") or {}).get("samples")
+    return line + (f"; {samples} training samples" if samples else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
     TrainerSettings.add_arguments(parser)
@@ -190,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     shown = {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
     report.write_bytes(orjson.dumps({"settings": shown, **summary}, option=options))
+    if headline := headline_of(settings.run, summary):
+        print(f"trainer: {headline}", file=sys.stderr)
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)

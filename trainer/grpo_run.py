@@ -22,6 +22,7 @@ import asyncio
 import collections
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,12 @@ class GRPORun(Run):
             model_path, self.cfg, out_dir=sink.run_dir, device=training_device(settings.train_device)
         )
         self.checkpoint_file = ""
+        model = self.trainer.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # + AdamW's
+        print(f"trainer: GRPO writes about {(weights + checkpoint) / 1e9:.1f} GB a version under {sink.run_dir}: a "
+              f"policy folder ({weights / 1e9:.1f} GB, deleted once no order names it) and a checkpoint "
+              f"({checkpoint / 1e9:.1f} GB, the last {KEEP_CHECKPOINTS} kept)", file=sys.stderr)  # fmt: skip
         # not checkpointed: re-read from the attempts group's pending list after a restart
         self.samples: dict[str, dict[str, Any]] = {}  # attempt_id -> what the step needs
         self.attempt_entries: dict[str, list[bytes]] = collections.defaultdict(list)  # work_id -> entry ids

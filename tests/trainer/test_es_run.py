@@ -107,6 +107,7 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
         out, err = second.communicate(timeout=180)
         assert second.returncode == 0, err[-3000:]
         assert f"trainer: resuming run 'resume' at version {killed_at} of {iterations}" in err  # said, not silent
+        assert f"trainer: run 'resume' finished at version {iterations}; held-out reward " in err  # the result
     finally:
         roles.send_signal(signal.SIGTERM)
         roles.wait(30)
@@ -284,3 +285,15 @@ def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_
     assert proc.returncode == 2
     assert f"trainer: cannot reach Redis at redis://127.0.0.1:{port}/0" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_end_of_a_run_says_its_result_in_one_line():
+    from trainer.__main__ import headline_of
+
+    summary = {"version": 8, "counts": {"samples": 1024}, "interrupted": False,
+               "evals": {"8": {"held_out_reward": 0.1, "held_out_exact": 0.03125},
+                         "0": {"held_out_reward": 0.0875, "held_out_exact": 0.0}}}  # fmt: skip
+    assert headline_of("r", summary) == ("run 'r' finished at version 8; held-out reward 0.087 (v0) -> 0.100 (v8), "
+                                         "exact 0.000 -> 0.031; 1024 training samples")  # fmt: skip
+    assert headline_of("r", {"version": 2, "interrupted": True}) == "run 'r' stopped at version 2"
+    assert headline_of("r", {"interrupted": True}) == ""

@@ -64,6 +64,7 @@ def test_a_grpo_trainer_killed_mid_step_and_mid_checkpoint_ends_where_a_clean_ru
     clean, faulty = tmp_path / "clean", tmp_path / "faulty"
     [done] = _run(one_redis_url, "grpo-clean", clean, model, [])
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "trainer: GRPO writes about 0.0 GB a version" in done.stderr  # said at the start (a tiny model here)
     *killed, done = _run(one_redis_url, "grpo-faulty", faulty, model, KILLS)
     assert [p.returncode for p in killed] == [-signal.SIGKILL] * len(KILLS), [p.stderr[-2000:] for p in killed]
     assert done.returncode == 0, done.stderr[-3000:]
