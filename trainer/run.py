@@ -192,6 +192,7 @@ class Run:
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.members.values(), *self.evals.values()])
         await self._read(block_ms=None, pending=True)  # rewards and dead letters read before the crash, never acked
+        await self.checkpoint()  # the resume is counted even if this trainer dies before its first update
         log.info("trainer_resumed", version=self.version, members=len(self.members), evals=len(self.evals))
         return True
 
