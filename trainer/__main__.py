@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if settings.redis_url:
             url = settings.redis_url
         else:
-            local = LocalPipeline(settings, run_dir)
+            local = LocalPipeline(settings, run_dir, config=args.config or os.environ.get("PROOFSTREAM_CONFIG"))
             url = local.start()
             print(f"trainer: local pipeline on {url}; logs in {local.logs}", file=sys.stderr)
         summary = asyncio.run(train(settings, url, local, run_dir))

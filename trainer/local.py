@@ -74,6 +74,20 @@ def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
     return fields
 
 
+def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[str, str]:
+    """The environment of the local pipeline's children: the run's Redis and id, and the trainer's TOML file
+    (its `[generator]` and `[verifier]` tables apply to them; what the trainer sets in the environment, such
+    as the verifier's tasks and sandboxes from the trainer's own settings, wins over the file)."""
+    env = {**os.environ, "PROOFSTREAM_REDIS_URL": url, "PROOFSTREAM_RUN": settings.run,
+           "PROOFSTREAM_LOG_LEVEL": settings.log_level,
+           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}  # fmt: skip
+    if config:
+        env["PROOFSTREAM_CONFIG"] = str(Path(config).expanduser().resolve())
+    else:
+        env.pop("PROOFSTREAM_CONFIG", None)
+    return env
+
+
 # In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
 # lifetime, `python -m trainer.eval` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
 DATA_LOCK = ".lock"
@@ -82,9 +96,10 @@ DATA_LOCK = ".lock"
 class LocalPipeline:
     """Redis + generator + verifiers for one run, all stopped by `stop()` (idempotent)."""
 
-    def __init__(self, settings: TrainerSettings, run_dir: Path) -> None:
+    def __init__(self, settings: TrainerSettings, run_dir: Path, config: str | None = None) -> None:
         self.settings = settings
         self.run_dir = run_dir
+        self.config = config  # the trainer's TOML file: its [generator] and [verifier] tables reach the children
         self.logs = run_dir / "logs"
         self.redis: EmbeddedRedis | None = None
         self.children: list[tuple[str, subprocess.Popen]] = []
@@ -110,15 +125,7 @@ class LocalPipeline:
                 "trainer.eval` reading its Redis, holds it. Wait for it to finish, or use another --run"
             ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
-        base = {
-            **os.environ,
-            "PROOFSTREAM_REDIS_URL": self.url,
-            "PROOFSTREAM_RUN": self.settings.run,
-            "PROOFSTREAM_LOG_LEVEL": self.settings.log_level,
-            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        }
-        for key in ("PROOFSTREAM_CONFIG",):  # children take what the trainer passes, not the trainer's file
-            base.pop(key, None)
+        base = child_env(self.settings, self.url, self.config)
         gen = [sys.executable, "-m", "producers", "--engine", self.settings.engine, "--name", "local-generator",
                "--prompt-format", self.settings.prompt_format]  # fmt: skip
         if self.settings.model:

@@ -119,3 +119,36 @@ def test_a_lean_backend_that_cannot_confirm_a_proof_is_refused_before_the_run_st
     kimina = {"task": "lean", "sandbox": "kimina", "kimina_url": "http://127.0.0.1:9"}
     problem = lean_backend_problem(TrainerSettings(**kimina))
     assert problem is not None and "trust_repl" in problem  # refused before the server is even asked
+
+
+def test_the_example_configuration_is_valid_for_every_role():
+    from ops.cli import OpsSettings
+    from producers.config import GeneratorSettings
+    from trainer.config import TrainerSettings
+    from verifier_pool.config import VerifierSettings
+
+    example = ROOT / "examples" / "run.toml"
+    trainer = TrainerSettings.load(config_path=example, env={})
+    assert (trainer.run, trainer.algo, trainer.iterations, trainer.quorum) == ("example", "es", 8, 1.0)
+    assert GeneratorSettings.load(config_path=example, env={}).engine == "auto"
+    assert VerifierSettings.load(config_path=example, env={}).countdown_timeout_s == 5.0
+    assert OpsSettings.load(config_path=example, env={}).run == "example"
+
+
+def test_the_trainers_file_reaches_the_local_pipelines_children(tmp_path, monkeypatch):
+    """The children's settings come from the trainer's TOML file ([generator], [verifier]), except what the
+    trainer sets in their environment (the run, its Redis), which wins."""
+    from producers.config import GeneratorSettings
+    from trainer.config import TrainerSettings
+    from trainer.local import child_env
+    from verifier_pool.config import VerifierSettings
+
+    config = tmp_path / "run.toml"
+    config.write_text('run = "from-file"\n[generator]\nmax_outstanding = 77\n[verifier]\nrecycle_after = 9\n')
+    settings = TrainerSettings.load(config_path=config, env={})
+    env = child_env(settings, "redis://127.0.0.1:1/0", str(config))
+    generator, verifier = GeneratorSettings.load(env=env), VerifierSettings.load(env=env)
+    assert (generator.max_outstanding, verifier.recycle_after) == (77, 9)
+    assert generator.redis_url == "redis://127.0.0.1:1/0" and generator.run == "from-file"
+    monkeypatch.setenv("PROOFSTREAM_CONFIG", str(config))
+    assert "PROOFSTREAM_CONFIG" not in child_env(settings, "redis://127.0.0.1:1/0", None)  # none given: none passed
