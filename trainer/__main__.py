@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import orjson
+import redis.exceptions as rx
 import structlog
 
 from streams import logs
@@ -26,7 +27,7 @@ from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.settings import SettingsError
 from trainer.config import TrainerSettings
-from trainer.data import load_theorems
+from trainer.data import DataError, load_theorems
 from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink
@@ -78,7 +79,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
                 summary = await fresh_run().run(stop)
                 break
             except UNAVAILABLE as e:
-                if local is not None:  # our own Redis child: the watchdog says what happened to it
+                if local is not None or not _outage(e):  # our own Redis child: the watchdog says what happened
                     raise
                 pause_s = 0.0 if time.monotonic() - started > 60 else min(max(2 * pause_s, 0.5), 30.0)
                 print(f"trainer: Redis is unavailable ({type(e).__name__}: {e}); waiting for it, then resuming "
@@ -101,6 +102,12 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         raise TrainerRunning(f"run {settings.run!r}: another trainer took the run over; this one stopped")
     summary["interrupted"] = stop.is_set()
     return summary
+
+
+def _outage(e: BaseException) -> bool:
+    """A Redis outage, not a local failure: UNAVAILABLE holds OSError for the socket errors redis-py lets
+    through, but a full disk or a missing file is no reason to wait for Redis."""
+    return not isinstance(e, OSError) or isinstance(e, (ConnectionError, TimeoutError, rx.ConnectionError))
 
 
 async def _redis_back(redis, stop: asyncio.Event, pause_s: float = 0.0) -> bool:
@@ -167,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     if settings.task == "lean" and not settings.redis_url and (problem := lean_backend_problem(settings)):
         print(f"trainer: {problem}", file=sys.stderr)
         return 2
+    if settings.dataset and not Path(settings.dataset).expanduser().is_file():
+        print(f"trainer: dataset {settings.dataset}: no such file (a jsonl of theorems: ../shared/data has miniF2F "
+              "and ProofNet)", file=sys.stderr)  # fmt: skip
+        return 2
     run_dir = settings.directory()
     run_dir.mkdir(parents=True, exist_ok=True)
     local = None
@@ -185,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunFinished as e:
         print(f"trainer: {e}", file=sys.stderr)
         return FINISHED_BEFORE
-    except UNAVAILABLE as e:  # at the start: once the run is going, an outage is waited out instead
+    except DataError as e:
+        print(f"trainer: {e}", file=sys.stderr)
+        return 2
+    except (rx.ConnectionError, rx.TimeoutError) as e:  # at the start: later, an outage is waited out instead
         if local is not None:  # the trainer's own Redis child died: its log says why
             raise
         print(f"trainer: cannot reach Redis at {shown_url(url)} ({type(e).__name__}: {e}). Start it, or point "

@@ -287,6 +287,17 @@ def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("content, message", [(None, "no such file"), ('{"bad": 1}\n', ":1: unknown row format")])
+def test_a_missing_or_malformed_dataset_is_a_clear_error_not_a_traceback(one_redis_url, tmp_path, content, message):
+    dataset = tmp_path / "theorems.jsonl"
+    if content is not None:
+        dataset.write_text(content)
+    argv = [sys.executable, "-m", "trainer", "--redis-url", one_redis_url, "--run", "nodata", "--task", "lean",
+            "--dataset", str(dataset), "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_the_end_of_a_run_says_its_result_in_one_line():
     from trainer.__main__ import headline_of
 
@@ -297,3 +308,12 @@ def test_the_end_of_a_run_says_its_result_in_one_line():
                                          "exact 0.000 -> 0.031; 1024 training samples")  # fmt: skip
     assert headline_of("r", {"version": 2, "interrupted": True}) == "run 'r' stopped at version 2"
     assert headline_of("r", {"interrupted": True}) == ""
+
+
+def test_only_a_redis_outage_is_waited_out_not_a_local_failure():
+    import redis.exceptions as rx
+
+    from trainer.__main__ import _outage
+
+    assert _outage(rx.ConnectionError("refused")) and _outage(rx.ReadOnlyError()) and _outage(ConnectionResetError())
+    assert not _outage(OSError(28, "No space left on device")) and not _outage(FileNotFoundError("checkpoint"))
