@@ -281,10 +281,10 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         "perturbations come from an fp32 master either way",
         f"evaluations: version 0, every iterations // {s['eval_points']} versions, and the last (`--eval-points`)",
         f"quorum {s['quorum']} for both (`--quorum`): an update waits for that share of its members or groups; at "
-        "1 every version uses exactly its samples a version (below 1, an update takes the first to finish and "
-        "the stragglers go into the next). Both pipelines are asynchronous: a full population (ES) or batch "
-        "(GRPO) is kept in flight, so most of a version's samples may come from the policy one version older "
-        f"(max_staleness {s.get('max_staleness', 1)}; `staleness` in each run's metrics.jsonl)",
+        "1 the runs go in lockstep (each version issues exactly its population or batch and its update uses all "
+        "of it, every sample from that version's own policy); below 1 an update takes the first to finish, a "
+        "full population or batch is kept in flight, and samples may come from a policy up to "
+        f"{s.get('max_staleness', 1)} versions older (`max_staleness`; `staleness` in each run's metrics.jsonl)",
     ]
     if es:
         p, cpu = es["plan"], PRESETS["cpu"]
