@@ -107,7 +107,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
 def _outage(e: BaseException) -> bool:
     """A Redis outage, not a local failure: UNAVAILABLE holds OSError for the socket errors redis-py lets
     through, but a full disk or a missing file is no reason to wait for Redis."""
-    return not isinstance(e, OSError) or isinstance(e, (ConnectionError, TimeoutError, rx.ConnectionError))
+    return not isinstance(e, OSError) or isinstance(e, (ConnectionError, TimeoutError))
 
 
 async def _redis_back(redis, stop: asyncio.Event, pause_s: float = 0.0) -> bool:
@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     url = settings.redis_url or ""
     try:
-        if settings.redis_url:
-            url = settings.redis_url
-        else:
+        if not url:
             local = LocalPipeline(settings, run_dir, config=args.config or os.environ.get("PROOFSTREAM_CONFIG"))
             url = local.start()
             print(f"trainer: local pipeline on {url}; logs in {local.logs}", file=sys.stderr)

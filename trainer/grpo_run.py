@@ -113,10 +113,7 @@ class GRPORun(Run):
         return {"samples_per_theorem": m.samples}
 
     async def top_up(self) -> int:
-        if self.settings.quorum >= 1:  # lockstep, as ES (trainer/run.py): `batch` groups a version, no more
-            want = self.settings.batch - sum(1 for m in self.members.values() if m.center == self.version)
-        else:
-            want = self.settings.batch - sum(1 for m in self.members.values() if not self._group_ready(m))
+        want = self._room(self.settings.batch)  # lockstep at quorum 1, as ES
         if want <= 0:
             return 0
         center, first = self.version, self.next_index[self.version]

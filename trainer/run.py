@@ -361,6 +361,15 @@ class Run:
         """Complete (GRPO: with its samples): the next update decides about it."""
         return m.complete
 
+    def _room(self, size: int) -> int:
+        """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the
+        run goes in lockstep: a version gets `size` orders and no more (a cut one is replaced), and its update
+        uses all of them, so the steps do not depend on timing (issue 15's deterministic recovery). Below 1,
+        orders finished early make room for new ones at once."""
+        if self.settings.quorum >= 1:
+            return size - sum(1 for m in self.members.values() if m.center == self.version)
+        return size - sum(1 for m in self.members.values() if not self._usable(m))
+
     async def _lose(self, m: MemberState, why: str, detail: str) -> None:
         """`m`'s order ends without its rewards: cut it (top-up issues another in its place) or, for an
         evaluation, ask again. The order is cancelled: a generator that takes it later skips it unserved."""
@@ -467,15 +476,8 @@ class ESRun(Run):
         return {"member": Member(m.seed, m.sign) if sigma else None, "sigma": sigma}
 
     async def top_up(self) -> int:
-        """Issue members around the newest center until `population` are in flight. Returns how many.
-
-        At quorum 1 the run goes in lockstep: a center gets `population` members and no more (a cut one is
-        replaced), and its update uses all of them, so the steps do not depend on timing (issue 15's
-        deterministic recovery). Below 1, members finished early make room for new ones at once."""
-        if self.cfg.quorum >= 1:
-            want = self.cfg.population - sum(1 for m in self.members.values() if m.center == self.version)
-        else:
-            want = self.cfg.population - sum(1 for m in self.members.values() if not m.complete)
+        """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
+        want = self._room(self.cfg.population)
         if want <= 0:
             return 0
         center = self.version
