@@ -21,6 +21,10 @@ Where the cells run:
 Resumable: a cell whose run finished (its `cell.json` says exit 0) is not run again, so a sweep cut short is
 finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume).
 
+Budget: `--iterations` versions a cell, or `--samples N` training samples a cell (each cell gets the versions
+they buy at its cost a version, evaluated at `--eval-points` even steps): cells that differ in population or
+batch are then compared at equal samples, as `evals.compare` compares the algorithms.
+
 Output in DIR: `sweep.csv` (a row per cell), `sweep.md` (per configuration over its seeds: held-out reward at
 the start and the end, the gain's mean and spread, exact success, samples, wall time) and `sweep.png`
 (held-out reward against training samples, a line per configuration: the mean over seeds, the band their
@@ -45,7 +49,18 @@ from typing import Any
 import orjson
 
 from evals import plots
-from evals.compare import INTERRUPTED, _json, _minutes, _records, curve, endpoints, run_one, samples_used
+from evals.compare import (
+    INTERRUPTED,
+    _json,
+    _minutes,
+    _records,
+    curve,
+    endpoints,
+    plan,
+    run_one,
+    samples_per_version,
+    samples_used,
+)
 from trainer.config import TrainerSettings
 from trainer.es import PRESETS
 from trainer.run import FINISHED_BEFORE
@@ -90,6 +105,11 @@ class Cell:
     def key(self) -> str:
         return f"{self.config}-seed{self.seed}"
 
+    @property
+    def samples_per_version(self) -> int:
+        return samples_per_version(self.algo, population=self.population or 0, batch=self.batch,
+                                   group_size=self.group_size or 0)  # fmt: skip
+
     def flags(self) -> list[str]:
         out = ["--algo", self.algo, "--batch", str(self.batch), "--curriculum", self.curriculum,
                "--problems", str(self.problems), "--seed", str(self.seed)]  # fmt: skip
@@ -128,6 +148,15 @@ def shard(todo: list[Cell], spec: str) -> list[Cell]:
     if not 0 <= i < n:
         raise ValueError(f"--shard {spec!r}: I must be in 0..N-1")
     return todo[i::n]
+
+
+def budget_of(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
+    """(versions, evaluate every) of a cell: `--iterations` and `--eval-every` as given, or with `--samples`
+    the versions those samples buy at the cell's cost a version, evaluated at `--eval-points` even steps."""
+    if args.samples is None:
+        return args.iterations, args.eval_every
+    p = plan(cell.algo, args.samples, cell.samples_per_version, args.eval_points)
+    return p.iterations, p.eval_every
 
 
 def run_id(out: Path, cell: Cell) -> str:
@@ -251,8 +280,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"))
     p.add_argument("--problems", type=int, nargs="+", default=[256], help="Countdown training problems")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=10, help="policy versions per cell")
-    p.add_argument("--eval-every", type=int, default=5)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--iterations", type=int, default=10, help="policy versions per cell")
+    budget.add_argument("--samples", type=int,
+                        help="training samples per cell instead: each cell gets as many versions as they buy (ES: "
+                        "population x batch a version; GRPO: batch x group size), so cells that differ in "
+                        "population or batch compare at equal samples")  # fmt: skip
+    p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every this many versions")
+    p.add_argument(
+        "--eval-points",
+        type=int,
+        default=4,
+        help="with --samples: evaluations besides version 0, spread evenly over each cell's versions",
+    )
     p.add_argument("--shard", default="0/1", help="I/N: run every N-th cell from the I-th")
     p.add_argument("--plan", action="store_true", help="print the cells and their run ids, run nothing")
     return p
@@ -264,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     clash = [a for a in extra if a.split("=", 1)[0] in OWNED]
     try:
         todo = shard(cells(args), args.shard)
+        budgets = {cell.key: budget_of(cell, args) for cell in todo}
     except ValueError as e:
         clash.append(str(e))
     if clash:
@@ -272,10 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).expanduser()
     if args.plan:
         for cell in todo:
-            print(f"{cell.key}\t{run_id(out, cell)}")
+            print(f"{cell.key}\t{run_id(out, cell)}\t{budgets[cell.key][0]} versions")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"out": str(out), "argv": argv, "iterations": args.iterations, "extra": extra}
+    settings = {"out": str(out), "argv": argv, "iterations": args.iterations, "samples": args.samples, "extra": extra}
     results, ran, skipped, started, ok = [], 0, 0, time.monotonic(), True
     for cell in todo:
         run_dir, run = out / "cells" / cell.key, run_id(out, cell)
@@ -284,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
             skipped += 1
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(args.iterations),
-                   "--eval-every", str(args.eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
+        iterations, eval_every = budgets[cell.key]
+        command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(iterations),
+                   "--eval-every", str(eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
         code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its cell.json was written: read it

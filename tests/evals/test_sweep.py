@@ -48,6 +48,20 @@ def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
         _args("--antithetic", "maybe")
 
 
+def test_a_samples_budget_gives_each_cell_the_versions_it_buys_at_its_own_cost():
+    args = _args("--population", "4", "16", "--batch", "8", "--samples", "1024", "--eval-points", "2", "--seeds", "0")
+    budgets = {c.population: sweep.budget_of(c, args) for c in sweep.cells(args)}
+    assert budgets == {4: (32, 16), 16: (8, 4)}  # 1024 / (4 x 8) versions, evaluated every half of them
+    grpo = sweep.cells(_args("--algo", "grpo", "--group-size", "4", "--batch", "8", "--samples", "100"))[0]
+    assert sweep.budget_of(grpo, _args("--samples", "100", "--eval-points", "1")) == (3, 3)  # 100 // 32
+    assert sweep.budget_of(grpo, _args("--iterations", "7", "--eval-every", "2")) == (7, 2)
+    with pytest.raises(SystemExit):  # one budget or the other
+        _args("--samples", "100", "--iterations", "3")
+    refused = subprocess.run([sys.executable, "-m", "evals.sweep", "--out", "x", "--plan", "--population", "64",
+                              "--samples", "100"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "buys no version" in refused.stderr
+
+
 def _result(config: dict, seed: int, start: float, end: float, code: int = 0) -> dict:
     cell = sweep.Cell(seed=seed, **config)
     return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": f"r-{cell.key}",
