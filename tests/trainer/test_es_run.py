@@ -38,8 +38,9 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
     members = [_member(0, i, s) for i, s in enumerate([0.0, 0.5, 1.0, 0.5])]
     cfg = ESConfig(population=4, sigma=0.01, alpha=0.1)
     step = make_step(members, cfg)
-    z = zscore([0.0, 0.5, 1.0, 0.5])
-    assert step["rewards"] == z and abs(sum(z)) < 1e-12 and step["seeds"] == [1000, 1001, 1002, 1003]
+    # By hand: mean 0.5, population std sqrt((0.25 + 0 + 0.25 + 0) / 4) = sqrt(1/8), so z = (r - 0.5) * sqrt(8).
+    z = [-(2**0.5), 0.0, 2**0.5, 0.0]
+    assert step["rewards"] == pytest.approx(z, abs=1e-12) and step["seeds"] == [1000, 1001, 1002, 1003]
     assert step["members"] == [m.work_id for m in members]
     theta = {"w": torch.randn(5, 3, generator=torch.Generator().manual_seed(1))}
     updated = {"w": theta["w"].clone()}
@@ -51,6 +52,7 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
     )
     assert torch.allclose(updated["w"].double(), expected, atol=1e-7)
     assert zscore([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]  # no signal, no step
+    assert zscore([2.0, 4.0]) == [-1.0, 1.0]  # (r - 3) / 1: the spread is divided out, whatever its scale
 
 
 def test_staleness_bound_and_population_cap():
