@@ -68,7 +68,8 @@ def cosine(a: list[float], b: list[float]) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from producers.engine import Sampling, choose, make_engine
+    from producers.engine import Sampling
+    from producers.engines import choose, make_engine
     from producers.model import resolve_model
     from producers.prompts import countdown_messages, extract_countdown, tokenize
     from trainer.data import countdown_problems, countdown_reward

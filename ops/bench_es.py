@@ -22,7 +22,7 @@ import orjson
 def bench(args: argparse.Namespace) -> dict:
     import torch
 
-    from producers.engine import choose, make_engine
+    from producers.engines import choose, make_engine
     from producers.es import ESWeights, digest, load_master, noise
     from producers.model import resolve_model
 

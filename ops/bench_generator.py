@@ -95,7 +95,8 @@ async def service_round(url: str, engine, theorems: list[Theorem], orders: list[
 
 
 def bench(url: str, args: argparse.Namespace) -> dict:
-    from producers.engine import ENGINE_THREAD, choose, make_engine
+    from producers.engine import ENGINE_THREAD
+    from producers.engines import choose, make_engine
     from producers.model import resolve_model
 
     engine_name = choose(args.engine)

