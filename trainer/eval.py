@@ -52,7 +52,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from streams import logs
+from streams import files, logs
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
@@ -667,12 +667,6 @@ def table(line: dict[str, Any], doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     from producers.model import MissingDependency, ModelNotFound
     from producers.policy import PolicyMismatch
@@ -700,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     line, doc = summarize(opts, out, {"settings": settings_source, "redis": how}, time.monotonic() - started)
     path = run_dir / f"eval-v{line['version']}.json"
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    files.write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     print(table(line, doc) + f"\n  written to {path}", file=sys.stderr)
     print(orjson.dumps(line).decode())
     return 0

@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from streams import faults
+from streams import faults, files
 
 ADVANTAGE_MODES = ("grpo", "dr_grpo")
 _TOKENIZER_PATTERNS = (
@@ -489,7 +489,7 @@ class GRPOTrainer:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.rename(tmp, final)
-            _fsync_dir(policy)
+            files.fsync_dir(policy)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -511,18 +511,9 @@ class GRPOTrainer:
             "cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()},
             "rng": torch.get_rng_state(),
         }
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
-        try:
+        with files.replacing(path) as tmp:
             torch.save(state, tmp)
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
             faults.point("grpo.checkpoint_written")  # a kill here leaves the temp file (GRPORun removes it)
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         return path
 
     def resume(self, path: str | os.PathLike) -> None:
@@ -536,14 +527,3 @@ class GRPOTrainer:
         self.updates = int(state["updates"])
         self.skipped_groups = int(state["skipped_groups"])
         torch.set_rng_state(state["rng"].cpu())
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
