@@ -7,12 +7,14 @@
     python -m ops dlq purge ID|--all --yes     delete dead letters
     python -m ops tail STREAM [--count N] [--follow]
     python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
+    python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
     python -m ops bench verifier [--json]      (ops/bench_verifier.py)
 
-Shared flags (`--run`, `--redis-url`, `--config`, `--json`, ...) go before or after the command. Text by
+Shared flags (`--run`, `--redis-url`, `--run-dir`, `--config`, `--json`, ...) go before or after the command.
+`--run-dir DIR` reads a finished local run from its directory instead of a live Redis (ops/finished.py). Text by
 default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
 1 Redis or the operation failed, 2 bad usage or configuration.
 """
@@ -34,7 +36,18 @@ from pydantic import Field
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from ops import bench_es, bench_generator, bench_pipeline, bench_verifier, bench_wire, dlq, inspect, text, verdicts
+from ops import (
+    bench_es,
+    bench_generator,
+    bench_pipeline,
+    bench_verifier,
+    bench_wire,
+    dlq,
+    finished,
+    inspect,
+    text,
+    verdicts,
+)
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
@@ -98,6 +111,17 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
+async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """Keep the copy of a finished run's Redis up for redis-cli (or another ops) until Ctrl-C or SIGTERM."""
+    url = args.settings.redis_url
+    _print(args, {"redis_url": url, "run": keys.run},
+           lambda d: f"run {d['run']!r} of {args.run_dir} served (a copy) at {d['redis_url']} until Ctrl-C:\n"
+           f"  redis-cli -u {d['redis_url']} XLEN '{{ps:{d['run']}}}:rewards'\n"
+           f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run")  # fmt: skip
+    await _stop_on_signals().wait()
+    return 0
+
+
 async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     _print(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
     return 0
@@ -152,6 +176,9 @@ def _shared() -> argparse.ArgumentParser:
     p = _Parser(add_help=False)
     OpsSettings.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--run-dir", dest="run_dir", metavar="DIR",
+                   help="a finished local run's directory: its Redis data, opened on a copy, instead of --redis-url "
+                   "(the run id is read from it unless --run names one)")  # fmt: skip
     # All suppressed, so a flag given before the command is not reset by the command's default.
     for action in p._actions:
         action.default = argparse.SUPPRESS
@@ -195,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="verdicts_command", metavar="ACTION", required=True
     )
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
+    leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
     benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
@@ -231,11 +259,29 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
     try:
         settings = OpsSettings.from_args(args)
-        keys = Keys(settings.run)
+        Keys(settings.run)  # a run id that cannot be a key's hash tag fails here
     except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
         return _fail(str(e), 2)
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None and args.command_fn is cmd_open:
+        return _fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
+    if run_dir is not None:
+        if settings.redis_url:
+            return _fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
+        try:
+            with finished.FinishedRun(run_dir) as run:
+                named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
+                update = {"redis_url": run.url} | ({} if named or run.run_id is None else {"run": run.run_id})
+                return _inspect(args, settings.model_copy(update=update))
+        except finished.NotARunDir as e:
+            return _fail(str(e), 2)
     if not settings.redis_url:
         return _fail(NO_REDIS, 2)
+    return _inspect(args, settings)
+
+
+def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:
+    keys = Keys(settings.run)
     args.settings = settings
     try:
         t = settings.timeout_s

@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)
+    if local is not None:  # its Redis is gone now; its data is not
+        print(f"trainer: inspect it with `python -m ops run --run-dir {run_dir}` (`python -m ops open --run-dir "
+              f"{run_dir}` for redis-cli)", file=sys.stderr)  # fmt: skip
     return 130 if summary.get("interrupted") else 0
 
 
