@@ -176,7 +176,7 @@ class VerifierService:
         await sweeps.dead_letter_overdue(self.admin, self.keys, self.keys.attempts, VERIFIERS, self.consumer_settings)
         await sweeps.remove_idle_consumers(self.admin, self.keys.attempts, VERIFIERS,
                                            idle_ms=10 * self.settings.claim_idle_ms)  # fmt: skip
-        await sweeps.trim(self.admin, self.keys.attempts)
+        await sweeps.trim(self.admin, self.keys.attempts, keep_s=self.settings.history_s)
 
     def stats(self) -> dict:
         sandboxes = [c.sandbox.stats() for checkers in self.checkers for c in checkers.values()]

@@ -151,6 +151,7 @@ class VerifyHandler:
             verdict=judgement.verdict, reward=reward_of(judgement), reason=judgement.reason,
             member=a.member, work_id=a.work_id, sample_index=a.sample_index, verify_ms=round(verify_ms, 3),
             sandbox_id=self.sandbox_id, cached=cached, detail=judgement.detail[:300],
+            attempt_entry=d.entry_id.decode(),
         )]  # fmt: skip
 
     async def _check(self, checker: Checker, theorem: Theorem, a: Attempt) -> tuple[Judgement, str | None, float]:

@@ -45,6 +45,7 @@ from evals import plots
 from streams.keys import Keys
 from trainer.config import GRPO_BATCH, TrainerSettings
 from trainer.es import PRESETS
+from trainer.metrics import read_records, update_records
 from trainer.run import FINISHED_BEFORE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     `attempts`). Version 0 is at 0 samples."""
     at = {0: 0}
     total = 0
-    for r in sorted((r for r in records if not r.get("eval") and "version" in r), key=lambda r: r["version"]):
+    for r in sorted(update_records(records), key=lambda r: r["version"]):
         total += int(r.get("attempts", 0))
         at[int(r["version"])] = int(r["samples"]) if "samples" in r else total
     points = []
@@ -132,7 +133,7 @@ def curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def samples_used(records: list[dict[str, Any]]) -> int:
     """Training attempts consumed by the run's updates (the last version's x)."""
-    updates = [r for r in records if not r.get("eval") and "version" in r]
+    updates = update_records(records)
     if not updates:
         return 0
     last = max(updates, key=lambda r: r["version"])
@@ -188,7 +189,7 @@ def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, 
 
 
 def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
-    records = _records(run_dir / "metrics.jsonl")
+    records = read_records(run_dir / "metrics.jsonl")
     report = _json(run_dir / "report.json")
     points = curve(records)
     return {
@@ -204,12 +205,6 @@ def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wal
         "curve": points,
         "run_dir": str(run_dir),
     }
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -514,7 +509,7 @@ def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan
 
 def proved_per_version(records: list[dict[str, Any]]) -> float | None:
     """Training attempts judged `proved` per update (pass rate x attempts of each version), averaged."""
-    updates = [r for r in records if not r.get("eval") and "version" in r and "pass_rate" in r]
+    updates = [r for r in update_records(records) if "pass_rate" in r]
     if not updates:
         return None
     return statistics.fmean(float(r["pass_rate"]) * int(r.get("attempts", 0)) for r in updates)
@@ -537,7 +532,7 @@ def algo_figures(r: dict[str, Any]) -> dict[str, Any]:
         "reward_end": ends["reward_end"],
         "gain": ends["gain"],
         "exact_end": ends["exact_end"],
-        "proved_per_version": proved_per_version(_records(Path(r["run_dir"]) / "metrics.jsonl")),
+        "proved_per_version": proved_per_version(read_records(Path(r["run_dir"]) / "metrics.jsonl")),
         "wall_s": wall,
         "samples_per_s": (r["samples_used"] / wall) if wall else None,
         "returncode": r["returncode"],

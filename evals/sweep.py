@@ -53,7 +53,6 @@ from evals.compare import (
     INTERRUPTED,
     _json,
     _minutes,
-    _records,
     curve,
     endpoints,
     plan,
@@ -63,6 +62,7 @@ from evals.compare import (
 )
 from trainer.config import TrainerSettings
 from trainer.es import PRESETS
+from trainer.metrics import read_records
 from trainer.run import FINISHED_BEFORE
 
 ES_GRID = ("sigma", "alpha", "population", "antithetic")  # an ES cell's own list-valued flags, in key order
@@ -164,7 +164,7 @@ def run_id(out: Path, cell: Cell) -> str:
 
 
 def cell_result(cell: Cell, run_dir: Path, run: str, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
-    records = _records(run_dir / "metrics.jsonl")
+    records = read_records(run_dir / "metrics.jsonl")
     points = curve(records)
     return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": run, "command": argv,
             "returncode": code, "wall_s": wall_s, "versions": _json(run_dir / "report.json").get("version"),

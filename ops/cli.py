@@ -8,6 +8,9 @@
     python -m ops tail STREAM [--count N] [--follow]
     python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
+    python -m ops samples [--version V] [--verdict X] [--theorem ID] [-n N]
+                                               judged attempts: text, proof, verdict (the run dir's traces
+                                               with --run-dir, else the streams' history)
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
@@ -28,7 +31,8 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
@@ -48,6 +52,7 @@ from ops import (
     text,
     verdicts,
 )
+from streams import samples
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
@@ -120,6 +125,41 @@ async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
            f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run")  # fmt: skip
     await _stop_on_signals().wait()
     return 0
+
+
+SCAN_REWARDS = 10_000  # `samples` from Redis: the newest rewards the filters look through
+
+
+def _wanted(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
+    def wanted(s: dict[str, Any]) -> bool:
+        return ((args.version is None or s["policy_version"] == args.version)
+                and (args.verdict is None or s["verdict"] == args.verdict)
+                and (args.theorem is None or s["theorem_id"] == args.theorem)
+                and (args.kind == "all" or s["eval"] == (args.kind == "eval")))  # fmt: skip
+
+    return wanted
+
+
+def _show_samples(args: argparse.Namespace, found: Iterable[dict[str, Any]], source: str) -> int:
+    matched = [s for s in found if _wanted(args)(s)]
+    shown = matched[-args.count :]
+    _print(args, {"source": source, "matched": len(matched), "shown": len(shown), "samples": shown}, text.samples)
+    return 0
+
+
+async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """The newest judged attempts still in the streams (their history_s), joined with their text."""
+    found = await samples.from_redis(redis, keys, SCAN_REWARDS)
+    return _show_samples(args, found, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
+
+
+def samples_from_run_dir(args: argparse.Namespace) -> int:
+    """The run's traces: every sample it read, from its directory's files (no Redis needed)."""
+    run_dir = Path(args.run_dir).expanduser()
+    if not (run_dir / samples.FOLDER).is_dir():
+        return _fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
+                     "before traces were kept", 2)  # fmt: skip
+    return _show_samples(args, samples.read_dir(run_dir, args.version), f"traces in {run_dir / samples.FOLDER}")
 
 
 async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -222,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="verdicts_command", metavar="ACTION", required=True
     )
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
+    p = leaf(sub, "samples", cmd_samples, "judged attempts with their text, proof, verdict and the checker's message")
+    p.add_argument("--version", type=int, help="only this policy version's samples")
+    p.add_argument("--verdict", choices=("proved", "rejected", "timeout"))
+    p.add_argument("--theorem", help="only this theorem id")
+    p.add_argument("--kind", choices=("all", "train", "eval"), default="all", help="training or held-out samples")
+    p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
     leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
@@ -263,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
         return _fail(str(e), 2)
     run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None and args.command_fn is cmd_samples:
+        return samples_from_run_dir(args)
     if run_dir is None and args.command_fn is cmd_open:
         return _fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
     if run_dir is not None:

@@ -196,3 +196,25 @@ def requeued(data: dict[str, Any]) -> str:
 
 def purged(data: dict[str, Any]) -> str:
     return f"purged {len(data['purged'])} dead letter{'s' if len(data['purged']) != 1 else ''}"
+
+
+def samples(data: dict[str, Any]) -> str:
+    """Each sample as a header line (who, what, the verdict), the model's text, the proof it was judged by,
+    and the checker's message."""
+    out = [f"{data['shown']} of {data['matched']} matching samples ({data['source']})"]
+    for s in data["samples"]:
+        who = s["work_id"] if s["member"] is None else f"{s['work_id']} (seed {s['member'][0]}, sign {s['member'][1]})"
+        verdict = s["verdict"] + (f" ({s['reason']})" if s["reason"] else "")
+        judged = "cached" if s["cached"] else f"{s['verify_ms']:g} ms in {s['sandbox_id'] or '-'}"
+        out += ["", f"== {s['attempt_id']}  v{s['policy_version']}  {who}  theorem {s['theorem_id']}",
+                f"   {verdict}, reward {s['reward']:g}; {judged}"]  # fmt: skip
+        if s.get("text_missing"):
+            out.append("   text: trimmed from the attempts stream (history_s) before it was read")
+        else:
+            out.append(f"   text ({s['num_tokens']} tokens, {s['gen_ms']:g} ms a sample):")
+            out += [f"     | {line}" for line in s["text"].splitlines() or [""]]
+            if s["proof"] != s["text"]:
+                out += ["   judged:"] + [f"     | {line}" for line in s["proof"].splitlines() or [""]]
+        if s["detail"]:
+            out.append(f"   checker: {s['detail']}")
+    return "\n".join(out)

@@ -203,6 +203,7 @@ class GeneratorService:
         for i, (theorem, samples, ids) in enumerate(zip(theorems, outputs, prompt_ids, strict=True)):
             for k, sample in enumerate(samples):
                 grpo = order.algo == "grpo"
+                proof = prompts.extract(theorem.task, sample.text)
                 attempts.append(
                     Attempt(
                         attempt_id=f"{order.work_id}:{i}:{k}",
@@ -210,7 +211,7 @@ class GeneratorService:
                         theorem_id=theorem.theorem_id,
                         policy_version=order.policy_version,
                         sample_index=k,
-                        proof=prompts.extract(theorem.task, sample.text),
+                        proof=proof,
                         task=theorem.task,
                         member=order.member,
                         num_tokens=len(sample.token_ids),
@@ -218,6 +219,7 @@ class GeneratorService:
                         token_ids=pack_int32(sample.token_ids) if grpo else b"",
                         logprobs=pack_float32(sample.logprobs or []) if grpo else b"",
                         prompt_ids=pack_int32(ids) if grpo else b"",
+                        text="" if sample.text == proof else sample.text,
                     )
                 )
         return attempts

@@ -218,14 +218,14 @@ class Consumer(Generic[M]):
                 log.warning("redis_unavailable", consumer=self.name, error=str(e), retry_s=backoff_s)
                 self.stats.outages += 1
                 recovering = True
-                await _sleep_or_stop(stop, backoff_s)
+                await sleep_or_stop(stop, backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
 
     async def _keep_claims(self, finished: asyncio.Event) -> None:
         """Every `claim_refresh_ms`, claim the batch in hand again, so no live consumer's entry goes idle."""
         period_s = self.settings.claim_refresh_ms / 1000
         while not finished.is_set():
-            await _sleep_or_stop(finished, period_s)
+            await sleep_or_stop(finished, period_s)
             async with self._claims_lock:
                 batch, gone = self._held, self._gone
                 held = [entry[0] for entry in batch if entry[0] not in gone]
@@ -520,6 +520,7 @@ async def ensure_group(redis: Redis, stream: str, group: str) -> None:
             raise
 
 
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less if `stop` is set meanwhile (a backoff that a shutdown cuts short)."""
     with contextlib.suppress(TimeoutError):  # the timeout is the normal way out: the backoff elapsed
         await asyncio.wait_for(stop.wait(), timeout=seconds)

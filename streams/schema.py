@@ -101,6 +101,9 @@ class Attempt:
     token_ids: bytes = b""  # GRPO: int32 little-endian, the sampled completion
     logprobs: bytes = b""  # GRPO: float32 little-endian, behaviour logprob of each sampled token
     prompt_ids: bytes = b""  # GRPO: int32 little-endian, the prompt exactly as the generator tokenized it
+    # The model's whole completion (reasoning included), for the run's traces (trainer.traces); "" when it is
+    # `proof` itself. Nobody judges it: the verifier reads `proof` only.
+    text: str = ""
 
     @property
     def dedup_id(self) -> str:
@@ -127,6 +130,7 @@ class Reward:
     sandbox_id: str = ""
     cached: bool = False
     detail: str = ""  # short, human-readable: the first Lean error, the forbidden token, ...
+    attempt_entry: str = ""  # the judged attempt's entry id in `attempts` (kept there for history_s): its text
 
     @property
     def dedup_id(self) -> str:

@@ -64,8 +64,8 @@ async def remove_idle_consumers(redis: Redis, stream: str, group: str, idle_ms: 
     return removed
 
 
-async def trim(redis: Redis, stream: str) -> int:
-    n = await trim_acked(redis, stream)
+async def trim(redis: Redis, stream: str, keep_s: float = 0.0) -> int:
+    n = await trim_acked(redis, stream, keep_s=keep_s)
     if n:
         log.info("sweep_trimmed", stream=stream, deleted=n)
     return n

@@ -25,21 +25,21 @@ from streams import logs
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
+from streams.runtime import sleep_or_stop
 from streams.settings import SettingsError
 from trainer.config import TrainerSettings
 from trainer.data import DataError, load_theorems
 from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
-from trainer.metrics import MetricsSink
+from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
 from trainer.run import FINISHED_BEFORE, RunFinished
 
 log = structlog.get_logger("trainer")
 
 
-async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, run_dir: Path) -> dict:
+async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, sink: MetricsSink) -> dict:
     redis = connect(url)
     train_set, held_out = load_theorems(settings)
-    sink = MetricsSink(run_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -112,16 +112,14 @@ def _outage(e: BaseException) -> bool:
 
 async def _redis_back(redis, stop: asyncio.Event, pause_s: float = 0.0) -> bool:
     """Wait `pause_s`, then (capped backoff) until Redis answers; False if stopped first."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), pause_s)
+    await sleep_or_stop(stop, pause_s)
     delay, waited = 0.05, 0.0
     while not stop.is_set():
         with contextlib.suppress(*UNAVAILABLE):
             await redis.ping()
             log.info("redis_back", waited_s=round(waited, 1))
             return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
+        await sleep_or_stop(stop, delay)
         waited += delay
         delay = min(delay * 2, 2.0)
     return False
@@ -180,19 +178,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = settings.directory()
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        mlflow = (
+            None
+            if not settings.mlflow_uri
+            else MLflowRun(
+                run_dir, settings.mlflow_uri, settings.mlflow_experiment, settings.model_dump(exclude={"redis_url"})
+            )
+        )
+    except MLflowUnavailable as e:
+        print(f"trainer: {e}", file=sys.stderr)
+        return 2
+    sink = MetricsSink(run_dir, mlflow)
     local = None
     started = time.monotonic()
     url = settings.redis_url or ""
+    ended = False  # the run came to a summary (or was already finished)
     try:
         if not url:
             local = LocalPipeline(settings, run_dir, config=args.config or os.environ.get("PROOFSTREAM_CONFIG"))
             url = local.start()
             print(f"trainer: local pipeline on {url}; logs in {local.logs}", file=sys.stderr)
-        summary = asyncio.run(train(settings, url, local, run_dir))
+        summary = asyncio.run(train(settings, url, local, sink))
+        ended = True
     except KeyboardInterrupt:
-        summary = {"interrupted": True}
+        summary, ended = {"interrupted": True}, True
     except RunFinished as e:
         print(f"trainer: {e}", file=sys.stderr)
+        sink.finish([], interrupted=False)
+        ended = True
         return FINISHED_BEFORE
     except DataError as e:
         print(f"trainer: {e}", file=sys.stderr)
@@ -210,14 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if local is not None:
             local.stop()
+        if not ended:  # any other way out than a summary: the MLflow run ends as killed
+            sink.finish([], interrupted=True)
     if local is not None:
         summary["children"] = local.stopped
     summary["wall_s"] = round(time.monotonic() - started, 1)
-    plots = MetricsSink(run_dir).plots()
+    plots = sink.plots()
     report = run_dir / "report.json"
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     shown = {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
     report.write_bytes(orjson.dumps({"settings": shown, **summary}, option=options))
+    sink.finish([report, *plots], interrupted=bool(summary.get("interrupted")))
     if headline := headline_of(settings.run, summary):
         print(f"trainer: {headline}", file=sys.stderr)
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)

@@ -59,6 +59,9 @@ class TrainerSettings(RoleSettings):
     )  # fmt: skip
     lease_s: float = Field(15.0, gt=0, description="one trainer a run: a second waits this long for the first's lease")
     history_s: float = Field(3600.0, ge=0, description="acked rewards and work orders kept for inspection this long")
+    mlflow_uri: str = Field("", description="log to MLflow at this tracking URI (sqlite:///runs/mlflow.db, "
+                            "http://host:5000; needs the mlflow extra); empty: no MLflow")  # fmt: skip
+    mlflow_experiment: str = Field("proofstream", description="the MLflow experiment of the run")
 
     # GRPO
     group_size: int = Field(8, ge=2, description="G: samples per theorem")

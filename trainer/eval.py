@@ -65,7 +65,8 @@ from trainer.local import DATA_LOCK
 # Trainer settings that shape training only: `--help` does not offer them (an evaluation has no use for them).
 TRAINING_ONLY = ("iterations", "batch", "eval_every", "preset", "population", "sigma", "alpha", "antithetic",
                  "es_temperature", "max_staleness", "quorum", "deadline_s", "order_timeout_s", "lease_s", "history_s",
-                 "group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "verifiers")  # fmt: skip
+                 "group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "verifiers",
+                 "mlflow_uri", "mlflow_experiment")  # fmt: skip
 # What defines a run: a flag that contradicts the finished run's report on one of these is refused.
 RUN_FIELDS = ("run", "algo", "task", "seed", "dataset", "problems", "held_out", "curriculum", "model", "prompt_format")
 ROWS_PER_CALL = 64  # prompts x samples in one engine call: batched generation, bounded padding and memory

@@ -1,10 +1,14 @@
 """What a user watches: per-version metrics as JSONL in the run directory (the same objects go to the
 `{ps:R}:metrics` stream, which `python -m ops tail metrics --follow` shows live), pipeline figures read
-from the workers' stats hashes, PNG plots at the end, and MLflow or TensorBoard when installed."""
+from the workers' stats hashes, PNG plots at the end; TensorBoard scalars when it is installed, and an MLflow
+run when `mlflow_uri` names a tracking store (`MLflowRun`: settings as params, every version's numbers with
+step = version, evaluations under `eval/`, plots and report.json as artifacts, the same MLflow run continued
+when the trainer restarts)."""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +24,30 @@ DLQ_SCAN = 1_000  # the newest dead letters counted by reason in each version's 
 log = structlog.get_logger("trainer.metrics")
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A metrics.jsonl's records, in the order written (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def update_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of policy updates (one a version), without the evaluations."""
+    return [r for r in records if not r.get("eval") and "version" in r]
+
+
 class MetricsSink:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, mlflow: MLflowRun | None = None) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self._tracker = _tracker(run_dir)
+        self._trackers = [t for t in (_tensorboard(run_dir), mlflow) if t is not None]
+        self.mlflow = mlflow
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
-        if self._tracker is not None:
+        if self._trackers:
             step = int(record.get("version", 0))
             numbers = {
                 k: float(v)
@@ -38,12 +55,16 @@ class MetricsSink:
                 if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("version", "time")
             }
             prefix = "eval/" if record.get("eval") else ""
-            self._tracker({prefix + k: v for k, v in numbers.items()}, step)
+            for log_metrics in self._trackers:
+                log_metrics({prefix + k: v for k, v in numbers.items()}, step)
+
+    def finish(self, artifacts: list[Path], interrupted: bool) -> None:
+        """The end of this trainer's part of the run: the artifacts go to MLflow, and its run is ended."""
+        if self.mlflow is not None:
+            self.mlflow.finish(artifacts, interrupted)
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [orjson.loads(line) for line in self.path.read_bytes().splitlines() if line.strip()]
+        return read_records(self.path)
 
     async def pipeline_figures(self, redis: Redis, keys: Keys) -> dict[str, Any]:
         """Lags, the oldest pending entry of each group, dead letters by reason, verifier utilization and generator
@@ -80,7 +101,7 @@ class MetricsSink:
             log.warning("no_plots", reason="matplotlib is not installed")
             return []
         records = self.records()
-        updates = [r for r in records if not r.get("eval") and "version" in r]
+        updates = update_records(records)
         evals = [r for r in records if r.get("eval")]
         out = []
 
@@ -140,23 +161,91 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _tracker(run_dir: Path):
-    """A `log(metrics, step)` for MLflow or TensorBoard when one is installed, else None."""
-    if importlib.util.find_spec("mlflow") is not None:
-        import mlflow
+def _tensorboard(run_dir: Path):
+    """A `log(metrics, step)` writing TensorBoard scalars to `run_dir/tensorboard`, or None when not installed."""
+    if importlib.util.find_spec("tensorboard") is None or importlib.util.find_spec("torch") is None:
+        return None
+    from torch.utils.tensorboard import SummaryWriter  # torch: heavy, and only here
 
-        mlflow.set_tracking_uri(f"file:{(run_dir / 'mlruns').resolve()}")
-        mlflow.start_run(run_name=run_dir.name)
-        return lambda metrics, step: mlflow.log_metrics(metrics, step=step)
-    if importlib.util.find_spec("tensorboard") is not None and importlib.util.find_spec("torch") is not None:
-        from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
 
-        writer = SummaryWriter(str(run_dir / "tensorboard"))
+    def log_tb(metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            writer.add_scalar(k, v, step)
+        writer.flush()
 
-        def log_tb(metrics: dict[str, float], step: int) -> None:
-            for k, v in metrics.items():
-                writer.add_scalar(k, v, step)
-            writer.flush()
+    return log_tb
 
-        return log_tb
+
+class MLflowUnavailable(RuntimeError):
+    """`mlflow_uri` is set but MLflow cannot be used (not installed, or the store refuses)."""
+
+
+RECORD = "mlflow.json"  # in the run directory: which MLflow run this run logs to
+
+
+class MLflowRun:
+    """The proofstream run's MLflow run, through MLflow's own client (`MlflowClient`, no global state).
+
+    Created at the first start with the run's settings as params (tags name the proofstream run and its
+    directory); its id is kept in `<run dir>/mlflow.json`, so a restarted trainer continues the same MLflow
+    run (params are written once: MLflow refuses to change one). For a local store (sqlite:///..., file:...)
+    artifacts go beside it (`<store folder>/mlartifacts`), not into the working directory."""
+
+    def __init__(self, run_dir: Path, uri: str, experiment: str, params: dict[str, Any]) -> None:
+        try:
+            from mlflow.entities import Metric, Param, RunTag
+            from mlflow.tracking import MlflowClient
+        except ImportError as e:
+            raise MLflowUnavailable(
+                f"mlflow_uri is set but MLflow is not installed: pip install '.[mlflow]' ({e})"
+            ) from e
+        self._metric = Metric
+        self.client = MlflowClient(tracking_uri=uri)
+        record = run_dir / RECORD
+        doc = orjson.loads(record.read_bytes()) if record.exists() else {}
+        try:
+            if doc.get("uri") == uri and doc.get("run_id"):
+                self.run_id = doc["run_id"]
+                self.client.update_run(self.run_id, status="RUNNING")
+                self.resumed = True
+                return
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found is not None else self.client.create_experiment(
+                experiment, artifact_location=_artifacts_beside(uri, experiment))  # fmt: skip
+            tags = {"proofstream.run": str(params.get("run", "")), "proofstream.run_dir": str(run_dir.resolve())}
+            self.run_id = self.client.create_run(experiment_id, run_name=str(params.get("run") or run_dir.name),
+                                                 tags=tags).info.run_id  # fmt: skip
+            self.client.log_batch(self.run_id, params=[Param(k, _param(v)) for k, v in sorted(params.items())],
+                                  tags=[RunTag("mlflow.source.name", "python -m trainer")])  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - MLflow's store errors have no common base but MlflowException
+            raise MLflowUnavailable(f"MLflow at {uri}: {e}") from e
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record.write_bytes(orjson.dumps({"uri": uri, "run_id": self.run_id, "experiment": experiment}))
+        self.resumed = False
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[self._metric(k, v, now, step) for k, v in metrics.items()])
+
+    def finish(self, artifacts: list[Path], interrupted: bool) -> None:
+        for path in artifacts:
+            if path.exists():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, status="KILLED" if interrupted else "FINISHED")
+
+
+def _param(value: Any) -> str:
+    """A settings value as an MLflow param (a string of at most 6,000 characters)."""
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return text[:6000]
+
+
+def _artifacts_beside(uri: str, experiment: str) -> str | None:
+    """Where a local store's artifacts go (next to it); None for a server, which has its own."""
+    for scheme in ("sqlite:///", "file:"):
+        if uri.startswith(scheme):
+            store = Path(uri[len(scheme) :]).expanduser().resolve()
+            folder = store.parent if scheme == "sqlite:///" else store
+            return (folder / "mlartifacts" / experiment).as_uri()
     return None

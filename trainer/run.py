@@ -31,6 +31,9 @@ issued again under a new work id, up to `EVAL_TRIES` times.
 After each update, and at the end, the rewards and work orders that every group has acked and that are
 older than `history_s` are trimmed from their streams (`streams.groups.trim_acked`): a long run's Redis
 holds what is in flight plus the last hour, not every attempt's reward since the start.
+
+Every reward read is also written to the run's traces, `<run dir>/samples/v<version>.jsonl.gz`, with its
+attempt's text (streams.samples; `python -m ops samples` reads them).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import orjson
 import structlog
 from redis.asyncio import Redis
 
+from streams import samples
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
@@ -53,7 +57,7 @@ from streams.schema import DeadLetter, Member, PolicyUpdate, Reward, SchemaError
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
 from trainer.es import PRESETS, ESConfig, MemberState, make_step, members_for, select
-from trainer.metrics import MetricsSink
+from trainer.metrics import MetricsSink, update_records
 
 log = structlog.get_logger("trainer.run")
 
@@ -129,6 +133,7 @@ class Run:
         self._watching_since = time.time()  # an order's timeout counts from here at the earliest (see _expire)
         self._window_started = time.monotonic()
         self._window_rewards = 0
+        self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
 
     # -- checkpoint ------------------------------------------------------------------------------------
 
@@ -166,8 +171,7 @@ class Run:
         await ensure_group(self.redis, self.keys.dlq, TRAINER)
         await ensure_group(self.redis, self.keys.work, GENERATORS)
         if raw is None:
-            done = max((int(r["version"]) for r in self.sink.records() if "version" in r and not r.get("eval")),
-                       default=0)  # fmt: skip
+            done = max((int(r["version"]) for r in update_records(self.sink.records())), default=0)
             if done:
                 raise RunMismatch(
                     f"{self.sink.run_dir} holds run {self.settings.run!r} up to version {done} (metrics.jsonl), "
@@ -301,7 +305,24 @@ class Run:
                     starts[stream] = entries[-1][0]
                 else:
                     del starts[stream]
+            await self._trace()
         return seen
+
+    async def _trace(self) -> None:
+        """Append the samples of the rewards just read to the run's traces (streams.samples), a file a version:
+        the attempt's text comes from the attempts stream, one round trip for the lot."""
+        traced, self._traced = self._traced, []
+        if not traced:
+            return
+        attempts = await samples.attempts_of(self.redis, self.keys, (r for _, r in traced))
+        by_version: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+        for entry_id, r in traced:
+            attempt = attempts.get(r.attempt_id)
+            by_version[r.policy_version].append(samples.sample(r, entry_id, attempt))
+            self.counts["traced_without_text"] += attempt is None
+        for version, found in by_version.items():
+            self.counts["trace_bytes"] += samples.append(samples.file_for(self.sink.run_dir, version), found)
+        self.counts["traced_samples"] += len(traced)
 
     async def _take(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         self._unacked[self.keys.rewards].append(entry_id)
@@ -313,6 +334,7 @@ class Run:
             await self.redis.xadd(self.keys.dlq, encode(letter))
             self.counts["bad_rewards"] += 1
             return
+        self._traced.append((entry_id, reward))
         member = self.members.get(reward.work_id) or self.evals.get(reward.work_id)
         if member is None:  # a member already used in an update, or dropped: its late rewards change nothing
             self.counts["late_rewards"] += 1

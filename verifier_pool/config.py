@@ -54,6 +54,7 @@ class VerifierSettings(RoleSettings):
     # fifth of it (streams.runtime), so it does not depend on how long a check may take.
     claim_idle_ms: int = Field(25_000, ge=1000, description="a dead or stalled worker's attempts move on after this")
     sweep_every_s: int = Field(30, ge=1, le=59)
+    history_s: float = Field(3600.0, ge=0, description="judged attempts (their text: the run's traces) kept this long")
     sandbox_uid: int | None = Field(None, description="run checkers as this uid when the worker is root")
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
+from streams import samples
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
 from streams.schema import Attempt, PolicyUpdate, Reward, WorkOrder, decode, pack_float32, pack_int32
@@ -33,6 +34,11 @@ def _reward(attempt_id: str) -> float:
     return (sum(attempt_id.encode()) % 5) / 4
 
 
+def _text(attempt_id: str) -> str:
+    """The model's whole text of an attempt (its proof is "x"): what the run's traces must keep."""
+    return f"<think>working on {attempt_id}</think>\nx"
+
+
 def _generator(misbehave: Callable[[WorkOrder], None]):
     async def handle(delivery: Delivery[WorkOrder]) -> list[Attempt]:
         order = delivery.message
@@ -40,8 +46,9 @@ def _generator(misbehave: Callable[[WorkOrder], None]):
         out = []
         for i, theorem_id in enumerate(order.theorem_ids):
             for k in range(order.samples_per_theorem):
-                out.append(Attempt(f"{order.work_id}:{i}:{k}", order.work_id, theorem_id, order.policy_version, k,
-                                   "x", task=order.task, member=order.member, num_tokens=4,
+                attempt_id = f"{order.work_id}:{i}:{k}"
+                out.append(Attempt(attempt_id, order.work_id, theorem_id, order.policy_version, k, "x",
+                                   text=_text(attempt_id), task=order.task, member=order.member, num_tokens=4,
                                    token_ids=pack_int32([5 + i, 6 + k, 7, 8]), logprobs=pack_float32([-2.0] * 4),
                                    prompt_ids=pack_int32([1, 2, 3])))  # fmt: skip
         return out
@@ -55,7 +62,7 @@ def _verifier(misbehave: Callable[[Attempt], None]):
         misbehave(a)
         return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, sample_index=a.sample_index,
                        reward=_reward(a.attempt_id), policy_version=a.policy_version, verdict="rejected",
-                       member=a.member, work_id=a.work_id)]  # fmt: skip
+                       member=a.member, work_id=a.work_id, attempt_entry=delivery.entry_id.decode())]  # fmt: skip
 
     return handle
 
@@ -194,6 +201,16 @@ async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_sl
     )
     for work_id in killed:  # cancelled: a generator that reclaims it later skips it unserved
         assert await one_redis.get(keys.done(WorkOrder.dedup_for(work_id))) == b"cancelled"
+    # Traces: a sample for every reward the run read (all still in the stream: history_s is an hour), with
+    # its attempt's whole text and the verdict, in the file of the attempt's policy version.
+    rewards = {decode(Reward, f).attempt_id: decode(Reward, f) for _, f in await one_redis.xrange(keys.rewards)}
+    traced = list(samples.read_dir(tmp_path))
+    assert sorted(s["attempt_id"] for s in traced) == sorted(rewards)
+    for s in traced:
+        r = rewards[s["attempt_id"]]
+        assert (s["text"], s["proof"], s["verdict"], s["reward"]) == (_text(r.attempt_id), "x", "rejected", r.reward)
+        assert s in samples.read_dir(tmp_path, version=r.policy_version)
+    assert summary["counts"]["traced_samples"] >= len(rewards) and not summary["counts"].get("traced_without_text")
 
 
 @pytest.mark.timeout(180)

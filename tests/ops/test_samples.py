@@ -1,0 +1,77 @@
+"""`python -m ops samples`: judged attempts shown with their text, proof, verdict and the checker's message,
+from a run directory's traces (no Redis) or from the streams' history (a real Redis), filtered."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams import samples
+from streams.keys import Keys
+from streams.schema import Attempt, Member, Reward, encode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_proofstream_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("PROOFSTREAM_"):
+            monkeypatch.delenv(name)
+
+
+def _ops(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ops", "samples", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def _pair(i: int, version: int, verdict: str) -> tuple[Attempt, Reward]:
+    work = f"eval-v{version}" if i == 5 else f"es-v{version}-m{i}"
+    a = Attempt(attempt_id=f"{work}:0:0", work_id=work, theorem_id=f"cd-{i % 2}", policy_version=version,
+                sample_index=0, proof=f"<answer>{i} * 4</answer>", text=f"<think>step one\nstep {i}</think>\n"
+                f"<answer>{i} * 4</answer>", task="countdown", member=Member(100 + i, 1), num_tokens=20)  # fmt: skip
+    r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=version, verdict=verdict,
+               reward=1.0 if verdict == "proved" else 0.1, reason="" if verdict == "proved" else "wrong_answer",
+               member=a.member, work_id=work, detail="ok" if verdict == "proved" else f"value {4 * i} != 24",
+               sandbox_id="process-0", verify_ms=0.5)  # fmt: skip
+    return a, r
+
+
+PAIRS = [_pair(i, version=i // 3, verdict="proved" if i == 4 else "rejected") for i in range(6)]
+
+
+def test_samples_from_a_run_directory_are_filtered_and_shown_with_their_text(tmp_path):
+    for a, r in PAIRS:
+        samples.append(samples.file_for(tmp_path, r.policy_version), [samples.sample(r, "1712345678901-0", a)])
+    shown = _ops("--run-dir", str(tmp_path), "--verdict", "rejected", "--kind", "train", "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert [s["attempt_id"] for s in doc["samples"]] == ["es-v0-m0:0:0", "es-v0-m1:0:0", "es-v0-m2:0:0",
+                                                          "es-v1-m3:0:0"]  # fmt: skip
+    assert doc["matched"] == 4 and doc["source"].startswith("traces in")
+    one = json.loads(_ops("--run-dir", str(tmp_path), "--version", "1", "--theorem", "cd-0", "--json").stdout)
+    assert [s["attempt_id"] for s in one["samples"]] == ["es-v1-m4:0:0"]
+    text = _ops("--run-dir", str(tmp_path), "-n", "1", "--version", "0").stdout  # the newest of version 0
+    assert "es-v0-m2:0:0" in text and "es-v0-m1" not in text
+    assert "     | <think>step one" in text and "     | step 2</think>" in text  # the model's text, line by line
+    assert "rejected (wrong_answer), reward 0.1" in text and "checker: value 8 != 24" in text
+    assert "judged:\n     | <answer>2 * 4</answer>" in text  # the proof it was judged by
+    missing = _ops("--run-dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "has no traces" in missing.stderr
+
+
+async def test_samples_from_the_streams_join_each_reward_with_its_attempt(one_redis, one_redis_url):
+    keys = Keys("samples-test")
+    for a, r in PAIRS:
+        entry = await one_redis.xadd(keys.attempts, encode(a))
+        await one_redis.xadd(keys.rewards, encode(dataclasses.replace(r, attempt_entry=entry.decode())))
+    shown = _ops("--redis-url", one_redis_url, "--run", "samples-test", "--kind", "eval", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (only,) = json.loads(shown.stdout)["samples"]
+    assert only["attempt_id"] == "eval-v1:0:0" and only["eval"] and only["text"].startswith("<think>step one\nstep 5")

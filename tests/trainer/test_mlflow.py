@@ -1,0 +1,68 @@
+"""MLflow for real: a trainer's metrics sink logging to a real SQLite tracking store (MLflow's own client
+reads it back): the settings as params, every version's numbers with step = version, evaluations under
+eval/, the report and plots as artifacts beside the store, and a restarted trainer continuing the same run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from trainer.config import TrainerSettings
+from trainer.metrics import RECORD, MetricsSink, MLflowRun
+
+mlflow = pytest.importorskip("mlflow")
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, pytest.approx(m.value)) for m in client.get_metric_history(run_id, key)]
+
+
+def test_a_run_logs_params_metrics_and_artifacts_and_a_restart_continues_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # artifacts must not land in the working directory (MLflow's default ./mlruns)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    run_dir = tmp_path / "runs" / "exp-1"
+    settings = TrainerSettings(run="exp-1", population=6, sigma=0.002, mlflow_uri=uri)
+    params = settings.model_dump(exclude={"redis_url"})
+    sink = MetricsSink(run_dir, MLflowRun(run_dir, uri, "proofstream-test", params))
+    sink.write({"version": 1, "reward_mean": 0.25, "pass_rate": 0.0, "algo": "es", "time": 1.0})
+    sink.write({"version": 2, "reward_mean": 0.5, "pass_rate": 0.125, "algo": "es", "time": 2.0})
+    sink.write({"eval": True, "version": 2, "held_out_reward": 0.75, "problems": 4, "time": 3.0})
+    report = run_dir / "report.json"
+    report.write_bytes(orjson.dumps({"version": 2}))
+    plot = run_dir / "reward.png"
+    plot.write_bytes(b"\x89PNG fake")
+    sink.finish([report, plot], interrupted=True)  # stopped by Ctrl-C: resumed below
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run_id = orjson.loads((run_dir / RECORD).read_bytes())["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["proofstream.run"] == "exp-1"
+    assert client.get_experiment(run.info.experiment_id).name == "proofstream-test"
+    assert run.data.params["population"] == "6" and run.data.params["sigma"] == "0.002"
+    assert run.data.params["algo"] == "es" and "redis_url" not in run.data.params
+    assert _history(client, run_id, "reward_mean") == [(1, 0.25), (2, 0.5)]
+    assert _history(client, run_id, "eval/held_out_reward") == [(2, 0.75)]
+    assert not set(run.data.metrics) & {"version", "time", "algo", "eval/eval"}
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["report.json", "reward.png"]
+    stored = Path(client.download_artifacts(run_id, "report.json", str(tmp_path / "down")))
+    assert orjson.loads(stored.read_bytes()) == {"version": 2}
+    assert (tmp_path / "store" / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
+
+    again = MLflowRun(run_dir, uri, "proofstream-test", {**params, "population": 99})  # a restart, new flags
+    assert again.resumed and again.run_id == run_id and client.get_run(run_id).info.status == "RUNNING"
+    MetricsSink(run_dir, again).write({"version": 3, "reward_mean": 0.625, "time": 4.0})
+    again.finish([], interrupted=False)
+    assert _history(client, run_id, "reward_mean") == [(1, 0.25), (2, 0.5), (3, 0.625)]
+    finished = client.get_run(run_id)
+    assert finished.info.status == "FINISHED" and finished.data.params["population"] == "6"  # params once
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_another_store_starts_a_new_mlflow_run(tmp_path):
+    run_dir = tmp_path / "run"
+    first = MLflowRun(run_dir, f"sqlite:///{tmp_path / 'a.db'}", "e", {"run": "r"})
+    second = MLflowRun(run_dir, f"sqlite:///{tmp_path / 'b.db'}", "e", {"run": "r"})
+    assert not second.resumed and second.run_id != first.run_id
