@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import orjson
-import pytest
 
 from ops.cli import NO_REDIS, main
 from streams.connect import connect
@@ -22,14 +21,6 @@ from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison
 from streams.schema import Attempt, Reward
 
 SETTINGS = ConsumerSettings(batch_size=10, block_ms=50)
-
-
-@pytest.fixture(autouse=True)
-def no_proofstream_env(monkeypatch):
-    """The CLI reads PROOFSTREAM_* itself; a developer's own settings must not leak into the tests."""
-    for name in list(os.environ):
-        if name.startswith("PROOFSTREAM_"):
-            monkeypatch.delenv(name)
 
 
 def attempt(i: int) -> Attempt:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,13 +18,6 @@ from ops.finished import FinishedRun
 from streams.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def no_proofstream_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("PROOFSTREAM_"):
-            monkeypatch.delenv(name)
 
 
 def _finished_run(run_dir: Path, run: str, rewards: int) -> None:

@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from streams import samples
 from streams.keys import Keys
 from streams.schema import Attempt, Member, Reward, encode
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def no_proofstream_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("PROOFSTREAM_"):
-            monkeypatch.delenv(name)
 
 
 def _ops(*argv: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ other key, says how many verdicts it removed, and refuses to run without a run n
 from __future__ import annotations
 
 import asyncio
-import os
 
 import orjson
 import pytest
@@ -16,14 +15,6 @@ from streams.theorems import Theorem
 from verifier_pool.judgement import Judgement
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(autouse=True)
-def no_proofstream_env(monkeypatch):
-    """The CLI reads PROOFSTREAM_* itself; a developer's own settings must not leak into the tests."""
-    for name in list(os.environ):
-        if name.startswith("PROOFSTREAM_"):
-            monkeypatch.delenv(name)
 
 
 async def fill(redis, run: str, count: int) -> Keys:
