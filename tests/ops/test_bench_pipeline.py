@@ -1,5 +1,5 @@
 """`python -m ops bench pipeline` end to end: the real ES trainer, a real Redis and real role processes,
-a few seconds of synthetic latencies. Its figures are measurements (README), so only what physics
+a few seconds of synthetic latencies. Its figures are measurements (docs/PERFORMANCE.md), so only what physics
 guarantees is asserted: no run beats its slowest stage, and the stages in series take longer than overlapped.
 And whatever happens (done, Ctrl-C, a role that dies), no role process outlives the bench."""
 

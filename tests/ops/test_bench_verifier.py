@@ -1,6 +1,6 @@
 """`python -m ops bench verifier`: a short run per available backend, on a real Redis and real sandboxes.
 
-Its figures are measurements (README, Performance), so the tests assert what holds on any machine: the
+Its figures are measurements (docs/PERFORMANCE.md), so the tests assert what holds on any machine: the
 verdicts are the solutions', every re-published attempt is a cache hit, a sandbox is never busier than the
 wall clock, every hang was followed by a restart; and that the bench refuses to report figures when the
 pool's verdicts or its cache are wrong."""

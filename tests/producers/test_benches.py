@@ -1,5 +1,5 @@
 """The generator and ES benchmarks run end to end at a tiny size and print their JSON (figures are not
-asserted: they are measurements, recorded in the README from quiet-machine runs)."""
+asserted: they are measurements, recorded in docs/PERFORMANCE.md from quiet-machine runs)."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_the_trainer_rides_out_a_redis_restart_and_resumes_from_what_redis_kept(
 async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_and_keep_or_cut_stragglers(
     one_redis, tmp_path
 ):
-    """The README's async rules, one by one, on a real Redis: an update needs a quorum of fresh complete
+    """The async rules of docs/TRAINER.md, one by one, on a real Redis: an update needs a quorum of fresh complete
     members (here 6 of 8), or two once `deadline_s` has passed since the last update; a member whose center is
     more than `max_staleness` versions old is never in a step (dropped and counted); a member still running
     at an update (a straggler) stays, is used by the next update if it is fresh enough then, else cut, counted
