@@ -39,6 +39,7 @@ from arq.worker import Worker
 
 from consumers.service import VerifierService
 from streams import logs
+from streams.connect import shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE, RideOut
 from streams.settings import SettingsError
@@ -61,6 +62,21 @@ def _load() -> VerifierSettings:
 
 
 _SETTINGS = _load()
+
+
+def _unreachable_redis_in_one_line(kind: type[BaseException], error: BaseException, tb) -> None:
+    """arq's CLI owns the process (`arq workers.verifier [--check]`): a Redis it cannot reach at the start, once
+    its own retries are spent (arq.connections `create_pool`), escapes as a traceback. Say it in one line
+    instead; the exit status stays 1. Any other uncaught error keeps Python's traceback."""
+    if isinstance(error, UNAVAILABLE) and not isinstance(error, FileNotFoundError | PermissionError):
+        print(f"arq workers.verifier: cannot reach Redis at {shown_url(_SETTINGS.redis_url)} "
+              f"({kind.__name__}: {error}). Start it, or set PROOFSTREAM_REDIS_URL to the run's Redis",
+              file=sys.stderr)  # fmt: skip
+        return
+    sys.__excepthook__(kind, error, tb)
+
+
+sys.excepthook = _unreachable_redis_in_one_line
 
 
 async def _startup(ctx: dict) -> None:
