@@ -8,6 +8,7 @@
     python -m ops tail STREAM [--count N] [--follow]
     python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
+    python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/dashboard.py)
     python -m ops samples [--version V] [--verdict X] [--theorem ID] [-n N]
                                                judged attempts: text, proof, verdict (the run dir's traces
                                                with --run-dir, else the streams' history)
@@ -46,6 +47,7 @@ from ops import (
     bench_pipeline,
     bench_verifier,
     bench_wire,
+    dashboard,
     dlq,
     finished,
     inspect,
@@ -162,6 +164,11 @@ def samples_from_run_dir(args: argparse.Namespace) -> int:
     return _show_samples(args, samples.read_dir(run_dir, args.version), f"traces in {run_dir / samples.FOLDER}")
 
 
+async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """The run's live page (ops/dashboard.py) until Ctrl-C or SIGTERM."""
+    return await dashboard.serve(redis, keys, args, _stop_on_signals())
+
+
 async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     _print(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
     return 0
@@ -268,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theorem", help="only this theorem id")
     p.add_argument("--kind", choices=("all", "train", "eval"), default="all", help="training or held-out samples")
     p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
+    p = leaf(
+        sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --token)")
+    p.add_argument("--port", type=int, default=8765, help="0: any free port")
+    p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer)")
+    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0, help="how often the page asks again")
     leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
@@ -309,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
         return _fail(str(e), 2)
     run_dir = getattr(args, "run_dir", None)
+    if args.command_fn is cmd_dashboard and not dashboard.loopback(args.host) and not args.token:
+        return _fail(f"dashboard on {args.host} would serve the run to the network: give --token T too", 2)
     if run_dir is not None and args.command_fn is cmd_samples:
         return samples_from_run_dir(args)
     if run_dir is None and args.command_fn is cmd_open:
