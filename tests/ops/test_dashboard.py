@@ -30,7 +30,10 @@ try:
 except ImportError as e:
     WHY = f"selenium is not installed ({e})"
 if WHY is None and (CHROMIUM is None or DRIVER is None):
-    WHY = "chromium and chromium-driver are not installed (.ci/run installs them: apt-get install chromium chromium-driver)"
+    WHY = (
+        "chromium and chromium-driver are not installed (.ci/run installs them: apt-get install chromium "
+        "chromium-driver)"
+    )
 if WHY:
     print(f"dashboard browser test skipped: {WHY}")
 needs_browser = pytest.mark.skipif(WHY is not None, reason=f"dashboard browser test skipped: {WHY}")
@@ -48,7 +51,8 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
         entry = await redis.xadd(keys.attempts, encode(a))
         r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=1,
                    verdict="proved" if i == 0 else "rejected", reward=1.0 if i == 0 else 0.1, member=a.member,
-                   work_id=a.work_id, detail="ok" if i == 0 else "value 3 != 20", attempt_entry=entry.decode())  # fmt: skip
+                   work_id=a.work_id, detail="ok" if i == 0 else "value 3 != 20",
+                   attempt_entry=entry.decode())  # fmt: skip
         await redis.xadd(keys.rewards, encode(r))
     state = {"algo": "es", "version": 1, "members": [], "evals": [], "counts": {"samples": first + count},
              "eval_results": {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0}}}  # fmt: skip
@@ -80,7 +84,9 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
                                                      "ver-1", 1, {b"v": b"1"})))  # fmt: skip
     proc, url = _dashboard(one_redis_url)
     options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+    # --no-sandbox: chromium refuses its own sandbox as root, and CI runs as root
+    flags = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800")
+    for flag in flags:
         options.add_argument(flag)
     options.binary_location = CHROMIUM
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
