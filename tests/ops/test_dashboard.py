@@ -25,6 +25,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 WHY = None
 try:
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 except ImportError as e:
@@ -93,30 +94,47 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
     try:
         driver.get(url)
         wait = WebDriverWait(driver, 30)
-        text = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
-        wait.until(lambda d: d.find_elements(By.ID, "stream-rewards-length"))
+
+        # The page redraws every 0.3 s (innerHTML), so an element found now may be gone when read: read and
+        # click through the page's own thread, in one call each.
+        def text(element_id: str) -> str | None:
+            return driver.execute_script("const e = document.getElementById(arguments[0]); return e && e.innerText",
+                                         element_id)  # fmt: skip
+
+        def shown(selector: str) -> bool:
+            return driver.execute_script("const e = document.querySelector(arguments[0]); return !!e && "
+                                         "getComputedStyle(e).display !== 'none'", selector)  # fmt: skip
+
+        def click(selector: str) -> bool:
+            try:
+                driver.find_element(By.CSS_SELECTOR, selector).click()  # a real click, where the user clicks
+                return True
+            except StaleElementReferenceException:
+                return False
+
+        wait.until(lambda d: text("stream-rewards-length") is not None)
         assert text("stream-rewards-length") == _redis_cli(one_redis_url, "XLEN", keys.rewards) == "5"
         assert text("stream-attempts-length") == _redis_cli(one_redis_url, "XLEN", keys.attempts)
         assert text("version") == "1" and text("run") == RUN
         assert text("dead-letters-total").startswith(_redis_cli(one_redis_url, "XLEN", keys.dlq) + " in all")
         assert "attempts: poison 1" in text("dead-letters-total")
-        assert len(driver.find_elements(By.CSS_SELECTOR, "#chart polyline")) == 4  # reward, exact, held-out x2
+        lines = driver.execute_script("return document.querySelectorAll('#chart polyline').length")
+        assert lines == 4  # the members' reward and exact success, the held-out reward and exact success
 
         await _write_run(one_redis, keys, 5, 3)  # the run goes on: the page follows without a reload
         wait.until(lambda d: text("stream-rewards-length") == "8")
         assert _redis_cli(one_redis_url, "XLEN", keys.rewards) == "8"
 
-        first = driver.find_element(By.CSS_SELECTOR, '.sample[data-id="es-v1-m0:0:0"]')
-        assert not first.find_element(By.CLASS_NAME, "sample-text").is_displayed()
-        first.click()
-        opened = first.find_element(By.CLASS_NAME, "sample-text")
-        wait.until(lambda d: opened.is_displayed())
-        assert "2 + 3 makes 5, then times 4" in opened.text and "judged:" in opened.text
+        first = '.sample[data-id="es-v1-m0:0:0"]'
+        assert not shown(f"{first} .sample-text")
+        wait.until(lambda d: click(first))
+        wait.until(lambda d: shown(f"{first} .sample-text"))
+        opened = driver.execute_script("return document.querySelector(arguments[0]).innerText", f"{first} .sample-text")
+        assert "2 + 3 makes 5, then times 4" in opened and "judged:" in opened
         await one_redis.xadd(keys.rewards, {b"v": b"1"})  # undecodable: skipped; the page redraws, still open
         wait.until(lambda d: text("stream-rewards-length") == "9")
-        again = driver.find_element(By.CSS_SELECTOR, '.sample[data-id="es-v1-m0:0:0"] .sample-text')
-        assert again.is_displayed()
-        assert driver.find_element(By.ID, "status").get_attribute("class") != "error"
+        assert shown(f"{first} .sample-text")
+        assert driver.execute_script("return document.getElementById('status').className") != "error"
     finally:
         driver.quit()
         proc.terminate()
