@@ -83,6 +83,8 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
     await _write_run(one_redis, keys, 0, 5)
     await one_redis.xadd(keys.dlq, encode(DeadLetter(keys.attempts, "verifiers", "1-0", 5, "poison: unparseable",
                                                      "ver-1", 1, {b"v": b"1"})))  # fmt: skip
+    worker = {"slots": 2, "processed": 10, "utilization": 0.5, "sandbox_starts": 2, "updated_ms": 1_000}
+    await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker))
     proc, url = _dashboard(one_redis_url)
     options = webdriver.ChromeOptions()
     # --no-sandbox: chromium refuses its own sandbox as root, and CI runs as root
@@ -121,6 +123,9 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         lines = driver.execute_script("return document.querySelectorAll('#chart polyline').length")
         assert lines == 4  # the members' reward and exact success, the held-out reward and exact success
 
+        assert text("checks-per-s-vm-1") == "-"  # one report seen: no rate yet
+        await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker | {"processed": 30, "updated_ms": 3_000}))
+        wait.until(lambda d: text("checks-per-s-vm-1") == "10")  # 20 checks in the 2 s between two reports
         await _write_run(one_redis, keys, 5, 3)  # the run goes on: the page follows without a reload
         wait.until(lambda d: text("stream-rewards-length") == "8")
         assert _redis_cli(one_redis_url, "XLEN", keys.rewards) == "8"
