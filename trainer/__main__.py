@@ -178,17 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = settings.directory()
     run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        mlflow = (
-            None
-            if not settings.mlflow_uri
-            else MLflowRun(
-                run_dir, settings.mlflow_uri, settings.mlflow_experiment, settings.model_dump(exclude={"redis_url"})
-            )
-        )
-    except MLflowUnavailable as e:
-        print(f"trainer: {e}", file=sys.stderr)
-        return 2
+    mlflow = None
+    if settings.mlflow_uri:
+        params = settings.model_dump(exclude={"redis_url", "mlflow_uri"})  # URLs may hold credentials
+        try:
+            mlflow = MLflowRun(run_dir, settings.mlflow_uri, settings.mlflow_experiment, params)
+        except MLflowUnavailable as e:
+            print(f"trainer: {e}", file=sys.stderr)
+            return 2
     sink = MetricsSink(run_dir, mlflow)
     local = None
     started = time.monotonic()
