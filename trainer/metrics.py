@@ -36,6 +36,15 @@ def update_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if not r.get("eval") and "version" in r]
 
 
+def tracked(record: dict[str, Any]) -> tuple[dict[str, float], int]:
+    """What a tracker logs of a record: its numbers (not flags, not the version or time), evaluations under
+    `eval/`, and the step, which is the version."""
+    prefix = "eval/" if record.get("eval") else ""
+    numbers = {prefix + k: float(v) for k, v in record.items()
+               if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("version", "time")}  # fmt: skip
+    return numbers, int(record.get("version", 0))
+
+
 class MetricsSink:
     def __init__(self, run_dir: Path, mlflow: MLflowRun | None = None) -> None:
         self.run_dir = run_dir
@@ -48,15 +57,14 @@ class MetricsSink:
         with open(self.path, "ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
         if self._trackers:
-            step = int(record.get("version", 0))
-            numbers = {
-                k: float(v)
-                for k, v in record.items()
-                if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("version", "time")
-            }
-            prefix = "eval/" if record.get("eval") else ""
+            numbers, step = tracked(record)
             for log_metrics in self._trackers:
-                log_metrics({prefix + k: v for k, v in numbers.items()}, step)
+                log_metrics(numbers, step)
+
+    def catch_up(self) -> int:
+        """Log to MLflow the records of metrics.jsonl its run lacks (a trainer killed between the two writes),
+        at a resume; how many."""
+        return 0 if self.mlflow is None else self.mlflow.catch_up(self.records())
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
         """The end of this trainer's part of the run: the artifacts go to MLflow, and its run is ended."""
@@ -227,6 +235,20 @@ class MLflowRun:
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[self._metric(k, v, now, step) for k, v in metrics.items()])
+
+    def catch_up(self, records: list[dict[str, Any]]) -> int:
+        """Log the records whose version this run has no `reward_mean` (an update) or `eval/held_out_reward`
+        (an evaluation) for; how many."""
+        logged = {key: {m.step for m in self.client.get_metric_history(self.run_id, key)}
+                  for key in ("reward_mean", "eval/held_out_reward")}  # fmt: skip
+        missing = 0
+        for record in records:
+            numbers, step = tracked(record)
+            key = "eval/held_out_reward" if record.get("eval") else "reward_mean"
+            if key in numbers and step not in logged[key]:
+                self(numbers, step)
+                missing += 1
+        return missing
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
         for path in artifacts:

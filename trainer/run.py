@@ -193,12 +193,31 @@ class Run:
               f"training samples so far, {len(self.members)} in flight)", file=sys.stderr)  # fmt: skip
         self.finished = False
         self.counts["resumes"] += 1
+        await self._backfill_metrics()
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.members.values(), *self.evals.values()])
         await self._read(block_ms=None, pending=True)  # rewards and dead letters read before the crash, never acked
         await self.checkpoint()  # the resume is counted even if this trainer dies before its first update
         log.info("trainer_resumed", version=self.version, members=len(self.members), evals=len(self.evals))
         return True
+
+    async def _backfill_metrics(self) -> None:
+        """A trainer killed between a version's MULTI (policy, metrics stream, checkpoint) and its line in
+        metrics.jsonl left that version in Redis only, and so out of the JSONL, TensorBoard and MLflow too;
+        likewise an evaluation in the checkpoint. Write what the run directory lacks, from Redis."""
+        records = self.sink.records()
+        have = {int(r["version"]) for r in update_records(records)}
+        for _, fields in await self.redis.xrange(self.keys.metrics):
+            metrics = orjson.loads(fields[b"json"])
+            if int(metrics["version"]) not in have:
+                self.sink.write(metrics)
+                self.counts["metrics_backfilled"] += 1
+        have = {int(r["version"]) for r in records if r.get("eval")}
+        for version, result in sorted(self.eval_results.items()):
+            if version not in have:
+                self.sink.write({"eval": True, **result, "time": time.time()})
+                self.counts["metrics_backfilled"] += 1
+        self.counts["metrics_backfilled"] += self.sink.catch_up()
 
     async def checkpoint(self, *extra: tuple[str, dict[bytes, bytes]]) -> None:
         """Write the state (plus `extra` stream entries) in one MULTI, then ack the rewards it holds."""

@@ -73,8 +73,8 @@ def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
     assert [s for _, s, _ in twins][::2] == [s for _, s, _ in twins][1::2] and [g for *_, g in twins] == [1, -1, 1, -1]
 
 
-def _trainer(url: str, run: str, run_dir: Path, iterations: int) -> subprocess.Popen:
-    argv = _trainer_argv(url, run, run_dir, iterations)
+def _trainer(url: str, run: str, run_dir: Path, iterations: int, *extra: str) -> subprocess.Popen:
+    argv = [*_trainer_argv(url, run, run_dir, iterations), *extra]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -95,17 +95,19 @@ def _until(predicate, timeout_s: float, what: str):
 def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_redis_url, tmp_path):
     run, iterations = "resume", 10
     keys = Keys(run)
+    # MLflow through the real trainer too: the restart must continue the same MLflow run (tests/trainer/test_mlflow.py)
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     r = redis_sync.Redis.from_url(one_redis_url)
     roles = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_roles", one_redis_url, run, "0.05"], cwd=ROOT)
     try:
-        first = _trainer(one_redis_url, run, tmp_path, iterations)
+        first = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri)
         _until(lambda: r.xlen(keys.policy) >= 3 or first.poll() is not None, 120, "three versions")
         assert first.poll() is None, first.communicate()
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         killed_at = r.xlen(keys.policy)
         assert killed_at < iterations
-        second = _trainer(one_redis_url, run, tmp_path, iterations)
+        second = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri)
         out, err = second.communicate(timeout=180)
         assert second.returncode == 0, err[-3000:]
         assert f"trainer: resuming run 'resume' at version {killed_at} of {iterations}" in err  # said, not silent
@@ -140,6 +142,17 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     assert report["version"] == iterations and not report["interrupted"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"reward.png", "staleness.png", "throughput.png"}
     r.close()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    [logged] = client.search_runs([e.experiment_id for e in client.search_experiments()])  # one run for both
+    assert logged.info.status == "FINISHED" and logged.data.params["population"] == "4"
+    assert "redis_url" not in logged.data.params and "mlflow_uri" not in logged.data.params
+    steps = {m.step for m in client.get_metric_history(logged.info.run_id, "reward_mean")}
+    assert steps == set(range(1, iterations + 1))  # the killed trainer's versions and the resumed one's
+    artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert artifacts == {"report.json", "reward.png", "staleness.png", "throughput.png"}
+    assert state["counts"]["traced_samples"] > 0 and (tmp_path / "samples").is_dir()
 
 
 def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_path):

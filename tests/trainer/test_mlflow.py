@@ -66,3 +66,17 @@ def test_another_store_starts_a_new_mlflow_run(tmp_path):
     first = MLflowRun(run_dir, f"sqlite:///{tmp_path / 'a.db'}", "e", {"run": "r"})
     second = MLflowRun(run_dir, f"sqlite:///{tmp_path / 'b.db'}", "e", {"run": "r"})
     assert not second.resumed and second.run_id != first.run_id
+
+
+def test_a_restart_logs_what_a_killed_trainer_wrote_to_the_jsonl_but_not_to_mlflow(tmp_path):
+    # The trainer writes metrics.jsonl, then the trackers: a SIGKILL in between leaves a version out of MLflow.
+    run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'm.db'}"
+    first = MLflowRun(run_dir, uri, "e", {"run": "r"})
+    MetricsSink(run_dir, first).write({"version": 1, "reward_mean": 0.1})
+    MetricsSink(run_dir).write({"version": 2, "reward_mean": 0.2})  # the JSONL only: killed before MLflow
+    MetricsSink(run_dir).write({"eval": True, "version": 2, "held_out_reward": 0.3})
+    again = MetricsSink(run_dir, MLflowRun(run_dir, uri, "e", {"run": "r"}))
+    assert again.catch_up() == 2 and again.catch_up() == 0  # logged once
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    assert _history(client, first.run_id, "reward_mean") == [(1, 0.1), (2, 0.2)]
+    assert _history(client, first.run_id, "eval/held_out_reward") == [(2, 0.3)]

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+import orjson
 import pytest
 
 from streams import samples
@@ -211,6 +212,32 @@ async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_sl
         assert (s["text"], s["proof"], s["verdict"], s["reward"]) == (_text(r.attempt_id), "x", "rejected", r.reward)
         assert s in samples.read_dir(tmp_path, version=r.policy_version)
     assert summary["counts"]["traced_samples"] >= len(rewards) and not summary["counts"].get("traced_without_text")
+
+
+@pytest.mark.timeout(120)
+async def test_a_resume_writes_the_versions_redis_has_and_the_run_directory_lacks(one_redis, tmp_path):
+    """A trainer killed between a version's MULTI and its metrics line: Redis has the version, metrics.jsonl
+    not. The next trainer writes it from the metrics stream (and an evaluation from the checkpoint)."""
+    from trainer.run import ESRun
+
+    settings = TrainerSettings(run="backfill", population=POPULATION, antithetic=False, batch=2, quorum=1.0,
+                               max_staleness=0, iterations=2, problems=8, held_out=2, eval_every=2)  # fmt: skip
+    keys = Keys(settings.run)
+    train, held_out = load_theorems(settings)
+    async with _roles(one_redis, keys, _fine, _fine):
+        await ESRun(settings, one_redis, train, held_out, MetricsSink(tmp_path)).run(asyncio.Event())
+    sink = MetricsSink(tmp_path)
+    whole = sink.records()
+    assert [(r.get("eval", False), r["version"]) for r in whole] == [(True, 0), (False, 1), (False, 2), (True, 2)]
+    kept = [r for r in whole if r["version"] != 2]  # as if killed right after version 2's MULTI
+    sink.path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+    again = ESRun(settings.model_copy(update={"iterations": 3}), one_redis, train, held_out, MetricsSink(tmp_path))
+    assert await again.resume()
+    restored = MetricsSink(tmp_path).records()
+    assert [(r.get("eval", False), r["version"]) for r in restored] == [(True, 0), (False, 1), (False, 2), (True, 2)]
+    assert restored[2] == whole[2]  # the version's own metrics, from the metrics stream, not rebuilt
+    assert restored[3]["held_out_reward"] == whole[3]["held_out_reward"]
+    assert again.counts["metrics_backfilled"] == 2
 
 
 @pytest.mark.timeout(180)
