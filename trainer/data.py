@@ -50,8 +50,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streams.theorems import Theorem
-from verifier_pool.countdown import check as countdown_check
-from verifier_pool.countdown import partial_credit
 from verifier_pool.lean_check import assemble, extract_proof_body, theorem_name
 from verifier_pool.lean_text import lex
 
@@ -469,22 +467,6 @@ def _combine(rng: random.Random, a: tuple[int, str], b: tuple[int, str], ops: tu
 
 def _strip_outer(expr: str) -> str:
     return expr[1:-1] if expr.startswith("(") and expr.endswith(")") else expr
-
-
-def countdown_reward(numbers: list[int], target: int, answer_text: str) -> float:
-    """The shaped Countdown reward, the verifier's own (`verifier_pool.countdown.partial_credit`), so the
-    trainer and the verifier can never disagree. TinyZero-style:
-
-      1.0  exactly when the answer is correct (the `proved` verdict; report exact success from `check`,
-           never from this number);
-      else the sum of 0.1 for an <answer>...</answer> tag, 0.1 for an arithmetic expression over integers,
-           0.3 for using each given number exactly once, and with the right numbers 0.3 * closeness, where
-           closeness = max(0, 1 - |value - target| / max(|target|, 1)). At most 0.8 < 1.0.
-
-    Monotone: the right numbers always beat wrong ones (0.5 + closeness vs 0.2 at most), and with the right
-    numbers a value nearer the target scores more. Text with no tag and no expression scores 0.0.
-    """
-    return partial_credit(answer_text, countdown_check(list(numbers), target, answer_text), target)
 
 
 def load_theorems(settings: TrainerSettings) -> tuple[list[Theorem], list[Theorem]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainer import data
-from trainer.data import DEFAULT_HEADER, DataError, countdown_problems, countdown_reward, held_out_split, load_jsonl
-from verifier_pool.countdown import check
+from trainer.data import DEFAULT_HEADER, DataError, countdown_problems, held_out_split, load_jsonl
+from verifier_pool.countdown import check, partial_credit
 from verifier_pool.lean_check import theorem_name
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -272,7 +272,7 @@ def test_every_countdown_problem_is_solvable(curriculum):
         assert all(1 <= n <= 20 for n in t.numbers)
         solution = problems.meta[t.theorem_id]["solution"]
         assert check(t.numbers, t.target, solution).ok, (t, solution)
-        assert countdown_reward(t.numbers, t.target, f"<answer>{solution}</answer>") == 1.0
+        assert partial_credit(f"<answer>{solution}</answer>", check(t.numbers, t.target, solution), t.target) == 1.0
     sizes = [len(t.numbers) for t in problems]
     if curriculum == "easy":
         assert set(sizes) == {2, 3}
@@ -302,36 +302,6 @@ def test_countdown_parameters():
         countdown_problems(1, 0, curriculum="hard")
     with pytest.raises(ValueError):
         countdown_problems(1, 0, numbers=(4, 5), curriculum="easy")
-
-
-# --- reward shaping --------------------------------------------------------------------------------------------
-
-
-def test_reward_is_one_exactly_for_a_correct_answer_and_shaped_below():
-    numbers, target = [3, 5, 7], 22
-    correct = countdown_reward(numbers, target, "<think>3*5=15</think><answer>3 * 5 + 7</answer>")
-    assert correct == 1.0
-    assert countdown_reward(numbers, target, "3 * 5 + 7") == 1.0  # the checker's rule: no tags, whole text
-    wrong_numbers = countdown_reward(numbers, target, "<answer>15 + 7</answer>")  # = 22, numbers not used
-    near = countdown_reward(numbers, target, "<answer>3 * 7 + 5</answer>")  # 26
-    far = countdown_reward(numbers, target, "<answer>3 + 5 + 7</answer>")  # 15
-    untagged_near = countdown_reward(numbers, target, "3 * 7 + 5")
-    assert 0 < wrong_numbers < far < near < correct
-    assert near < 1.0 and max(near, far, wrong_numbers) <= 0.8  # exact success stays distinguishable
-    assert untagged_near < near  # the answer format earns credit
-    assert countdown_reward(numbers, target, "I don't know") == 0.0
-    assert countdown_reward(numbers, target, "") == 0.0
-    assert 0 < countdown_reward(numbers, target, "<answer>banana</answer>") <= 0.1  # a tag, nothing else
-    assert countdown_reward(numbers, target, "<answer>__import__('os')</answer>") <= 0.1
-
-
-def test_reward_is_monotone_in_closeness_with_the_right_numbers():
-    numbers, target = [10, 4], 40
-    values = {"10 * 4": 40, "10 + 4": 14, "10 - 4": 6, "10 / 4": 2.5, "4 - 10": -6}
-    rewards = {expr: countdown_reward(numbers, target, f"<answer>{expr}</answer>") for expr in values}
-    by_distance = sorted(values, key=lambda e: abs(values[e] - target))
-    scores = [rewards[e] for e in by_distance]
-    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
 
 
 def test_pure_python_no_torch():

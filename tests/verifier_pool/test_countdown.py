@@ -195,3 +195,38 @@ def test_checker_program_answers_a_10_mb_attempt_within_seconds():
     assert [(r["ok"], r["reason"]) for r in replies] == [(False, "format"), (True, "")]
     assert replies[0]["score"] == 0.0
     assert elapsed < 10.0, elapsed  # interpreter start and 10 MB of JSON included; the regex took > 20 min
+
+
+# --- the shaped reward (these tests were trainer.data's, on a wrapper only they called) --------------------
+
+
+def countdown_reward(numbers: list[int], target: int, answer: str) -> float:
+    """The reward the verifier publishes for `answer` (consumers.verifier: a rejected answer's partial credit)."""
+    return partial_credit(answer, check(list(numbers), target, answer), target)
+
+
+def test_reward_is_one_exactly_for_a_correct_answer_and_shaped_below():
+    numbers, target = [3, 5, 7], 22
+    correct = countdown_reward(numbers, target, "<think>3*5=15</think><answer>3 * 5 + 7</answer>")
+    assert correct == 1.0
+    assert countdown_reward(numbers, target, "3 * 5 + 7") == 1.0  # the checker's rule: no tags, whole text
+    wrong_numbers = countdown_reward(numbers, target, "<answer>15 + 7</answer>")  # = 22, numbers not used
+    near = countdown_reward(numbers, target, "<answer>3 * 7 + 5</answer>")  # 26
+    far = countdown_reward(numbers, target, "<answer>3 + 5 + 7</answer>")  # 15
+    untagged_near = countdown_reward(numbers, target, "3 * 7 + 5")
+    assert 0 < wrong_numbers < far < near < correct
+    assert near < 1.0 and max(near, far, wrong_numbers) <= 0.8  # exact success stays distinguishable
+    assert untagged_near < near  # the answer format earns credit
+    assert countdown_reward(numbers, target, "I don't know") == 0.0
+    assert countdown_reward(numbers, target, "") == 0.0
+    assert 0 < countdown_reward(numbers, target, "<answer>banana</answer>") <= 0.1  # a tag, nothing else
+    assert countdown_reward(numbers, target, "<answer>__import__('os')</answer>") <= 0.1
+
+
+def test_reward_is_monotone_in_closeness_with_the_right_numbers():
+    numbers, target = [10, 4], 40
+    values = {"10 * 4": 40, "10 + 4": 14, "10 - 4": 6, "10 / 4": 2.5, "4 - 10": -6}
+    rewards = {expr: countdown_reward(numbers, target, f"<answer>{expr}</answer>") for expr in values}
+    by_distance = sorted(values, key=lambda e: abs(values[e] - target))
+    scores = [rewards[e] for e in by_distance]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
