@@ -133,6 +133,12 @@ class Consumer(Generic[M]):
     one is bad is unknown, and redelivered entries come back one at a time, where it is found. Redelivered
     (reclaimed) entries always come one at a time, to either kind. A batch call is one unit for `stop`
     (checked before it) and for settling (once after it; `flush_ms` does not apply).
+
+    No role uses `batch_handler` today: the verifier, which judges Countdown answers in batches, keeps the
+    per-entry handler and batches inside it (its `prefetch` hook and `check_many`) so that each attempt keeps
+    its own outcome and timing. It stays for consumers whose work only makes sense as one call (a batched
+    model call per read), and `ops bench wire --handler batch` measures what the per-entry calls cost against
+    it; its rules are tested in tests/streams/test_runtime.py.
     """
 
     def __init__(
