@@ -36,6 +36,7 @@ from streams.keys import Keys
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLES = 40  # the newest judged samples on the page
+VERSIONS = 1_000  # the newest versions' metrics in the chart (each ~1-2 KB, read every refresh)
 LETTERS = 10  # the newest dead letters shown with their fields
 SNAPSHOT_TTL_S = 0.5  # several tabs (or a fast refresh) share one read of Redis
 
@@ -55,7 +56,8 @@ async def snapshot(redis: Redis, keys: Keys) -> dict[str, Any]:
     streams = await inspect.stream_report(redis, keys)
     raw_state = await redis.hget(keys.trainer_state, "state")
     evals = orjson.loads(raw_state).get("eval_results", {}) if raw_state else {}
-    metrics = [orjson.loads(f[b"json"]) for _, f in await redis.xrange(keys.metrics) if b"json" in f]
+    newest = reversed(await redis.xrevrange(keys.metrics, count=VERSIONS))
+    metrics = [orjson.loads(f[b"json"]) for _, f in newest if b"json" in f]
     generators = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
     verifiers = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.verifier_stats)).items()}
     newest = [eid.decode() for eid, _ in await redis.xrevrange(keys.dlq, count=LETTERS)]
