@@ -213,8 +213,8 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
              "Held-out: greedy decoding of the policy (the ES center) on the held-out split; reward is the "
              "verifier's shaped credit, exact the share solved. gain = end - start, per seed, then mean ± std over "
              "seeds.", "",
-             "| configuration | seeds | reward start | reward end | gain | exact end | samples | wall |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| configuration | seeds | reward start | reward end | gain | exact end | versions | samples | wall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for config, group in itertools.groupby(sorted(rows, key=lambda r: (r["config"], r["seed"])),
                                            key=lambda r: r["config"]):  # fmt: skip
         group = [r for r in group if r["returncode"] == 0]
@@ -225,7 +225,7 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
             f"| {config} | {len(group)} | {_spread([r['reward_start'] for r in pick])} | "
             f"{_spread([r['reward_end'] for r in pick])} | {_spread([r['gain'] for r in pick])} | "
             f"{_spread([r['exact_end'] for r in pick if r['exact_end'] is not None])} | "
-            f"{max((r['samples_used'] or 0) for r in group)} | "
+            f"{max((r['versions'] or 0) for r in group)} | {max((r['samples_used'] or 0) for r in group)} | "
             f"{_minutes(statistics.fmean(r['wall_s'] for r in group))} |"
         )
     lines += ["", "Command: `python -m evals.sweep " + " ".join(settings["argv"]) + "`", ""]
