@@ -198,9 +198,15 @@ def purged(data: dict[str, Any]) -> str:
     return f"purged {len(data['purged'])} dead letter{'s' if len(data['purged']) != 1 else ''}"
 
 
+def _shown(line: str) -> str:
+    """A line of untrusted text as is when printable, else escaped: a model's escape sequences never reach
+    the terminal."""
+    return line if all(c.isprintable() or c == "\t" for c in line) else orjson.dumps(line).decode()
+
+
 def samples(data: dict[str, Any]) -> str:
     """Each sample as a header line (who, what, the verdict), the model's text, the proof it was judged by,
-    and the checker's message."""
+    and the checker's message; the text of each escaped where it is not printable (`_shown`)."""
     out = [f"{data['shown']} of {data['matched']} matching samples ({data['source']})"]
     for s in data["samples"]:
         who = s["work_id"] if s["member"] is None else f"{s['work_id']} (seed {s['member'][0]}, sign {s['member'][1]})"
@@ -212,9 +218,9 @@ def samples(data: dict[str, Any]) -> str:
             out.append("   text: trimmed from the attempts stream (history_s) before it was read")
         else:
             out.append(f"   text ({s['num_tokens']} tokens, {s['gen_ms']:g} ms a sample):")
-            out += [f"     | {line}" for line in s["text"].splitlines() or [""]]
+            out += [f"     | {_shown(line)}" for line in s["text"].split("\n")]
             if s["proof"] != s["text"]:
-                out += ["   judged:"] + [f"     | {line}" for line in s["proof"].splitlines() or [""]]
+                out += ["   judged:"] + [f"     | {_shown(line)}" for line in s["proof"].split("\n")]
         if s["detail"]:
-            out.append(f"   checker: {s['detail']}")
+            out.append(f"   checker: {_shown(s['detail'])}")
     return "\n".join(out)

@@ -52,6 +52,12 @@ def test_samples_from_a_run_directory_are_filtered_and_shown_with_their_text(tmp
     assert "     | <think>step one" in text and "     | step 2</think>" in text  # the model's text, line by line
     assert "rejected (wrong_answer), reward 0.1" in text and "checker: value 8 != 24" in text
     assert "judged:\n     | <answer>2 * 4</answer>" in text  # the proof it was judged by
+    hostile = _pair(9, version=7, verdict="rejected")
+    hostile = (dataclasses.replace(hostile[0], text="fine\n\x1b]52;c;cm0gLXJmIH4=\x07\rgone"), hostile[1])
+    samples.append(samples.file_for(tmp_path, 7), [samples.sample(hostile[1], "1-0", hostile[0])])
+    shown = _ops("--run-dir", str(tmp_path), "--version", "7").stdout
+    assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown  # a model's escapes stay text
+    assert "     | fine\n" in shown and '"\\u001b]52;c;cm0gLXJmIH4=\\u0007\\rgone"' in shown
     missing = _ops("--run-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "has no traces" in missing.stderr
 
