@@ -5,7 +5,8 @@ A sample is one JSON object: the attempt (ids, theorem, policy version, member o
 text and the proof extracted from it, tokens, generation time) and its reward (verdict, sub-reason, reward,
 the checker's message, verify time, the sandbox that judged it, whether it came from the cache, when).
 The reward names its attempt's entry (`Reward.attempt_entry`); attempts stay in `{ps:R}:attempts` for the
-verifiers' `history_s`, so a reward whose attempt is gone gives a sample without text (`text_missing`).
+verifiers' `history_s`, so a reward whose attempt is gone gives a sample without text (`text_missing`). Text
+and proof are kept up to MAX_TEXT_CHARS each (`cut_chars` then gives their whole lengths).
 
 On disk (trainer.traces): `<run dir>/samples/v<version>.jsonl.gz`, one sample a line, each append its own
 gzip member, so a file cut short by a kill loses at most its last append (`read_file` skips an unfinished
@@ -27,6 +28,9 @@ from streams.keys import Keys
 from streams.schema import Attempt, Reward, SchemaError, decode
 
 FOLDER = "samples"
+# A sample keeps at most this much of the model's text and of the proof (a completion of the default model is
+# ~0.3 KB, a Lean prover's a few KB): an attempt of megabytes costs its trace no more than this.
+MAX_TEXT_CHARS = 64 * 1024
 
 
 def sample(reward: Reward, reward_entry: bytes | str, attempt: Attempt | None) -> dict[str, Any]:
@@ -42,8 +46,12 @@ def sample(reward: Reward, reward_entry: bytes | str, attempt: Attempt | None) -
     }  # fmt: skip
     if attempt is None:
         return out | {"text_missing": True}
-    return out | {"task": attempt.task, "text": attempt.text or attempt.proof, "proof": attempt.proof,
-                  "num_tokens": attempt.num_tokens, "gen_ms": attempt.gen_ms}  # fmt: skip
+    text = attempt.text or attempt.proof
+    out |= {"task": attempt.task, "text": text[:MAX_TEXT_CHARS], "proof": attempt.proof[:MAX_TEXT_CHARS],
+            "num_tokens": attempt.num_tokens, "gen_ms": attempt.gen_ms}  # fmt: skip
+    if len(text) > MAX_TEXT_CHARS or len(attempt.proof) > MAX_TEXT_CHARS:
+        out["cut_chars"] = {"text": len(text), "proof": len(attempt.proof)}  # the whole lengths
+    return out
 
 
 async def attempts_of(redis: Redis, keys: Keys, rewards: Iterable[Reward]) -> dict[str, Attempt]:

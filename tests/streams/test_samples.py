@@ -50,6 +50,15 @@ async def test_rewards_are_joined_with_their_attempts_text_while_it_is_in_the_st
     assert first["judged_ms"] > 1_700_000_000_000  # the reward entry's time, from its id
 
 
+def test_a_sample_of_megabytes_keeps_a_bounded_part_and_says_how_long_it_was():
+    huge = Attempt(attempt_id="a", work_id="w", theorem_id="t", policy_version=0, sample_index=0,
+                   proof="<answer>1</answer>", text="x" * (10 << 20))  # fmt: skip
+    s = samples.sample(_reward(huge, "1-0"), "1-0", huge)
+    assert len(s["text"]) == samples.MAX_TEXT_CHARS and s["cut_chars"] == {"text": 10 << 20, "proof": 18}
+    assert "cut_chars" not in samples.sample(_reward(huge, "1-0"), "1-0", _attempt(1))
+    assert len(orjson.dumps(s)) < 2 * samples.MAX_TEXT_CHARS
+
+
 def test_a_trace_file_keeps_every_finished_append_and_each_attempt_once(tmp_path):
     path = samples.file_for(tmp_path, 3)
     one = [{"attempt_id": "a1", "n": 1}, {"attempt_id": "a2", "n": 2}]
