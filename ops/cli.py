@@ -269,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="verdicts_command", metavar="ACTION", required=True
     )
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
-    p = leaf(sub, "samples", cmd_samples, "judged attempts with their text, proof, verdict and the checker's message")
+    about = ("judged attempts with their text, proof, verdict and the checker's message (with --run-dir: the "
+             "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
+    p = leaf(sub, "samples", cmd_samples, about)
     p.add_argument("--version", type=int, help="only this policy version's samples")
     p.add_argument("--verdict", choices=("proved", "rejected", "timeout"))
     p.add_argument("--theorem", help="only this theorem id")
