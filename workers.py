@@ -20,8 +20,9 @@ VerifierService.stop), then arq's own `handle_sig` stops the loop and `close` fo
 by then, arq's pool is closed and let go of: `close` returns at once without one (worker.py `close`), the
 health key expires by itself, and the worker exits 0 having drained. arq has no hook for this: the CLI always
 builds `arq.worker.Worker` (a settings class cannot name a subclass) and `on_stop` is not a parameter, so the
-worker is found from `on_startup` (`_arq_worker`) and its `_pool` dropped by hand: the two places that rely
-on arq 0.28's insides, checked at every start and by tests/test_workers_redis_restart.py.
+worker is found from `on_startup` (`_arq_worker`) and its `_pool` dropped by hand, and the drain waits for the
+worker's running job tasks (`Worker.tasks`) before arq's stop would cancel them: the places that rely on arq
+0.28's insides, checked at every start and by tests/test_workers_redis_restart.py.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _arq_worker(ctx: dict) -> Worker:
     method's and its `self` is the worker."""
     frame = getattr(asyncio.current_task().get_coro(), "cr_frame", None)
     worker = frame.f_locals.get("self") if frame is not None else None
-    if not isinstance(worker, Worker) or worker.ctx is not ctx:
+    if not isinstance(worker, Worker) or worker.ctx is not ctx or not isinstance(getattr(worker, "tasks", None), dict):
         raise RuntimeError(f"workers.verifier: arq {ARQ_VERSION} does not run on_startup inside Worker.main as "
                            "0.28.0 does; its shutdown handling must be revisited for this version")  # fmt: skip
     return worker
@@ -125,6 +126,13 @@ async def _drain_then_stop(ctx: dict, worker: Worker, sig: signal.Signals) -> No
             await worker.pool.aclose()
             worker._pool = None
     finally:
+        # A cron job (`_report`, `_sweep`) started just before the signal: let it end (it returns at once now
+        # that "drain" is set). arq's handle_sig would cancel it, and close() gathers its job tasks without
+        # return_exceptions (worker.py `close`): the cancelled task's CancelledError ended the worker with exit
+        # 1 and a traceback (seen once in tests/test_workers_redis_restart.py: SIGTERM at the :00 report).
+        ongoing = [task for task in worker.tasks.values() if not task.done()]
+        if ongoing:
+            await asyncio.wait(ongoing, timeout=STOP_GRACE_S)
         _RETRY.stop_within(STOP_GRACE_S)  # close()'s own calls, should Redis go away now: bounded
         worker.handle_sig(sig)  # arq's own stop: cancels its job tasks and main loop; close() follows
 

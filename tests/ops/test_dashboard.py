@@ -41,13 +41,15 @@ needs_browser = pytest.mark.skipif(WHY is not None, reason=f"dashboard browser t
 
 RUN = "dash"
 THINKING = "<think>2 + 3 makes 5, then times 4</think>\n<answer>(2 + 3) * 4</answer>"
+HOSTILE = "<img src=x onerror=\"document.title = 'pwned'\">"  # a model's text is untrusted: shown, never run
 
 
 async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
     """`count` judged attempts (and their rewards) from index `first`, a trainer state and a version's metrics."""
     for i in range(first, first + count):
         a = Attempt(attempt_id=f"es-v1-m{i}:0:0", work_id=f"es-v1-m{i}", theorem_id=f"cd-{i}", policy_version=1,
-                    sample_index=0, proof="<answer>(2 + 3) * 4</answer>", text=THINKING if i == 0 else f"try {i}",
+                    sample_index=0, proof="<answer>(2 + 3) * 4</answer>",
+                    text={0: THINKING, 1: HOSTILE}.get(i, f"try {i}"),
                     task="countdown", member=Member(1000 + i, 1))  # fmt: skip
         entry = await redis.xadd(keys.attempts, encode(a))
         r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=1,
@@ -139,6 +141,12 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         await one_redis.xadd(keys.rewards, {b"v": b"1"})  # undecodable: skipped; the page redraws, still open
         wait.until(lambda d: text("stream-rewards-length") == "9")
         assert shown(f"{first} .sample-text")
+        hostile = '.sample[data-id="es-v1-m1:0:0"]'
+        wait.until(lambda d: click(hostile))
+        wait.until(lambda d: shown(f"{hostile} .sample-text"))
+        assert HOSTILE in driver.execute_script("return document.querySelector(arguments[0]).innerText",
+                                                f"{hostile} .sample-text")  # fmt: skip
+        assert driver.title == "proofstream" and not driver.find_elements(By.CSS_SELECTOR, "#samples img")
         assert driver.execute_script("return document.getElementById('status').className") != "error"
     finally:
         driver.quit()

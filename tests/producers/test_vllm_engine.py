@@ -31,7 +31,9 @@ import torch  # noqa: E402
 from producers.engine import Sampling  # noqa: E402
 from producers.es import digest, load_master, perturbed, save_weights  # noqa: E402
 
-DECODE_JITTER = 1e-5  # the same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured)
+# The same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured), once 1.24e-5 (session 10's
+# rehearsal, a clean clone on a busy machine); the tokens themselves must be equal. Far below a sampling bug's.
+DECODE_JITTER = 5e-5
 LOGPROB_TOL = 1e-3  # fp32 vs fp32, different kernels: measured max ~2e-5; a real difference is >= 1e-2
 MAX_NEW = 12
 SIGMA = 0.02  # large enough that a member moves greedy logprobs by ~1e-1, far above LOGPROB_TOL
