@@ -143,7 +143,8 @@ def _wanted(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
 
 
 def _show_samples(args: argparse.Namespace, found: Iterable[dict[str, Any]], source: str) -> int:
-    matched = [s for s in found if _wanted(args)(s)]
+    wanted = _wanted(args)
+    matched = [s for s in found if wanted(s)]
     shown = matched[-args.count :]
     _print(args, {"source": source, "matched": len(matched), "shown": len(shown), "samples": shown}, text.samples)
     return 0

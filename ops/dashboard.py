@@ -52,8 +52,8 @@ def loopback(host: str) -> bool:
 
 async def snapshot(redis: Redis, keys: Keys) -> dict[str, Any]:
     """Everything the page draws, read from the run's Redis."""
-    report = await inspect.run_report(redis, keys)
     streams = await inspect.stream_report(redis, keys)
+    report = await inspect.run_report(redis, keys, streams)  # its group figures from the same read
     raw_state = await redis.hget(keys.trainer_state, "state")
     evals = orjson.loads(raw_state).get("eval_results", {}) if raw_state else {}
     newest = reversed(await redis.xrevrange(keys.metrics, count=VERSIONS))

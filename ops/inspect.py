@@ -103,9 +103,10 @@ GENERATOR_FIGURES = ("orders", "attempts", "stale_skipped", "settled_skipped", "
 DLQ_SCAN = 10_000  # dead letters read to count by reason (the newest ones; the total is XLEN)
 
 
-async def run_report(redis: Redis, keys: Keys) -> dict[str, Any]:
+async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run's health: the trainer (version, in flight and their age, counts), its lease, the generators'
-    figures, dead letters by reason, the oldest pending entry of every group, the last version's metrics."""
+    figures, dead letters by reason, the oldest pending entry of every group, the last version's metrics.
+    `streams`: a `stream_report` the caller has already read (ops.dashboard needs both)."""
     now = await redis_now_ms(redis)
     raw_state = await redis.hget(keys.trainer_state, "state")
     state = orjson.loads(raw_state) if raw_state else None
@@ -121,7 +122,7 @@ async def run_report(redis: Redis, keys: Keys) -> dict[str, Any]:
     lease = await redis.get(keys.trainer_lease)
     generators = {_key(k): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
     by_reason = await letters.by_reason(redis, keys, DLQ_SCAN)
-    streams = await stream_report(redis, keys)
+    streams = streams or await stream_report(redis, keys)
     pending = {f"{name}/{group}": {k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms",
                                                       "oldest_pending_idle_ms")}
                for name, st in streams["streams"].items() for group, g in st["groups"].items()}  # fmt: skip
