@@ -5,7 +5,7 @@ If every member answers every problem the same way, the z-scores are zero and th
 they differ only by luck, the update is noise. For each `--sigma`, `--population` members (antithetic pairs
 with `--antithetic`, as the trainer names them: `trainer.es.members_for`) of the base model answer the
 same `--batch` Countdown training problems, greedily (the trainer's `es_temperature` default) or at
-`--temperature`, through the real engine and the ES weights code (`producers.es`), scored with the
+`--temperature`, through the real engine and the ES weights code (`weights.es`), scored with the
 verifier's own shaped reward (`trainer.data.countdown_reward`; parsing only, nothing is run). Reported per
 sigma:
 
@@ -70,10 +70,10 @@ def cosine(a: list[float], b: list[float]) -> float | None:
 def measure(args: argparse.Namespace) -> dict:
     from producers.engine import Sampling
     from producers.engines import choose, make_engine
-    from producers.model import resolve_model
     from producers.prompts import countdown_messages, extract_countdown, tokenize
     from trainer.data import countdown_problems, countdown_reward
     from trainer.es import members_for, zscore
+    from weights.model import resolve_model
 
     problems = countdown_problems(args.batch, args.seed)
     engine = make_engine(choose(args.engine), resolve_model(args.model), dtype="float32")

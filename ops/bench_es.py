@@ -23,8 +23,8 @@ def bench(args: argparse.Namespace) -> dict:
     import torch
 
     from producers.engines import choose, make_engine
-    from producers.es import ESWeights, digest, load_master, noise
-    from producers.model import resolve_model
+    from weights.es import ESWeights, digest, load_master, noise
+    from weights.model import resolve_model
 
     path = resolve_model(args.model)
     engine_name = choose(args.engine)

@@ -97,7 +97,7 @@ async def service_round(url: str, engine, theorems: list[Theorem], orders: list[
 def bench(url: str, args: argparse.Namespace) -> dict:
     from producers.engine import ENGINE_THREAD
     from producers.engines import choose, make_engine
-    from producers.model import resolve_model
+    from weights.model import resolve_model
 
     engine_name = choose(args.engine)
     # Both sides call the engine from the service's engine thread (see producers/engine.py: ENGINE_THREAD).

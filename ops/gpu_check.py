@@ -4,7 +4,7 @@ What "runs unchanged on a GPU" needs from our own code, checked on a model small
 (the default model's config shrunk to 2 layers of width 64, random weights, the default model's tokenizer;
 a machine without a model cache or network can run it):
 
-- ES noise: `producers.es.noise` on cuda against the same draw on cpu. torch's CUDA generator (Philox) and
+- ES noise: `weights.es.noise` on cuda against the same draw on cpu. torch's CUDA generator (Philox) and
   its CPU generator (Mersenne Twister) give different bits for one seed, so a pool must draw its noise on one
   device type; the check records whether they differ on this machine.
 - the HF engine on cuda: a member perturbation, a step replayed twice to the same digest, greedy answers
@@ -29,9 +29,9 @@ import torch
 import transformers
 
 from producers.engine import Sampling
-from producers.es import noise
 from producers.hf import HFEngine
 from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
+from weights.es import noise
 
 STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,
         "alpha": 0.01}  # fmt: skip

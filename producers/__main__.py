@@ -18,11 +18,11 @@ import structlog
 from producers.config import GeneratorSettings
 from producers.engine import EngineUnavailable, in_engine_thread
 from producers.engines import choose, make_engine
-from producers.model import MissingDependency, ModelNotFound, resolve_model
 from producers.service import GeneratorService
 from streams import logs
 from streams.connect import connect
 from streams.settings import SettingsError
+from weights.model import MissingDependency, ModelNotFound, resolve_model
 
 log = structlog.get_logger("producers")
 

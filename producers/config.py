@@ -11,6 +11,7 @@ from pydantic import Field
 
 from producers.prompts import LEAN_FORMATS
 from streams.settings import RoleSettings
+from weights.model import default_cache_dir
 
 
 class GeneratorSettings(RoleSettings):
@@ -44,6 +45,4 @@ class GeneratorSettings(RoleSettings):
     def snapshots(self) -> Path:
         if self.snapshot_dir:
             return Path(self.snapshot_dir).expanduser()
-        from producers.model import default_cache_dir
-
         return default_cache_dir().parent / "runs" / self.run / "es-snapshots"

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from producers.engine import EngineStats, Sample, Sampling
-from producers.es import ESWeights, digest, load_master
+from weights.es import ESWeights, digest, load_master
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -18,9 +18,9 @@ import structlog
 from redis.asyncio import Redis
 
 from producers.engine import Engine, in_engine_thread
-from producers.model import weights_digest
 from streams.keys import Keys
 from streams.schema import PolicyUpdate, SchemaError, decode
+from weights.model import weights_digest
 
 log = structlog.get_logger("producers.policy")
 

@@ -53,7 +53,7 @@ def _cuda_available() -> bool:
 
 def cpu_environment(threads: int = 0, kv_cache_gib: float = 2) -> dict[str, str]:
     """The variables vLLM's CPU backend reads at start, for what is not already set (returned, and set)."""
-    from producers.model import default_cache_dir
+    from weights.model import default_cache_dir
 
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     if threads:

@@ -5,7 +5,7 @@ worker, so its methods run where the model lives and are called from the engine 
 `llm.collective_rpc("es_use", args=(...))`. RPC arguments and results cross a process boundary as plain
 data (a tensor argument arrives as nested lists): only small dicts, numbers and paths go through here.
 
-The worker owns one `producers.es.ESWeights` (the fp32 master copies). Its `write` callback hands the
+The worker owns one `weights.es.ESWeights` (the fp32 master copies). Its `write` callback hands the
 (checkpoint name, fp32 tensor) pairs to vLLM's `reload_weights(weights_iterator=...)`, which runs the
 model's own `load_weights` (checkpoint names -> fused qkv/gate_up parameters, tensor-parallel shards,
 dtype cast) and then the device's post-load processing. That matters on CPU: vLLM repacks every linear
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from producers.es import ESWeights, Weights, digest, load_master, save_weights
+from weights.es import ESWeights, Weights, digest, load_master, save_weights
 
 
 def _iter_safetensors(folder: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:

@@ -170,7 +170,7 @@ def _schedule(seed: int, rewards: int) -> dict[int, str]:
 
 def _clean_and_faulty(tmp_path: Path, algo: str) -> tuple[Pipeline, Pipeline]:
     """The same run twice, on two private Redis servers: without faults, then with each role killed once."""
-    from producers.model import resolve_model
+    from weights.model import resolve_model
 
     model = resolve_model(None)  # the default model (converted once per machine)
     runs = []

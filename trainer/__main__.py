@@ -33,6 +33,7 @@ from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
 from trainer.run import FINISHED_BEFORE, RunFinished
+from weights.model import resolve_model
 
 log = structlog.get_logger("trainer")
 
@@ -47,8 +48,6 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     bar = _progress(settings.iterations)
     model_path = None
     if settings.algo == "grpo":
-        from producers.model import resolve_model
-
         model_path = await asyncio.to_thread(resolve_model, settings.model)
 
     def fresh_run():

@@ -3,7 +3,7 @@
 The trainer never touches weights for ES. It names members (seed, sign) around a center version, collects
 each member's reward (its success rate on the iteration's theorem batch), z-scores them, and publishes
 the step `{seeds, signs, rewards: z, sigma, alpha}`; every generator applies
-`theta += alpha/N * sum_n z_n sign_n eps_n` itself (producers/es.py), bit for bit the same everywhere.
+`theta += alpha/N * sum_n z_n sign_n eps_n` itself (weights/es.py), bit for bit the same everywhere.
 
 Async mode: members are issued around the newest center so generators never wait for an update. An
 update of center v uses members whose own center is at least v - max_staleness (the freshest first, up to

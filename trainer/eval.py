@@ -359,8 +359,8 @@ def _ranges(values: list[int]) -> str:
 def check_grpo_folder(view: RunView) -> None:
     """Fail before loading a model: the folder entry V names must hold the bytes its digest names. The
     generator's own check (PolicyFollower.load_grpo) runs again right before the weights are loaded."""
-    from producers.model import weights_digest
     from producers.policy import PolicyMismatch
+    from weights.model import weights_digest
 
     update = view.entry()
     folder = Path(update.weights_path)
@@ -406,7 +406,7 @@ def build_engine(settings: TrainerSettings, opts: Options, device: str):
     import transformers
 
     from producers.hf import HFEngine
-    from producers.model import resolve_model
+    from weights.model import resolve_model
 
     transformers.utils.logging.disable_progress_bar()
     # snapshot_every=0: snapshots are only read, never written
@@ -439,11 +439,11 @@ async def apply_policy(engine, redis: Redis, settings: TrainerSettings, view: Ru
 
 
 def weights_digest_of(engine) -> str:
-    """`producers.es.digest` of the weights the engine samples with, under the checkpoint's tensor names:
+    """`weights.es.digest` of the weights the engine samples with, under the checkpoint's tensor names:
     equal digests, equal bits (the test replays ES steps itself and compares)."""
     from safetensors import safe_open
 
-    from producers.es import digest
+    from weights.es import digest
 
     names: set[str] = set()
     for file in sorted(Path(engine.model_path).glob("*.safetensors")):
@@ -669,9 +669,9 @@ def table(line: dict[str, Any], doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from producers.model import MissingDependency, ModelNotFound
     from producers.policy import PolicyMismatch
     from verifier_pool.sandbox import SandboxError
+    from weights.model import MissingDependency, ModelNotFound
 
     started = time.monotonic()
     args = _parser().parse_args(argv)

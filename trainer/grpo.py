@@ -65,6 +65,7 @@ from typing import Any, NamedTuple
 import torch
 
 from streams import faults, files
+from weights.model import weights_digest
 
 ADVANTAGE_MODES = ("grpo", "dr_grpo")
 _TOKENIZER_PATTERNS = (
@@ -462,10 +463,8 @@ class GRPOTrainer:
         Written in a temporary folder (files fsynced) and renamed into place, so the folder either is complete
         or absent. If the folder already exists (a trainer resumed from before it was written): with the same
         digest it is kept; otherwise it is replaced (generators check the digest before loading anyway).
-        Returns the folder and its `producers.model.weights_digest`.
+        Returns the folder and its `weights.model.weights_digest`.
         """
-        from producers.model import weights_digest
-
         policy = self.out_dir / "policy"
         policy.mkdir(parents=True, exist_ok=True)
         final = policy / f"v{version:06d}"

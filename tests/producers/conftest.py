@@ -21,7 +21,7 @@ needs_model = pytest.mark.skipif(
 def model_path():
     if MISSING:
         pytest.skip(f"the default model needs {', '.join(MISSING)}")
-    from producers.model import resolve_model
+    from weights.model import resolve_model
 
     return resolve_model(None)
 

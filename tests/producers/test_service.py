@@ -17,8 +17,6 @@ torch = pytest.importorskip("torch", reason="the generator needs torch (make tes
 
 from producers import prompts  # noqa: E402
 from producers.config import GeneratorSettings  # noqa: E402
-from producers.es import ESStep, ESWeights, digest, load_master  # noqa: E402
-from producers.model import weights_digest  # noqa: E402
 from producers.service import GeneratorService  # noqa: E402
 from streams.keys import GENERATORS, VERIFIERS, Keys  # noqa: E402
 from streams.publisher import Publisher  # noqa: E402
@@ -34,6 +32,9 @@ from streams.schema import (  # noqa: E402
     unpack_int32,
 )
 from streams.theorems import Theorem, register  # noqa: E402
+from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.model import weights_digest  # noqa: E402
+from weights.step import ESStep  # noqa: E402
 
 RUN = "gen"
 KEYS = Keys(RUN)
@@ -219,7 +220,7 @@ async def test_grpo_weights_load_only_with_their_digest(one_redis, engine, tmp_p
     weights = load_master(folder)
     name = "model.layers.0.mlp.up_proj.weight"
     weights[name] = weights[name] + 0.01
-    from producers.es import save_weights
+    from weights.es import save_weights
 
     (file,) = folder.glob("*.safetensors")
     save_weights(weights, file)

@@ -29,7 +29,7 @@ if importlib.util.find_spec("vllm") is None:
 import torch  # noqa: E402
 
 from producers.engine import Sampling  # noqa: E402
-from producers.es import digest, load_master, perturbed, save_weights  # noqa: E402
+from weights.es import digest, load_master, perturbed, save_weights  # noqa: E402
 
 # The same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured), once 1.24e-5 (session 10's
 # rehearsal, a clean clone on a busy machine); the tokens themselves must be equal. Far below a sampling bug's.
@@ -45,7 +45,7 @@ STEPS = {
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    from producers.model import resolve_model
+    from weights.model import resolve_model
 
     try:
         return resolve_model(None)

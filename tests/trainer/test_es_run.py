@@ -33,7 +33,7 @@ def _member(center: int, index: int, score: float) -> MemberState:
 
 def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
     torch = pytest.importorskip("torch")
-    from producers.es import apply_step, noise
+    from weights.es import apply_step, noise
 
     members = [_member(0, i, s) for i, s in enumerate([0.0, 0.5, 1.0, 0.5])]
     cfg = ESConfig(population=4, sigma=0.01, alpha=0.1)
@@ -44,7 +44,7 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
     assert step["members"] == [m.work_id for m in members]
     theta = {"w": torch.randn(5, 3, generator=torch.Generator().manual_seed(1))}
     updated = {"w": theta["w"].clone()}
-    from producers.es import ESStep
+    from weights.step import ESStep
 
     apply_step(updated, ESStep.from_dict(step))
     expected = theta["w"].double() + 0.1 / 4 * sum(

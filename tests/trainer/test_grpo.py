@@ -288,7 +288,7 @@ def test_checkpoint_resume_is_bit_identical(tiny_path, tmp_path):
 
 def _default_tokenizer_folder():
     try:
-        from producers.model import resolve_model
+        from weights.model import resolve_model
 
         return resolve_model(None)
     except Exception:  # the default model is not installed here: test the weights alone
@@ -296,8 +296,8 @@ def _default_tokenizer_folder():
 
 
 def test_save_writes_a_loadable_folder_with_its_digest(tmp_path):
-    from producers.es import load_master
-    from producers.model import weights_digest
+    from weights.es import load_master
+    from weights.model import weights_digest
 
     base = tmp_path / "base"
     tokenizer_src = _default_tokenizer_folder()

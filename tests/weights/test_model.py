@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from producers import model as pm
-from producers.model import MANIFEST, ModelNotFound, resolve_model
+from weights import model as pm
+from weights.model import MANIFEST, ModelNotFound, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +176,7 @@ def test_module_imports_without_torch(tmp_path):
     code = (
         "import sys\n"
         "for name in ('torch', 'transformers', 'gguf', 'accelerate'): sys.modules[name] = None\n"
-        "from producers.model import resolve_model, MissingDependency, _convert\n"
+        "from weights.model import resolve_model, MissingDependency, _convert\n"
         "from pathlib import Path\n"
         f"p = Path({str(tmp_path)!r}); (p / 'config.json').write_text('{{}}')\n"
         "assert resolve_model(str(p), p / 'cache') == p.resolve()\n"
