@@ -19,8 +19,9 @@ from redis.asyncio import Redis
 
 from producers.engine import Engine, in_engine_thread
 from producers.model import weights_digest
+from streams.codec import decode
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, SchemaError, decode
+from streams.schema import PolicyUpdate, SchemaError
 
 log = structlog.get_logger("producers.policy")
 
