@@ -1,12 +1,14 @@
 """What the docker and process backends do alike: a checker started behind a handshake and driven over its
 stdio with the REPL framing (verifier_pool.repl), one request at a time.
 
-`StdioSandbox.request` is the one request path: (re)start when the checker is gone, was cut off mid-exchange
-(a cancelled request: its late reply would be taken for the next one's) or is due for recycling; exchange
-with the time limit; classify. A timeout or a crash is counted, logged and followed by the backend's
-`_discard` (the whole container or process tree is killed: never a retry on a stream out of step); a crash's
-message gets the checker's exit status and stderr tail. A payload refused before anything was sent
-(ValueError) leaves the checker in step. After an answer the backend may recycle (`_answered`).
+`StdioSandbox.request` is the one request path: (re)start when the checker is gone or was cut off
+mid-exchange (a cancelled request: its late reply would be taken for the next one's), or when a backend that
+recycles lazily says so (`_needs_restart`: docker, past `max_requests` or its memory threshold); exchange with
+the time limit; classify. A timeout or a crash is counted, logged and followed by the backend's `_discard`
+(the whole container or process tree is killed: never a retry on a stream out of step); a crash's message
+gets the checker's exit status and stderr tail. A payload refused before anything was sent (ValueError)
+leaves the checker in step. After an answer a backend may read its memory or recycle at once (`_answered`:
+process).
 
 A backend owns how its checker is isolated, started and killed (`start`, `kill`, `_discard`), how its memory
 is read (`memory_bytes`, `_answered`), `take_file`, and how to tell that its checker runs (`_running`,
