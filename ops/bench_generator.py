@@ -67,7 +67,8 @@ def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple
 async def service_round(url: str, engine, theorems: list[Theorem], orders: list[WorkOrder], run: str):
     from producers.config import GeneratorSettings
     from producers.service import GeneratorService
-    from streams.schema import Attempt, decode
+    from streams.codec import decode
+    from streams.schema import Attempt
 
     redis = connect(url)
     keys = Keys(run)

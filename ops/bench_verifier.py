@@ -52,10 +52,11 @@ from redis.asyncio import Redis
 
 from consumers.service import VerifierService
 from streams import logs
+from streams.codec import decode, encode_flat
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import Attempt, Reward, decode, encode_flat
+from streams.schema import Attempt, Reward
 from streams.theorems import register
 from trainer.data import countdown_problems
 from verifier_pool import docker_backend, process

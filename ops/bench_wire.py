@@ -23,12 +23,13 @@ import orjson
 import redis as redis_sync
 from redis.asyncio import Redis
 
+from streams.codec import encode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
-from streams.schema import Attempt, Reward, encode
+from streams.schema import Attempt, Reward
 from streams.settle import _SETTLE_LUA
 
 PROOF = "theorem t : 1 + 1 = 2 := by\n  norm_num"

@@ -17,9 +17,10 @@ import orjson
 from redis.asyncio import Redis
 
 from streams import letters
+from streams.codec import VERSION_FIELD, decode
 from streams.groups import consumer_states, group_states
 from streams.keys import Keys
-from streams.schema import BY_STREAM, VERSION_FIELD, DeadLetter, SchemaError, decode
+from streams.schema import BY_STREAM, DeadLetter, SchemaError
 from trainer.es import MemberState
 
 

@@ -23,13 +23,14 @@ import orjson
 from redis.asyncio import Redis
 
 from consumers.verifier import verdict_digest
+from streams.codec import pack_float32, pack_int32
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.groups import trim_acked
 from streams.keys import TRAINER, VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery
-from streams.schema import Attempt, Member, Reward, pack_float32, pack_int32
+from streams.schema import Attempt, Member, Reward
 from streams.theorems import Theorem
 from verifier_pool.judgement import Judgement
 

@@ -18,8 +18,9 @@ import structlog
 from redis.asyncio import Redis
 
 from producers.engine import Engine, in_engine_thread
+from streams.codec import decode
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, SchemaError, decode
+from streams.schema import PolicyUpdate, SchemaError
 from weights.model import weights_digest
 
 log = structlog.get_logger("producers.policy")

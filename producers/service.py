@@ -32,10 +32,11 @@ from producers import prompts
 from producers.config import GeneratorSettings
 from producers.engine import Engine, Sampling, in_engine_thread
 from producers.policy import PolicyFollower, PolicyMismatch
+from streams.codec import pack_float32, pack_int32
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
-from streams.schema import Attempt, WorkOrder, pack_float32, pack_int32
+from streams.schema import Attempt, WorkOrder
 from streams.theorems import Theorem
 from weights.es import device_type
 

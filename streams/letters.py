@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from streams.codec import decode
 from streams.keys import Keys
-from streams.schema import DeadLetter, SchemaError, decode
+from streams.schema import DeadLetter, SchemaError
 
 
 def reason_kind(reason: str) -> str:

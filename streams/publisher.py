@@ -13,9 +13,10 @@ from collections.abc import Sequence
 import structlog
 from redis.asyncio import Redis
 
+from streams.codec import encode_flat
 from streams.groups import group_states
 from streams.keys import Keys
-from streams.schema import BY_STREAM, Message, encode_flat
+from streams.schema import BY_STREAM, Message
 
 log = structlog.get_logger("streams.publisher")
 

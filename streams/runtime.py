@@ -38,9 +38,10 @@ from redis import exceptions as rx
 from redis.asyncio import Redis
 
 from streams.claims import Claims
+from streams.codec import decoder
 from streams.groups import id_order
 from streams.keys import Keys
-from streams.schema import DeadLetter, M, Message, SchemaError, decoder, fast_init
+from streams.schema import DeadLetter, M, Message, SchemaError, fast_init
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")

@@ -24,8 +24,9 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from streams.codec import decode
 from streams.keys import Keys
-from streams.schema import Attempt, Reward, SchemaError, decode
+from streams.schema import Attempt, Reward, SchemaError
 
 FOLDER = "samples"
 # A sample keeps at most this much of the model's text and of the proof (a completion of the default model is

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from streams.codec import encode_flat
 from streams.keys import Keys
-from streams.schema import DeadLetter, Message, encode_flat
+from streams.schema import DeadLetter, Message
 
 _SETTLE_LUA = """
 -- KEYS[1] source stream  KEYS[2] result stream  KEYS[3] dead-letter stream  KEYS[4..] done markers

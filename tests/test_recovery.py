@@ -26,9 +26,10 @@ import orjson
 import pytest
 import redis as redis_sync
 
+from streams.codec import decode
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, decode
+from streams.schema import PolicyUpdate
 from verifier_pool import process
 
 pytestmark = [

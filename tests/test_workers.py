@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from consumers.service import VerifierService
+from streams.codec import decode
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
-from streams.schema import Attempt, Reward, decode
+from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
 from verifier_pool import process
 

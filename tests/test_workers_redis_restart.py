@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from streams.codec import decode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from streams.publisher import Publisher
-from streams.schema import Attempt, Reward, decode
+from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
 from verifier_pool import process
 

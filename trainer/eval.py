@@ -53,10 +53,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from streams import files, logs
+from streams.codec import decode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, SchemaError, decode
+from streams.schema import PolicyUpdate, SchemaError
 from streams.settings import SettingsError
 from streams.theorems import Theorem
 from trainer.config import TrainerSettings

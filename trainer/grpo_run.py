@@ -32,9 +32,10 @@ import structlog
 import torch
 
 from streams import faults
+from streams.codec import decode, encode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
-from streams.schema import Attempt, PolicyUpdate, SchemaError, decode, encode, unpack_float32, unpack_int32
+from streams.schema import Attempt, PolicyUpdate, SchemaError
 from trainer.es import MemberState, split_fresh
 from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
 from trainer.run import Run

@@ -50,10 +50,11 @@ import structlog
 from redis.asyncio import Redis
 
 from streams import samples
+from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
-from streams.schema import DeadLetter, Member, PolicyUpdate, Reward, SchemaError, WorkOrder, decode, encode
+from streams.schema import DeadLetter, Member, PolicyUpdate, Reward, SchemaError, WorkOrder
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
 from trainer.es import PRESETS, ESConfig, MemberState, make_step, members_for, select

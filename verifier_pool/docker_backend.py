@@ -21,13 +21,14 @@ its handshake (`DockerSandboxConfig.handshake`); a container whose checker does 
 missing, exits, or prints something else) is removed and start() raises SandboxUnavailable, so a broken image
 is the infrastructure's failure, never a crash blamed on a proof. `identity` is then the image id the
 container runs (sha256:...) plus the checker's own digest when its handshake reply carries one: what judges,
-for the verdict cache key. request() restarts first when the container is
-gone, after `max_requests` answers, or once its memory (cgroup usage less inactive file cache, as `docker
-stats` shows it) passed `max_memory_bytes`; a timeout or a crash kills and removes the container (a forced
-remove: the daemon SIGKILLs every process in it, then removes it; killing a client would leave the
-container running) and raises; kill() returns once the container is removed. Every blocking SDK call
-runs in a thread (asyncio.to_thread). Memory is read from the container's cgroup files when the daemon is
-local (microseconds), else asked of the daemon in the background (its one-shot stats take up to a second).
+for the verdict cache key. request() (verifier_pool.sandbox_base) restarts first when the container is
+gone, after a request cut off mid-exchange, after `max_requests` answers, or once its memory (cgroup usage
+less inactive file cache, as `docker stats` shows it) passed `max_memory_bytes`; a timeout or a crash kills
+and removes the container (a forced remove: the daemon SIGKILLs every process in it, then removes it;
+killing a client would leave the container running) and raises; kill() returns once the container is
+removed. Every blocking SDK call runs in a thread (asyncio.to_thread). Memory is read from the container's
+cgroup files when the daemon is local (microseconds), else asked of the daemon in the background (its
+one-shot stats take up to a second).
 
 What it does NOT protect against: kernel bugs (containers share the host kernel; set `runtime="runsc"` for
 gVisor where installed), a Docker daemon reachable from the worker is root on the host (whoever controls the
@@ -38,21 +39,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import os
 import re
 import socket
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from verifier_pool import proctree
 from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake, ReplStream, handshake
-from verifier_pool.sandbox import SandboxCrashed, SandboxStats, SandboxTimeout, SandboxUnavailable
+from verifier_pool.sandbox import SandboxUnavailable
+from verifier_pool.sandbox_base import EXIT_GRACE_S, StderrTail, StdioSandbox
 
 log = structlog.get_logger("verifier_pool.docker")
 
@@ -66,7 +67,6 @@ LEAN_REPL_ARGV = ("lean-repl",)  # in the Lean image: the REPL with Mathlib's se
 NOBODY = "65534:65534"
 
 _SETUP_HINT = "run ops/docker_setup.sh (installs docker.io, starts dockerd, builds the local images)"
-_EXIT_GRACE_S = 1.0  # after EOF on stdout, how long a crashing container gets to exit and finish stderr
 _STDOUT_BUFFER_BYTES = 256 * 1024  # unread stdout above 2x this pauses reading the attach socket
 _FRAME_HEADER = 8
 _DAEMON_STATS_INTERVAL_S = 5.0  # the daemon's stats can take a second: asked in the background, this seldom
@@ -168,19 +168,13 @@ def daemon_ready(image: str, *, base_url: str | None = None) -> bool:
     return why_unavailable(image, base_url=base_url) is None
 
 
-@functools.cache
-def _own_start_ticks(pid: int) -> str | None:
-    return _start_ticks(pid)
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), None if it does not exist."""
+    stat = proctree.read_stat(pid)
+    return stat[2] if stat is not None else None
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot) from /proc, None if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
+_own_start_ticks = functools.cache(_start_ticks)  # this worker's, asked for every sandbox's owner label
 
 
 def default_owner(prefix: str = "") -> str:
@@ -198,7 +192,7 @@ def _owner_alive(owner: str) -> bool:
     m = _OWNER.search(owner)
     if m is None or m["host"] != socket.gethostname():
         return False
-    return _start_ticks(int(m["pid"])) == m["start"]
+    return _start_ticks(int(m["pid"])) == int(m["start"])
 
 
 def remove_orphans(
@@ -260,12 +254,11 @@ def _short(e: BaseException) -> str:
 class _AttachProtocol(asyncio.Protocol):
     """Demultiplexes the attach stream: stdout into `stdout`, stderr into a bounded tail."""
 
-    def __init__(self, stderr_tail_bytes: int) -> None:
+    def __init__(self, stderr: StderrTail) -> None:
         self.stdout = asyncio.StreamReader(limit=_STDOUT_BUFFER_BYTES)
-        self.stderr_tail = bytearray()
+        self.stderr = stderr
         self.closed = asyncio.Event()
         self.transport: asyncio.Transport | None = None
-        self._keep = stderr_tail_bytes
         self._header = bytearray()
         self._stream = 0
         self._left = 0  # payload bytes of the current frame still to come
@@ -294,8 +287,7 @@ class _AttachProtocol(asyncio.Protocol):
             if self._stream == _STDOUT:
                 self.stdout.feed_data(bytes(chunk))
             elif self._stream in (_STDERR, _SYSERR):
-                self.stderr_tail += chunk
-                del self.stderr_tail[: -self._keep]
+                self.stderr.feed(chunk)
 
     def eof_received(self) -> bool:
         return False  # the container's output ended: close the connection
@@ -354,21 +346,20 @@ def _raw_socket(attached) -> socket.socket:
 # -- the sandbox ------------------------------------------------------------------------------------------
 
 
-class DockerSandbox:
-    """One checker in a container; the Sandbox protocol of verifier_pool.sandbox."""
+class DockerSandbox(StdioSandbox):
+    """One checker in a container; the Sandbox protocol of verifier_pool.sandbox (its request path:
+    verifier_pool.sandbox_base)."""
 
     backend = "docker"
+    _log = log
 
     def __init__(self, config: DockerSandboxConfig, sandbox_id: str | None = None) -> None:
-        self.config = config
-        self.sandbox_id = sandbox_id or f"docker-{uuid.uuid4().hex[:8]}"
+        super().__init__(config, sandbox_id)
+        self.config: DockerSandboxConfig = config
         self.owner = config.owner or default_owner()
-        self.identity = ""  # set by each start that the checker answered; "" while none has
-        self._stats = SandboxStats(sandbox_id=self.sandbox_id, backend=self.backend)
         self._client = None
         self._container = None
         self._protocol: _AttachProtocol | None = None
-        self._stream: ReplStream | None = None
         self._over_memory = False
         self._memory_checked = 0.0
         self._memory_task: asyncio.Task | None = None
@@ -399,7 +390,7 @@ class DockerSandbox:
             )
             sock = _raw_socket(attached)
             loop = asyncio.get_running_loop()
-            protocol = _AttachProtocol(self.config.stderr_tail_bytes)
+            protocol = _AttachProtocol(self._fresh_stderr())
             try:
                 await loop.create_connection(lambda: protocol, sock=sock)
             except BaseException:
@@ -427,48 +418,18 @@ class DockerSandbox:
                 await self.kill()
             raise
         except SandboxUnavailable as e:
-            detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if protocol.stdout.at_eof() else 0)
+            detail = await self._exit_detail(wait_s=EXIT_GRACE_S if protocol.stdout.at_eof() else 0)
             with contextlib.suppress(SandboxUnavailable):  # the handshake's failure is the one to report
                 await self.kill()
             raise SandboxUnavailable(f"{self.config.image} ({self.config.argv[0]} ...): {e} ({detail})") from e
         image_id = container.attrs.get("Image", "")  # the id of what runs, whatever the tag names by now
         digest = reply.get("digest")
-        self.identity = f"{image_id}+{digest}" if isinstance(digest, str) and digest else image_id
         self._over_memory = False
         self._memory_checked = float("-inf")
         self._cgroup_dir = None
-        self._stats.requests = 0
-        self._stats.starts += 1
         self._stats.extra.update(container=container.short_id, image=self.config.image)
-        log.info("sandbox_started", sandbox=self.sandbox_id, container=container.short_id,
-                 start_ms=_ms_since(started))  # fmt: skip
-
-    async def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self._needs_restart():
-            if self._container is not None and not self._protocol.closed.is_set():
-                log.info("sandbox_recycle", sandbox=self.sandbox_id, requests=self._stats.requests,
-                         over_memory=self._over_memory)  # fmt: skip
-            await self.start()
-        stream, protocol = self._stream, self._protocol
-        assert stream is not None and protocol is not None
-        try:
-            response = await stream.exchange(payload, timeout_s)
-        except SandboxTimeout:
-            self._stats.timeouts += 1
-            await self.kill()
-            log.warning("sandbox_timeout", sandbox=self.sandbox_id, timeout_s=timeout_s)
-            raise
-        except SandboxCrashed as e:
-            self._stats.crashes += 1
-            detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if protocol.stdout.at_eof() else 0)
-            await self.kill()
-            log.warning("sandbox_crashed", sandbox=self.sandbox_id, error=str(e), detail=detail)
-            raise SandboxCrashed(f"{e} ({detail})") from e
-        self._stats.requests += 1
-        self._stats.total_requests += 1
-        if self.config.max_memory_bytes is not None:
-            await self._check_memory()
-        return response
+        identity = f"{image_id}+{digest}" if isinstance(digest, str) and digest else image_id
+        self._started(started, identity, container=container.short_id)
 
     async def kill(self) -> None:
         """Kill and remove the container (not just our connection to it); return once it is gone.
@@ -520,18 +481,33 @@ class DockerSandbox:
             raise ValueError(f"{path} holds more than {max_bytes} bytes")
         return data
 
-    def stats(self) -> SandboxStats:
-        return dataclasses.replace(self._stats, extra=dict(self._stats.extra))
-
     # -- internals ---------------------------------------------------------------------------------------
 
     @property
     def container_id(self) -> str | None:
         return self._container.id if self._container is not None else None
 
-    @property
-    def stderr_tail(self) -> str:
-        return self._protocol.stderr_tail.decode("utf-8", "replace") if self._protocol is not None else ""
+    def _running(self) -> bool:
+        return self._container is not None and self._protocol is not None and not self._protocol.closed.is_set()
+
+    def _stdout_at_eof(self) -> bool:
+        return self._protocol is not None and self._protocol.stdout.at_eof()
+
+    def _needs_restart(self) -> bool:
+        if super()._needs_restart():
+            return True
+        if self._over_memory or self._requests_spent():  # recycled lazily: by the next request
+            log.info("sandbox_recycle", sandbox=self.sandbox_id, requests=self._stats.requests,
+                     over_memory=self._over_memory)  # fmt: skip
+            return True
+        return False
+
+    async def _answered(self) -> None:
+        if self.config.max_memory_bytes is not None:
+            await self._check_memory()
+
+    async def _discard(self) -> None:
+        await self.kill()
 
     async def _check_memory(self) -> None:
         now = time.monotonic()
@@ -566,12 +542,6 @@ class DockerSandbox:
             if self._cgroup_dir is False:
                 return None
         return _read_cgroup_memory(self._cgroup_dir)
-
-    def _needs_restart(self) -> bool:
-        if self._container is None or self._protocol is None or self._protocol.closed.is_set():
-            return True
-        max_requests = self.config.max_requests
-        return self._over_memory or (max_requests is not None and self._stats.requests >= max_requests)
 
     def _create(self):
         docker = _docker()
@@ -612,18 +582,15 @@ class DockerSandbox:
         except Exception as e:
             raise SandboxUnavailable(f"cannot create a container of {c.image} ({_short(e)})") from e
 
-    async def _exit_detail(self, wait_s: float) -> str:
-        """Exit status (OOM kill included) and stderr tail, for the error message. A crashing container is
-        given `wait_s` to exit and to finish its stderr (the interesting line comes last)."""
+    async def _exit_status(self, wait_s: float) -> str | None:
+        """The container's exit status, an OOM kill included."""
         container, protocol = self._container, self._protocol
         if container is None or protocol is None:
-            return "not running"
+            return None
         if wait_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(protocol.closed.wait(), wait_s)
-        state = await asyncio.to_thread(_exit_state, container, wait_s)
-        tail = protocol.stderr_tail.decode("utf-8", "replace")[-1000:]
-        return f"{state}; stderr tail: {tail!r}"
+        return await asyncio.to_thread(_exit_state, container, wait_s)
 
 
 def _exit_state(container, wait_s: float) -> str:
@@ -699,7 +666,3 @@ def _daemon_memory(container) -> int | None:
     detail = memory.get("stats") or {}
     inactive = detail.get("total_inactive_file", detail.get("inactive_file", 0))  # cgroup v1 / v2
     return max(0, memory["usage"] - inactive)
-
-
-def _ms_since(started: float) -> int:
-    return round((time.monotonic() - started) * 1000)

@@ -65,13 +65,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import shutil
 import signal
 import stat
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +93,8 @@ from verifier_pool.process_argv import (  # noqa: F401  (_probe, _bwrap_supports
     unshare_argv,
 )
 from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake, ReplStream, handshake
-from verifier_pool.sandbox import SandboxCrashed, SandboxStats, SandboxTimeout, SandboxUnavailable
+from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
+from verifier_pool.sandbox_base import EXIT_GRACE_S, StderrTail, StdioSandbox
 
 log = structlog.get_logger("verifier_pool.process")
 
@@ -105,7 +104,6 @@ _INSTALL_HINT = (
     "Debian; kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap on Ubuntu >= 23.10)"
 )
 _GONE_TIMEOUT_S = 2.0  # kill() waits this long for the tree to vanish; SIGKILL'd processes exit in ms
-_EXIT_GRACE_S = 1.0  # after EOF on stdout, how long a crash gets to finish writing stderr and exit
 _LEADER_EXIT_S = 0.5  # bwrap/unshare exit within ms of their child's death
 
 
@@ -162,21 +160,18 @@ class ProcessSandboxConfig:
             raise ValueError(f"memory_poll_s must be positive, not {self.memory_poll_s}")
 
 
-class ProcessSandbox:
-    """One checker under bwrap/unshare; the Sandbox protocol of verifier_pool.sandbox."""
+class ProcessSandbox(StdioSandbox):
+    """One checker under bwrap/unshare; the Sandbox protocol of verifier_pool.sandbox (its request path:
+    verifier_pool.sandbox_base)."""
 
     backend = "process"
+    _log = log
 
     def __init__(self, config: ProcessSandboxConfig, sandbox_id: str | None = None) -> None:
-        self.config = config
-        self.sandbox_id = sandbox_id or f"process-{uuid.uuid4().hex[:8]}"
-        self.identity = ""
-        self._stats = SandboxStats(sandbox_id=self.sandbox_id, backend=self.backend)
+        super().__init__(config, sandbox_id)
+        self.config: ProcessSandboxConfig = config
         self._proc: asyncio.subprocess.Process | None = None
-        self._stream: ReplStream | None = None
-        self._stderr_tail = bytearray()
         self._stderr_task: asyncio.Task | None = None
-        self._in_flight = False  # still True after an exchange that never finished (cancelled): out of step
         self._status_transport: asyncio.ReadTransport | None = None
         self._uid_lease: sandbox_uids.UidLease | None = None
         self._over_cap: str | None = None  # set by the memory watchdog when it killed the tree
@@ -206,8 +201,7 @@ class ProcessSandbox:
         finally:
             os.close(status_write)  # the sandbox holds its own copy; EOF on ours means it gave up
             os.close(lifeline_read)
-        self._stderr_tail = bytearray()
-        self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc.stderr))
+        self._stderr_task = asyncio.create_task(_drain_stderr(self._proc.stderr, self._fresh_stderr()))
         self._stream = ReplStream(
             self._proc.stdout, self._proc.stdin, max_response_bytes=self.config.max_response_bytes
         )
@@ -217,7 +211,7 @@ class ProcessSandbox:
             reply = await handshake(self._stream, self.config.handshake, self.config.start_timeout_s)
             identity = reply.get("digest") or await asyncio.to_thread(checker_digest, self.config)
         except (SandboxUnavailable, OSError) as e:
-            detail = await self._exit_detail(wait_s=_EXIT_GRACE_S)
+            detail = await self._exit_detail(wait_s=EXIT_GRACE_S)
             await self._stop()
             raise SandboxUnavailable(f"{e} ({detail})") from e
         except BaseException:  # cancelled: nothing of a half-started sandbox stays behind
@@ -226,56 +220,11 @@ class ProcessSandbox:
         if self._stats.starts == 0 and self.config.uid is not None and os.geteuid() == 0:
             hint = "sandboxes given one uid share its process quota; leave uid unset for a uid each"
             log.warning("sandbox_uid_given", sandbox=self.sandbox_id, uid=self.config.uid, hint=hint)
-        self.identity = str(identity)
         self._oom_kills = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        self._in_flight = False
-        self._stats.requests = 0
-        self._stats.starts += 1
         self._stats.extra["isolation"] = tool
         self._stats.extra["uid"] = self._uid()
         self._stats.extra["memory_cgroup"] = self._cgroup.path if self._cgroup is not None else None
-        log.info(
-            "sandbox_started", sandbox=self.sandbox_id, isolation=tool, uid=self._uid(), start_ms=_ms_since(started)
-        )
-
-    async def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if self._needs_restart():  # not started yet, an exchange cut off by cancellation, a failed restart
-            await self.start()
-        assert self._stream is not None and self._proc is not None
-        self._in_flight = True
-        self._over_cap = None
-        if self.config.memory_limit_bytes is not None:
-            self._watchdog = asyncio.get_running_loop().call_later(
-                self.config.memory_poll_s, self._watch_memory, self._proc
-            )
-        try:
-            try:
-                response = await self._stream.exchange(payload, timeout_s)
-            finally:
-                if self._watchdog is not None:
-                    self._watchdog.cancel()
-                    self._watchdog = None
-        except ValueError:
-            self._in_flight = False  # refused before anything was sent: the checker is still in step
-            raise
-        except SandboxTimeout:
-            if self._over_cap is not None:  # killed by the watchdog as the timer fired
-                await self._crashed(SandboxCrashed(self._over_cap))
-            self._stats.timeouts += 1
-            log.warning("sandbox_timeout", sandbox=self.sandbox_id, timeout_s=timeout_s)
-            await self._replace()
-            raise
-        except SandboxCrashed as e:
-            if self._over_cap is None and self._cgroup is not None and self._cgroup.oom_kills() > self._oom_kills:
-                cap = self.config.memory_limit_bytes
-                self._over_cap = f"memory cap: the kernel killed the sandbox's processes at its cgroup's {cap} bytes"
-            await self._crashed(SandboxCrashed(self._over_cap) if self._over_cap is not None else e)
-        self._in_flight = False
-        self._stats.requests += 1
-        self._stats.total_requests += 1
-        if self._recycle_due():
-            await self._replace()
-        return response
+        self._started(started, str(identity), isolation=tool, uid=self._uid())
 
     async def kill(self) -> None:
         """Stop the checker for good (until the next start): the whole tree, then the uid's lease."""
@@ -305,9 +254,6 @@ class ProcessSandbox:
             raise SandboxUnavailable(f"sandbox {self.sandbox_id} has no running checker to read {path} from")
         return await asyncio.to_thread(_take_inside, pids[-1], path, max_bytes)
 
-    def stats(self) -> SandboxStats:
-        return dataclasses.replace(self._stats, extra=dict(self._stats.extra))
-
     # -- internals ---------------------------------------------------------------------------------------
 
     @property
@@ -316,21 +262,49 @@ class ProcessSandbox:
         None if not running."""
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
-    @property
-    def stderr_tail(self) -> str:
-        return self._stderr_tail.decode("utf-8", "replace")
-
     def _uid(self) -> int:
         if self.config.uid is not None:
             return self.config.uid
         return self._uid_lease.uid if self._uid_lease is not None else os.geteuid()
 
-    async def _crashed(self, error: SandboxCrashed) -> None:
-        self._stats.crashes += 1
-        detail = await self._exit_detail(wait_s=_EXIT_GRACE_S if self._proc.stdout.at_eof() else 0)
-        log.warning("sandbox_crashed", sandbox=self.sandbox_id, error=str(error), detail=detail)
+    def _running(self) -> bool:
+        return self.pid is not None
+
+    def _stdout_at_eof(self) -> bool:
+        return self._proc is not None and self._proc.stdout.at_eof()
+
+    async def _exchange(self, stream: ReplStream, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The exchange under the memory watchdog; a death the memory cap caused is a crash that says so."""
+        proc = self._proc
+        assert proc is not None
+        self._over_cap = None
+        if self.config.memory_limit_bytes is not None:
+            self._watchdog = asyncio.get_running_loop().call_later(self.config.memory_poll_s, self._watch_memory, proc)
+        try:
+            try:
+                return await stream.exchange(payload, timeout_s)
+            finally:
+                if self._watchdog is not None:
+                    self._watchdog.cancel()
+                    self._watchdog = None
+        except SandboxTimeout as e:
+            if self._over_cap is not None:  # killed by the watchdog as the timer fired
+                raise SandboxCrashed(self._over_cap) from e
+            raise
+        except SandboxCrashed as e:
+            if self._over_cap is None and self._cgroup is not None and self._cgroup.oom_kills() > self._oom_kills:
+                cap = self.config.memory_limit_bytes
+                self._over_cap = f"memory cap: the kernel killed the sandbox's processes at its cgroup's {cap} bytes"
+            if self._over_cap is not None:
+                raise SandboxCrashed(self._over_cap) from e
+            raise
+
+    async def _answered(self) -> None:
+        if self._recycle_due():
+            await self._replace()
+
+    async def _discard(self) -> None:
         await self._replace()
-        raise SandboxCrashed(f"{error} ({detail})") from error
 
     def _watch_memory(self, proc: asyncio.subprocess.Process) -> None:
         """Every `memory_poll_s` during one request: kill the tree once its resident memory plus its /tmp pass
@@ -390,12 +364,8 @@ class ProcessSandbox:
                 await asyncio.wait_for(stderr_task, 1.0)
         await proctree.wait_gone(tree, _GONE_TIMEOUT_S)
 
-    def _needs_restart(self) -> bool:
-        return self._proc is None or self._proc.returncode is not None or self._in_flight
-
     def _recycle_due(self) -> bool:
-        max_requests = self.config.max_requests
-        if max_requests is not None and self._stats.requests >= max_requests:
+        if self._requests_spent():
             log.info("sandbox_recycle", sandbox=self.sandbox_id, reason="requests", requests=self._stats.requests)
             return True
         now = time.monotonic()
@@ -534,22 +504,18 @@ class ProcessSandbox:
         except TimeoutError:
             return b""
 
-    async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
-        keep = self.config.stderr_tail_bytes
-        while chunk := await stream.read(65536):
-            self._stderr_tail += chunk
-            del self._stderr_tail[:-keep]
-
-    async def _exit_detail(self, wait_s: float) -> str:
-        """Exit status and stderr tail, for the error message. A crashing checker is given `wait_s` to exit
-        and finish its stderr (the interesting line, e.g. `Stack overflow detected`, comes last)."""
+    async def _exit_status(self, wait_s: float) -> str | None:
         proc = self._proc
         if proc is None:
-            return "not running"
+            return None
         if wait_s > 0 and self._stderr_task is not None:
             await asyncio.wait([asyncio.ensure_future(proc.wait()), self._stderr_task], timeout=wait_s)
-        status = "still running" if proc.returncode is None else f"exit status {proc.returncode}"
-        return f"{status}; stderr tail: {self.stderr_tail[-1000:]!r}"
+        return "still running" if proc.returncode is None else f"exit status {proc.returncode}"
+
+
+async def _drain_stderr(stream: asyncio.StreamReader, tail: StderrTail) -> None:
+    while chunk := await stream.read(65536):
+        tail.feed(chunk)
 
 
 def _take_inside(pid: int, path: str, max_bytes: int) -> bytes:
@@ -572,10 +538,6 @@ def _take_inside(pid: int, path: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise ValueError(f"{path} holds more than {max_bytes} bytes")
     return data
-
-
-def _ms_since(started: float) -> int:
-    return round((time.monotonic() - started) * 1000)
 
 
 def _ensure_dir(path: str, mode: int) -> None:

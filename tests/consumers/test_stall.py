@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from streams.codec import decode
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.runtime import ensure_group
-from streams.schema import Attempt, Reward, decode
+from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
 from verifier_pool import process
 

@@ -19,11 +19,12 @@ import redis as redis_sync
 from consumers.service import VerifierService
 from consumers.verifier import VerifyHandler, verdict_digest
 from ops import health
+from streams.codec import decode
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.runtime import Delivery
-from streams.schema import Attempt, DeadLetter, Reward, decode
+from streams.schema import Attempt, DeadLetter, Reward
 from streams.theorems import Theorem, register
 from verifier_pool import docker_backend, process
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker

@@ -17,8 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from streams.codec import encode
 from streams.keys import Keys
-from streams.schema import Attempt, DeadLetter, Member, Reward, encode
+from streams.schema import Attempt, DeadLetter, Member, Reward
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from streams import samples
+from streams.codec import encode
 from streams.keys import Keys
-from streams.schema import Attempt, Member, Reward, encode
+from streams.schema import Attempt, Member, Reward
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import redis as redis_sync
 
+from streams.codec import decode
 from streams.connect import connect
 from streams.keys import GENERATORS, Keys
 from streams.publisher import Publisher
-from streams.schema import Attempt, WorkOrder, decode
+from streams.schema import Attempt, WorkOrder
 from streams.theorems import Theorem
 from tests.producers.conftest import needs_model
 

@@ -18,19 +18,11 @@ torch = pytest.importorskip("torch", reason="the generator needs torch (make tes
 from producers import prompts  # noqa: E402
 from producers.config import GeneratorSettings  # noqa: E402
 from producers.service import GeneratorService  # noqa: E402
+from streams.codec import decode, unpack_float32, unpack_int32  # noqa: E402
 from streams.keys import GENERATORS, VERIFIERS, Keys  # noqa: E402
 from streams.publisher import Publisher  # noqa: E402
 from streams.runtime import ensure_group  # noqa: E402
-from streams.schema import (  # noqa: E402
-    Attempt,
-    DeadLetter,
-    Member,
-    PolicyUpdate,
-    WorkOrder,
-    decode,
-    unpack_float32,
-    unpack_int32,
-)
+from streams.schema import Attempt, DeadLetter, Member, PolicyUpdate, WorkOrder  # noqa: E402
 from streams.theorems import Theorem, register  # noqa: E402
 from weights.es import ESWeights, digest, load_master  # noqa: E402
 from weights.model import weights_digest  # noqa: E402

@@ -52,13 +52,14 @@ import pytest
 import redis as redis_sync
 from redis import exceptions as rx
 
+from streams.codec import decode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis, find_redis_server
 from streams.groups import group_states
 from streams.keys import VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import ensure_group
-from streams.schema import Attempt, DeadLetter, Reward, decode
+from streams.schema import Attempt, DeadLetter, Reward
 from tests.streams.chaos_worker import POISON
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from streams.claims import Claims
+from streams.codec import decode
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
-from streams.schema import Attempt, Reward, decode
+from streams.schema import Attempt, Reward
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_MS = 1500  # the deadline in these tests: refresh every 300 ms

@@ -9,11 +9,12 @@ from collections import Counter
 
 import pytest
 
+from streams.codec import decode, encode
 from streams.groups import group_states
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison
-from streams.schema import Attempt, DeadLetter, Reward, decode, encode
+from streams.schema import Attempt, DeadLetter, Reward
 
 FAST = ConsumerSettings(batch_size=10, block_ms=50, claim_idle_ms=150, claim_every_ms=0, retry_delay_ms=100,
                         max_deliveries=3)  # fmt: skip

@@ -8,7 +8,8 @@ import gzip
 import orjson
 
 from streams import samples
-from streams.schema import Attempt, Member, Reward, encode
+from streams.codec import encode
+from streams.schema import Attempt, Member, Reward
 
 
 def _attempt(i: int, text: str = "") -> Attempt:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 
 from streams import sweeps
+from streams.codec import decode
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.runtime import ConsumerSettings, ensure_group
-from streams.schema import Attempt, DeadLetter, decode
+from streams.schema import Attempt, DeadLetter
 
 from .test_runtime import attempt
 

@@ -16,9 +16,10 @@ import orjson
 import pytest
 import redis as redis_sync
 
+from streams.codec import decode
 from streams.groups import id_order
 from streams.keys import TRAINER, Keys
-from streams.schema import PolicyUpdate, WorkOrder, decode
+from streams.schema import PolicyUpdate, WorkOrder
 from tests.fixtures.fake_roles import fake_reward
 from trainer.es import ESConfig, MemberState, make_step, members_for, select, zscore
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from streams.codec import encode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, encode
+from streams.schema import PolicyUpdate
 from streams.theorems import register
 from tests.producers.conftest import needs_model
 from trainer import eval as ev

@@ -26,9 +26,10 @@ import pytest
 import redis as redis_sync
 import torch
 
+from streams.codec import decode
 from streams.faults import ENV
 from streams.keys import Keys
-from streams.schema import PolicyUpdate, decode
+from streams.schema import PolicyUpdate
 from tests.trainer.test_grpo import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]

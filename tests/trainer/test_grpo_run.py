@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from streams.codec import pack_float32, pack_int32
 from streams.keys import GENERATORS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery
-from streams.schema import Attempt, Reward, WorkOrder, pack_float32, pack_int32
+from streams.schema import Attempt, Reward, WorkOrder
 from tests.trainer.test_grpo import tiny_llama
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems

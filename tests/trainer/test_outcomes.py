@@ -19,9 +19,10 @@ import orjson
 import pytest
 
 from streams import samples
+from streams.codec import decode, pack_float32, pack_int32
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
-from streams.schema import Attempt, PolicyUpdate, Reward, WorkOrder, decode, pack_float32, pack_int32
+from streams.schema import Attempt, PolicyUpdate, Reward, WorkOrder
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
 from trainer.metrics import MetricsSink

@@ -15,8 +15,9 @@ import orjson
 import pytest
 
 from consumers.service import VerifierService
+from streams.codec import decode
 from streams.publisher import Publisher
-from streams.schema import Attempt, Reward, decode
+from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
 from tests.fixtures.fake_kimina import FakeKimina, apply_header_offset, split_snippet
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker

@@ -3,6 +3,7 @@ sandbox tries it and the test asserts it failed; each poison program ends within
 the worker (this process) alive and a neighbour sandbox unaffected. Parametrized over every backend that
 works here: the process sandbox under bwrap and under unshare, and docker where a daemon and the checker
 image are present. The program inside is the fake REPL (tests/fixtures/fake_repl.py: its FIXTURE: probes).
+The last section holds what every backend's request path must do alike.
 
 Where a probe has a control (a socket the host can reach, a file the host can read), the control is checked
 from this process first, so a failure inside is the sandbox's doing and not a missing file.
@@ -10,6 +11,7 @@ from this process first, so a failure inside is the sandbox's doing and not a mi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -245,3 +247,18 @@ async def test_poison_ends_within_twice_the_deadline(make_sandbox, poison):
     assert (await sandbox.request({"cmd": "x"}, 10))["env"] in (0, 1)
     assert await neighbour.request({"cmd": "x"}, 10) == {"env": 1}  # the same checker, untouched
     assert neighbour.stats().starts == 1
+
+
+# -- the shared request path (verifier_pool.sandbox_base) -------------------------------------------------
+
+
+async def test_a_cancelled_request_leaves_no_stale_reply_behind(make_sandbox):
+    sandbox = await make_sandbox()
+    slow = asyncio.create_task(sandbox.request({"cmd": "FIXTURE:slow=0.5"}, 5))
+    await asyncio.sleep(0.2)
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    # The late reply of the cancelled request must not be taken for this one's: a fresh checker answers.
+    assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}
+    assert sandbox.stats().starts == 2
