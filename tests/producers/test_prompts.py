@@ -193,3 +193,36 @@ def test_adversarial_model_text_is_extracted_in_linear_time(name):
         seconds[size] = time.perf_counter() - started
     assert seconds[10 * MB] < 5.0
     assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
+
+
+# --- the two fence readings, pinned (issue 16 unifies them; each call site keeps its own) -------------------
+# The generator's extract_lean reads a fence's language as the info line's leading run of letters and digits
+# (after spaces/tabs), strips the block's newlines, looks after the reasoning first, and answers "" without
+# code. Expectations worked out by hand.
+GENERATOR_FENCES = [
+    ("```lean4 title\nA\n```", "A"),  # first word lean4
+    ("```lean 4\nA\n```", "A"),  # first word lean
+    ("```lean4-x\nA\n```", "A"),  # the run of letters and digits is lean4
+    ("```{lean}\nA\n```", "A"),  # no leading letters: an untagged block
+    ("```\u00a0python\nA\n```", "A"),  # a no-break space is not [ \t]: untagged
+    ("```python\nA\n```", ""),
+    ("```LEAN4\n\nA\n\n```", "A"),  # newlines stripped
+    ("```lean4 \nA", "A"),  # unclosed: the rest after the opener
+    ("```lean4\t\nA\n```", "A"),
+    ("```python\nx\n```\n```lean4\nA", "A"),
+    ("<think>```lean4\nX\n```</think>```lean4\nY\n```", "Y"),
+    ("<think>\n```lean4\nX\n```\n</think>\n```lean4\nY", "Y"),  # the unclosed one after the reasoning
+    ("plain", ""),
+]
+
+
+@pytest.mark.parametrize(("text", "attempt"), GENERATOR_FENCES)
+def test_generator_fence_reading_is_pinned(text, attempt):
+    assert prompts.extract_lean(text) == attempt
+
+
+def test_generator_answer_tags_ignore_case_and_the_checker_s_do_not():
+    assert prompts.extract_countdown("<ANSWER> 1+2 </Answer>") == "<answer>1+2</answer>"
+    assert prompts.extract_countdown("<anſwer>7</anſwer>") == "<answer>7</answer>"  # re.IGNORECASE folds ſ to s
+    assert prompts.last_answer("<ANSWER>1</ANSWER><answer>2</answer>") == "2"
+    assert prompts.last_answer("<answer>1</answer><ANSWER>2</ANSWER>") == "2"

@@ -230,3 +230,13 @@ def test_reward_is_monotone_in_closeness_with_the_right_numbers():
     by_distance = sorted(values, key=lambda e: abs(values[e] - target))
     scores = [rewards[e] for e in by_distance]
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
+
+
+def test_the_checker_s_answer_tags_are_case_sensitive():
+    """Pinned (issue 16): the generator lowers the tags it finds (producers' extract_countdown); the checker
+    reads only lowercase ones, so an uppercase pair earns no format credit and its text is the expression."""
+    assert last_tagged("<ANSWER>1+2</ANSWER>") is None
+    assert last_tagged("<answer>1</answer><ANSWER>2</ANSWER>") == "1"
+    result = check([1, 2], 3, "<ANSWER>1+2</ANSWER>")
+    assert (result.ok, result.reason) == (False, "syntax")
+    assert partial_credit("<ANSWER>1+2</ANSWER>", result, 3) == 0.0

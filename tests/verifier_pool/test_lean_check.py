@@ -883,3 +883,27 @@ def test_attempts_past_the_cap_are_refused_before_any_scanning():
     started = time.perf_counter()
     assert isinstance(prepare(just_under, GCD), str)  # scanned and sent, as any attempt under the cap
     assert time.perf_counter() - started < 10.0  # ~1 s idle on 2 cores; generous for a loaded machine
+
+
+# --- the verifier's fence reading, pinned (issue 16 unifies it with the generator's; each keeps its own) ------
+# lean_code_block: the whole info line, stripped, must be lean4, lean or empty; the block is returned as
+# written (newlines kept); without a block, the rest after an unclosed lean fence, else the whole text (the
+# generator extracted it already). Expectations worked out by hand.
+VERIFIER_FENCES = [
+    ("```lean4 title\nA\n```", "```lean4 title\nA\n```"),  # not a Lean tag: no block, the whole text
+    ("```lean 4\nA\n```", "```lean 4\nA\n```"),
+    ("```{lean}\nA\n```", "```{lean}\nA\n```"),
+    ("```\u00a0lean4\nA\n```", "A\n"),  # str.strip() drops a no-break space
+    ("```\u00a0python\nA\n```", "```\u00a0python\nA\n```"),
+    ("```LEAN4\n\nA\n\n```", "\nA\n\n"),  # as written
+    ("```lean4 \nA", "A"),  # unclosed: the rest after the opener
+    ("```lean4\t\nA\n```", "A\n"),
+    ("```python\nx\n```\n```lean4\nA", "A"),
+    ("<think>```lean4\nX\n```</think>```lean4\nY\n```", "Y\n"),  # no reasoning rule: the last block
+    ("plain", "plain"),
+]
+
+
+@pytest.mark.parametrize(("text", "code"), VERIFIER_FENCES)
+def test_verifier_fence_reading_is_pinned(text, code):
+    assert lean_check.lean_code_block(text) == code
