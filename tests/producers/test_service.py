@@ -15,7 +15,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the generator needs torch (make test installs torch==2.13.0)")
 
-from producers import prompts  # noqa: E402
 from producers.config import GeneratorSettings  # noqa: E402
 from producers.es import ESStep, ESWeights, digest, load_master  # noqa: E402
 from producers.model import weights_digest  # noqa: E402
@@ -34,6 +33,7 @@ from streams.schema import (  # noqa: E402
     unpack_int32,
 )
 from streams.theorems import Theorem, register  # noqa: E402
+from tasks import prompts  # noqa: E402
 
 RUN = "gen"
 KEYS = Keys(RUN)

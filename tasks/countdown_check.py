@@ -1,16 +1,23 @@
-"""Countdown, the offline task of the ES-at-scale paper (Qiu et al. 2025; TinyZero's format).
+"""The Countdown checker: the program the sandbox runs (`python -m tasks.countdown_check`), stdlib only.
 
-A problem is a list of numbers and a target; an answer is an arithmetic expression over + - * / and
-parentheses that uses each given number exactly once and equals the target. The checker never calls
-`eval`: it walks a Python `ast` of the expression, admitting only number literals and the four
-operators, and computes with exact fractions (so 7/2*2 is 7, not 7.000000001).
+A separate file from tasks/countdown.py because it runs alone: inside a sandbox that holds the standard
+library, this file and the package's import-free `__init__` (the process sandbox binds tasks/, the checker
+image copies the two files), so it imports nothing of ours; its own bytes are the digest that joins the
+verdict cache key. What the rest of the task needs from it (the `<answer>` reading, `check`, the partial
+credit) tasks/countdown.py imports from here, so each rule exists once.
 
-`run_checker` is the program the sandbox runs (`python -m verifier_pool.countdown`): it answers JSON
-requests framed like the Lean REPL's (one JSON object, then a blank line), so the Countdown task goes
-through the same sandboxes, timeouts and verdicts as Lean. A request holds one job (`{"countdown": job}`)
-or several (`{"countdown_batch": [job, ...]}`, answered `{"results": [reply, ...]}` in order): a check takes
-well under a millisecond, so one exchange per job would leave the sandbox waiting on the worker's event
-loop between jobs about as long as it works (verifier_pool.checkers.CountdownChecker.check_many).
+Countdown is the offline task of the ES-at-scale paper (Qiu et al. 2025; TinyZero's format). A problem is a
+list of numbers and a target; an answer is an arithmetic expression over + - * / and parentheses that uses
+each given number exactly once and equals the target. The checker never calls `eval`: it walks a Python `ast`
+of the expression, admitting only number literals and the four operators, and computes with exact fractions
+(so 7/2*2 is 7, not 7.000000001).
+
+`run_checker` answers JSON requests framed like the Lean REPL's (one JSON object, then a blank line), so the
+Countdown task goes through the same sandboxes, timeouts and verdicts as Lean. A request holds one job
+(`{"countdown": job}`) or several (`{"countdown_batch": [job, ...]}`, answered `{"results": [reply, ...]}` in
+order): a check takes well under a millisecond, so one exchange per job would leave the sandbox waiting on
+the worker's event loop between jobs about as long as it works
+(verifier_pool.checkers.CountdownChecker.check_many).
 """
 
 from __future__ import annotations
