@@ -1,8 +1,9 @@
 """The Countdown task: the prompt, what of a completion is the answer, the problems, an answer's reward.
 
 The checker that judges an answer runs inside a sandbox and lives in tasks/countdown_check.py (stdlib only,
-its own file for that reason); the reading of `<answer>` tags, `check` and the partial credit are imported
-from there, so each exists once.
+its own file for that reason); the reading of `<answer>` tags (`last_tagged`: case-insensitive here, where
+the answer is found, exact there, where it is judged), `check` and the partial credit are imported from
+there, so each exists once.
 
 Prompt (TinyZero's format, used by the ES-at-scale paper): think in <think> tags, answer in <answer> tags;
 the attempt is the last <answer> block (without one, the text after the reasoning, which the verifier
@@ -15,25 +16,16 @@ row (`numbers`, `target`, optional `id` and `solution`).
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 from streams.theorems import Theorem
 from tasks import after_reasoning
-from tasks.countdown_check import check, partial_credit
+from tasks.countdown_check import check, last_tagged, partial_credit
 from tasks.problems import DataError, Problems
 
 MAX_COUNTDOWN_CHARS = 1000
 CURRICULA = (None, "easy", "ramp")
 _OPS = ("+", "-", "*", "/")
-
-# Tags, case-insensitive like Python's re.IGNORECASE (which also folds `ſ` to `s`, `K` to `k`, `İ` to `i`):
-# a search for each tag, and `.*` anchored at the start, whose backtracking from the end finds the last one.
-_ANSWER_OPEN = re.compile("<answer>", re.IGNORECASE)
-_ANSWER_CLOSE = re.compile("</answer>", re.IGNORECASE)
-_ANSWER_OPEN_LAST = re.compile(r"(?s:.*)<answer>", re.IGNORECASE)
-_ANSWER_CLOSE_LAST = re.compile(r"(?s:.*)</answer>", re.IGNORECASE)
-
 
 # --- prompt, answer, reward -----------------------------------------------------------------------------
 
@@ -48,41 +40,12 @@ def countdown_messages(numbers: list[int], target: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def _last_start(last_tag: re.Pattern[str], tag: str, text: str, end: int) -> int:
-    """Where the last `tag` wholly before `end` starts (`last_tag` is `(?s:.*)` + tag); -1 if none."""
-    m = last_tag.match(text, 0, end)
-    return -1 if m is None else m.end() - len(tag)
-
-
-def _first_start(tag: re.Pattern[str], text: str, start: int) -> int:
-    m = tag.search(text, start)
-    return -1 if m is None else m.start()
-
-
-def last_answer(text: str) -> str | None:
-    """What `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE)[-1]` returns (None for no
-    match), in linear time: that regex is quadratic on unclosed tags (each opener scans to the end).
-
-    findall pairs an opener with the first closer after it and resumes after that closer, and the two tags
-    never overlap, so the last match closes at the first closer after the last opener that has a closer
-    after it, and opens at the first opener after the last closer before that opener. (Also in
-    tasks.countdown_check.last_tagged, case-sensitive; issue 16.)"""
-    last_close = _last_start(_ANSWER_CLOSE_LAST, "</answer>", text, len(text))
-    last_open = _last_start(_ANSWER_OPEN_LAST, "<answer>", text, last_close) if last_close >= 0 else -1
-    if last_open < 0:
-        return None
-    close = _first_start(_ANSWER_CLOSE, text, last_open + len("<answer>"))
-    before = _last_start(_ANSWER_CLOSE_LAST, "</answer>", text, last_open)
-    start = _first_start(_ANSWER_OPEN, text, before + len("</answer>") if before >= 0 else 0)
-    return text[start + len("<answer>") : close]
-
-
 def extract_countdown(text: str) -> str:
     """The last <answer>...</answer> (after the reasoning, else anywhere), tags kept, the expression inside
     stripped; without tags, the text after the reasoning, capped, for the verifier to judge (a missing
     format earns less)."""
-    found = last_answer(after_reasoning(text))
-    found = last_answer(text) if found is None else found
+    found = last_tagged(after_reasoning(text), ignore_case=True)
+    found = last_tagged(text, ignore_case=True) if found is None else found
     if found is not None:  # the tags stay: the verifier's partial credit counts the format
         return f"<answer>{found.strip()[:MAX_COUNTDOWN_CHARS]}</answer>"
     return after_reasoning(text).strip()[:MAX_COUNTDOWN_CHARS]

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import deque
 from typing import Any
 
 from streams.theorems import Theorem
 from tasks import after_reasoning
-from tasks.lean_proof import assemble, extract_proof_body, theorem_name
+from tasks.lean_proof import assemble, code_block, extract_proof_body, theorem_name
 from tasks.lean_text import lex
 from tasks.problems import DataError
 
@@ -48,12 +47,6 @@ DEFAULT_HEADER = (
     "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 400000\n\nopen BigOperators Real Nat Topology Rat\n\n"
 )
 
-# Model text is untrusted and may be megabytes long: every pattern below runs in time linear in it.
-# A fence: ``` and its info line (spaces, the language tag, anything but a backtick), a body, ```. The
-# possessive `*+` keep the old greedy reading (the tag is the whole alphanumeric run) without backtracking:
-# `([A-Za-z0-9]*)[^\n`]*` made an info line of k letters or spaces cost k^2 steps before failing.
-_FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9]*+)[^\n`]*+\n(.*?)```", re.DOTALL)
-_OPEN_LEAN = re.compile(r"```[ \t]*+(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
 _INFORMAL_COMMENT = re.compile(r"^\s*/--(.*?)-/\s*$", re.DOTALL)
 
 _STP_FENCE = "```lean4"
@@ -92,14 +85,10 @@ def extract_lean(text: str) -> str:
     """The attempt in a Lean completion: the last ```lean4 (or ```lean, or untagged) block after the
     reasoning; else the code after an unclosed ```lean4 fence (cut off by the token limit); else ""
     (the model wrote no code: the verifier rejects the empty attempt)."""
-    tail = after_reasoning(text)
-    for region in (tail, text):  # a model that put its code inside the reasoning still gets judged
-        blocks = [body for tag, body in _FENCE.findall(region) if tag.lower() in ("", "lean", "lean4")]
-        if blocks:
-            return blocks[-1].strip("\n")
-        opened = deque(_OPEN_LEAN.finditer(region), maxlen=1)  # the last one, without a list of them all
-        if opened:
-            return region[opened[0].end() :].strip("\n")
+    for region in (after_reasoning(text), text):  # a model that put its code inside the reasoning is judged
+        block = code_block(region, first_word=True)  # the info line's first word names the language
+        if block is not None:
+            return block.strip("\n")
     return ""
 
 

@@ -18,8 +18,12 @@ from dataclasses import dataclass
 
 from tasks.lean_text import Token, code_tokens, comments, is_id_rest, lex
 
-_FENCE = re.compile(r"```([^\n`]*+)\n(.*?)```", re.DOTALL)
+# A fence: ``` and its info line (spaces, a run of letters and digits, anything but a backtick), a body, ```.
+# The possessive `*+` read the info line greedily without backtracking: `([A-Za-z0-9]*)[^\n`]*` made an info
+# line of k letters or spaces cost k^2 steps before failing.
+_FENCE = re.compile(r"```([ \t]*+([A-Za-z0-9]*+)[^\n`]*+)\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[ \t]*+(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
+LEAN_TAGS = ("", "lean", "lean4")  # an info line naming Lean, lowercased (or none: an untagged block)
 _WHITESPACE_RUN = re.compile(r"\s+")
 _SPACE_RUN = re.compile(r"  +")
 
@@ -39,14 +43,21 @@ class TermBody:
     text: str
 
 
-def lean_code_block(model_text: str) -> str:
-    """The last fenced block tagged lean4, lean or untagged; else the text after an unclosed ```lean4 fence
-    (a generation cut off by its token limit); else the whole text (already extracted by the generator)."""
-    blocks = [body for tag, body in _FENCE.findall(model_text) if tag.strip().lower() in ("", "lean", "lean4")]
+def code_block(text: str, first_word: bool = False) -> str | None:
+    """The body of the last fenced Lean block in `text`, as written; else the text after the last unclosed
+    ```lean4 (or ```lean) fence, a generation cut off by its token limit; None when there is neither.
+
+    Which info line names Lean (LEAN_TAGS, any case): by default, the verifier's reading, the whole line
+    stripped of whitespace; with `first_word`, the generator's (tasks.lean.extract_lean), its leading run of
+    letters and digits after spaces and tabs, so ```lean4 title, ```lean 4 and ```{lean} (no run: untagged)
+    count too. Every block the first reading accepts the second accepts, so the verifier reading a
+    generator's attempt finds no block in it and takes it whole."""
+    blocks = [body for info, word, body in _FENCE.findall(text)
+              if (word if first_word else info.strip()).lower() in LEAN_TAGS]  # fmt: skip
     if blocks:
         return blocks[-1]
-    opened = deque(_OPEN_FENCE.finditer(model_text), maxlen=1)  # the last one, without a list of them all
-    return model_text[opened[0].end() :] if opened else model_text
+    opened = deque(_OPEN_FENCE.finditer(text), maxlen=1)  # the last one, without a list of them all
+    return text[opened[0].end() :] if opened else None
 
 
 def theorem_name(formal_statement: str) -> str:
@@ -71,7 +82,8 @@ def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody
     the model wrote them (a first tactic on the `by` line keeps its column), so indentation-sensitive tactic
     blocks parse as they did for the model.
     """
-    code = lean_code_block(model_text)
+    block = code_block(model_text)
+    code = model_text if block is None else block  # no fence: the generator extracted the code already
     statement = _normalized(formal_statement, _outside_comments(formal_statement, lex(formal_statement))).rstrip()
     if not statement.endswith(":= by"):
         raise ValueError(f"canonical statement does not end with ':= by': {formal_statement[-40:]!r}")

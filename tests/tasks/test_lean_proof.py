@@ -30,9 +30,9 @@ def test_theorem_name_missing_is_a_configuration_error():
 
 
 # --- the verifier's fence reading, pinned (issue 16 unifies it with the generator's; each keeps its own) ------
-# lean_code_block: the whole info line, stripped, must be lean4, lean or empty; the block is returned as
-# written (newlines kept); without a block, the rest after an unclosed lean fence, else the whole text (the
-# generator extracted it already). Expectations worked out by hand.
+# code_block (was lean_check.lean_code_block): the whole info line, stripped, must be lean4, lean or empty;
+# the block is returned as written (newlines kept); without a block, the rest after an unclosed lean fence,
+# else the whole text (the generator extracted it already). Expectations worked out by hand.
 VERIFIER_FENCES = [
     ("```lean4 title\nA\n```", "```lean4 title\nA\n```"),  # not a Lean tag: no block, the whole text
     ("```lean 4\nA\n```", "```lean 4\nA\n```"),
@@ -50,4 +50,5 @@ VERIFIER_FENCES = [
 
 @pytest.mark.parametrize(("text", "code"), VERIFIER_FENCES)
 def test_verifier_fence_reading_is_pinned(text, code):
-    assert lean_proof.lean_code_block(text) == code
+    block = lean_proof.code_block(text)
+    assert (text if block is None else block) == code  # extract_proof_body's reading: no fence, the whole text

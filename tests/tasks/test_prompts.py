@@ -10,7 +10,8 @@ import time
 import pytest
 
 from streams.theorems import Theorem
-from tasks import countdown, lean, prompts
+from tasks import countdown, lean, lean_proof, prompts
+from tasks.countdown_check import last_tagged
 
 
 def test_prompt_formats_carry_the_statement_as_given():
@@ -48,6 +49,8 @@ def test_extraction_takes_the_last_block_after_the_reasoning():
 
 OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9]*)[^\n`]*\n(.*?)```", re.DOTALL)  # quadratic on long info lines
 OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # quadratic on unclosed tags
+OLD_CHECKER_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the checker's: case kept
+OLD_VERIFIER_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)  # lean_check's, before issue 16
 OLD_THINK_END = re.compile(r"</think>", re.IGNORECASE)
 
 
@@ -64,16 +67,34 @@ def _old_extract_lean(text: str) -> str:
     return ""
 
 
+def _old_lean_code_block(text: str) -> str:
+    """verifier_pool.lean_check.lean_code_block before issue 16 (the verifier's reading)."""
+    blocks = [body for tag, body in OLD_VERIFIER_FENCE.findall(text) if tag.strip().lower() in ("", "lean", "lean4")]
+    if blocks:
+        return blocks[-1]
+    opened = list(re.finditer(r"```[ \t]*(?:lean4|lean)[ \t]*\n", text, re.IGNORECASE))
+    return text[opened[-1].end() :] if opened else text
+
+
 def test_extraction_agrees_with_the_old_regexes_on_random_soup():
     pieces = ["```", "`", "lean4", "lean", "LEAN", "py", " ", "\t", "\n", "x", "<answer>", "</answer>", "<ANSWER>",
-              "</Answer>", "</anſwer>", "<", "/", ">", "answer", "</think>", "</THİNK>", "<think>", "1+2"]  # fmt: skip
+              "</Answer>", "</anſwer>", "<", "/", ">", "answer", "</think>", "</THİNK>", "<think>", "1+2", "{",
+              "\u00a0", "-"]  # fmt: skip
     rng = random.Random(16)
     for _ in range(20_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
         found = OLD_ANSWER.findall(text)
-        assert countdown.last_answer(text) == (found[-1] if found else None), text
+        assert last_tagged(text, ignore_case=True) == (found[-1] if found else None), text
+        found = OLD_CHECKER_ANSWER.findall(text)
+        assert last_tagged(text) == (found[-1] if found else None), text
         assert lean.extract_lean(text) == _old_extract_lean(text), text
-        assert OLD_FENCE.findall(text) == lean._FENCE.findall(text), text
+        assert [(w, b) for _, w, b in lean_proof._FENCE.findall(text)] == OLD_FENCE.findall(text), text
+        assert [(i, b) for i, _, b in lean_proof._FENCE.findall(text)] == OLD_VERIFIER_FENCE.findall(text), text
+        block = lean_proof.code_block(text)
+        assert (text if block is None else block) == _old_lean_code_block(text), text
+        # The verifier's reading of what the generator extracted finds no block in it: it takes it whole.
+        attempt = lean.extract_lean(text)
+        assert lean_proof.code_block(attempt) in (None, attempt), text
 
 
 MB = 1_000_000
@@ -143,5 +164,5 @@ def test_generator_fence_reading_is_pinned(text, attempt):
 def test_generator_answer_tags_ignore_case_and_the_checker_s_do_not():
     assert countdown.extract_countdown("<ANSWER> 1+2 </Answer>") == "<answer>1+2</answer>"
     assert countdown.extract_countdown("<anſwer>7</anſwer>") == "<answer>7</answer>"  # re.IGNORECASE folds ſ to s
-    assert countdown.last_answer("<ANSWER>1</ANSWER><answer>2</answer>") == "2"
-    assert countdown.last_answer("<answer>1</answer><ANSWER>2</ANSWER>") == "2"
+    assert last_tagged("<ANSWER>1</ANSWER><answer>2</answer>", ignore_case=True) == "2"
+    assert last_tagged("<answer>1</answer><ANSWER>2</ANSWER>", ignore_case=True) == "2"
