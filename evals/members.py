@@ -6,7 +6,7 @@ they differ only by luck, the update is noise. For each `--sigma`, `--population
 with `--antithetic`, as the trainer names them: `trainer.es.members_for`) of the base model answer the
 same `--batch` Countdown training problems, greedily (the trainer's `es_temperature` default) or at
 `--temperature`, through the real engine and the ES weights code (`weights.es`), scored with the
-verifier's own shaped reward (`trainer.data.countdown_reward`; parsing only, nothing is run). Reported per
+verifier's own shaped reward (`tasks.countdown.reward`; parsing only, nothing is run). Reported per
 sigma:
 
 - `distinct_share`: the share of problems on which the members did not all write the same text.
@@ -70,8 +70,8 @@ def cosine(a: list[float], b: list[float]) -> float | None:
 def measure(args: argparse.Namespace) -> dict:
     from producers.engine import Sampling
     from producers.engines import choose, make_engine
-    from producers.prompts import countdown_messages, extract_countdown, tokenize
-    from trainer.data import countdown_problems, countdown_reward
+    from tasks.countdown import countdown_messages, countdown_problems, extract_countdown, reward
+    from tasks.prompts import tokenize
     from trainer.es import members_for, zscore
     from weights.model import resolve_model
 
@@ -92,7 +92,7 @@ def measure(args: argparse.Namespace) -> dict:
             engine.es_use(0, seed, sign, sigma)
             answers = [s[0].text for s in engine.generate(prompts, sampling)]
             texts.append(answers)
-            rewards.append([countdown_reward(p.numbers, p.target, extract_countdown(a))
+            rewards.append([reward(p.numbers, p.target, extract_countdown(a))
                             for p, a in zip(problems, answers, strict=True)])  # fmt: skip
         engine.es_use(0, None)
         means = [statistics.fmean(r) for r in rewards]

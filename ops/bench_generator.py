@@ -49,9 +49,9 @@ def _orders(run_tag: str, theorems: list[Theorem], orders: int, per: int, n: int
 
 
 def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple[float, int]:
-    from producers import prompts
     from producers.engine import Sampling
     from producers.service import sampling_seed
+    from tasks import prompts
 
     by_id = {t.theorem_id: t for t in theorems}
     started, tokens = time.perf_counter(), 0

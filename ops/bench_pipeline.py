@@ -54,8 +54,8 @@ from streams import logs
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
+from tasks.countdown import countdown_problems
 from trainer.config import TrainerSettings
-from trainer.data import countdown_problems
 from trainer.es import PRESETS
 from trainer.local import LocalPipeline
 from trainer.metrics import MetricsSink

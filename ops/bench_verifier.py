@@ -2,7 +2,7 @@
 
 The deployed pool (`consumers.service.VerifierService`: `--sandboxes` slots of warm sandboxes of `--backend`,
 built by `verifier_pool.pool`, two consumer tasks each) runs in this process on a private Redis (or
-`--redis-url`) and judges real Countdown attempts (`trainer.data.countdown_problems`, registered as the
+`--redis-url`) and judges real Countdown attempts (`tasks.countdown.countdown_problems`, registered as the
 trainer registers them; one attempt in four is the problem's solution, the rest wrong, every text distinct).
 Each backlog is published in one MULTI/EXEC to the started, idle pool, so its consumers see all of it at
 once and no sandbox waits for work; the clock starts when EXEC returns and stops when the backlog is gone:
@@ -58,7 +58,7 @@ from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from streams.schema import Attempt, Reward
 from streams.theorems import register
-from trainer.data import countdown_problems
+from tasks.countdown import countdown_problems
 from verifier_pool import docker_backend, process
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.pool import make_sandbox

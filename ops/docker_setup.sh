@@ -95,14 +95,14 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   step_done "base image $BASE_IMAGE (debootstrap + import)"
 fi
 
-# The checker image carries a copy of verifier_pool: rebuild it when that source (or the Dockerfile) changed.
-source_hash=$(find verifier_pool -name '*.py' -type f | LC_ALL=C sort | xargs sha256sum \
+# The checker image carries a copy of the Countdown checker: rebuild it when that source (or the Dockerfile) changed.
+source_hash=$(sha256sum tasks/__init__.py tasks/countdown_check.py \
   | cat - ops/images/checker/Dockerfile | sha256sum | cut -c1-16)
 current_hash=$(docker image inspect -f '{{index .Config.Labels "proofstream.source-hash"}}' "$CHECKER_IMAGE" 2>/dev/null || true)
 if [ "$current_hash" != "$source_hash" ]; then
   step_start
   # The context is only what the image copies (the repository root holds .venv and more).
-  tar -c --exclude=__pycache__ verifier_pool ops/images/checker/Dockerfile \
+  tar -c tasks/__init__.py tasks/countdown_check.py ops/images/checker/Dockerfile \
     | DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" \
         --label "proofstream.source-hash=$source_hash" -t "$CHECKER_IMAGE" -f ops/images/checker/Dockerfile - >/dev/null
   # The image it replaces is now untagged: drop it (only dangling images of this Dockerfile).

@@ -56,7 +56,7 @@ class _Encoded:
 
 
 class SyntheticTokenizer:
-    """What `producers.prompts.tokenize` asks of a tokenizer: a chat template and an encoder."""
+    """What `tasks.prompts.tokenize` asks of a tokenizer: a chat template and an encoder."""
 
     def apply_chat_template(self, chat: list[dict[str, str]], add_generation_prompt: bool, tokenize: bool) -> str:
         return "\n".join(m["content"] for m in chat)

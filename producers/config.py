@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from producers.prompts import LEAN_FORMATS
 from streams.settings import RoleSettings
+from tasks.lean import LEAN_FORMATS
 from weights.model import default_cache_dir
 
 

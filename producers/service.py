@@ -28,7 +28,6 @@ import orjson
 import structlog
 from redis.asyncio import Redis
 
-from producers import prompts
 from producers.config import GeneratorSettings
 from producers.engine import Engine, Sampling, in_engine_thread
 from producers.policy import PolicyFollower, PolicyMismatch
@@ -38,6 +37,7 @@ from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
 from streams.schema import Attempt, WorkOrder
 from streams.theorems import Theorem
+from tasks import prompts
 from weights.es import device_type
 
 log = structlog.get_logger("producers.service")

@@ -29,7 +29,7 @@ class Theorem:
 
     def problem(self) -> str | None:
         """Why no verifier could check attempts at this record, or None: the record's own shape only (the Lean
-        rules proper, statement assembly and header lexing, run where theorems are loaded: trainer.data)."""
+        rules proper, statement assembly and header lexing, run where theorems are loaded: tasks.lean.lean_problem)."""
         if self.task == "lean":
             if not _ENDS_BY.search(self.statement):
                 return f"a Lean statement must end in ':= by': {self.statement[-60:]!r}"

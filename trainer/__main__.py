@@ -27,8 +27,9 @@ from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import sleep_or_stop
 from streams.settings import SettingsError
+from tasks.problems import DataError
 from trainer.config import TrainerSettings
-from trainer.data import DataError, load_theorems
+from trainer.data import load_theorems
 from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable

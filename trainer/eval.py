@@ -320,12 +320,12 @@ async def _policy(redis: Redis, keys: Keys, algo: str) -> list[PolicyUpdate]:
 async def _held_out(
     redis: Redis, keys: Keys, settings: TrainerSettings, state: dict[str, Any], limit: int | None
 ) -> list[Theorem]:
-    from trainer import data
+    from tasks.problems import DataError
     from trainer.data import load_theorems  # the trainer's own split, not a copy of it
 
     try:
         _, held = load_theorems(settings)
-    except (data.DataError, ValueError, OSError) as e:
+    except (DataError, ValueError, OSError) as e:
         raise EvalError(f"the run's problems cannot be loaded: {e}") from e
     if not held:
         raise EvalError(f"run {settings.run!r} has no held-out split (held_out = {settings.held_out} of its problems)")
@@ -498,8 +498,8 @@ async def judge(checker, theorem: Theorem, answer: str) -> tuple[str, float, str
 async def sample_and_verify(engine, checkers: list, held: list[Theorem], settings: TrainerSettings,
                             opts: Options, timing: Timing) -> list[list[Verified]]:  # fmt: skip
     """n samples per problem, generated in batches on the engine thread while the sandboxes check the last batch."""
-    from producers import prompts
     from producers.engine import Sampling, in_engine_thread
+    from tasks import prompts
 
     tokenizer = engine.tokenizer
     prompt_ids = [prompts.tokenize(tokenizer, prompts.messages(t, settings.prompt_format)) for t in held]

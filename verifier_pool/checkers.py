@@ -27,6 +27,7 @@ from pathlib import Path
 import structlog
 
 from streams.theorems import Theorem
+from tasks import lean_proof
 from verifier_pool import lean_audit, lean_check
 from verifier_pool.judgement import Judgement, proved, rejected
 from verifier_pool.lean_audit import SecondLine
@@ -36,11 +37,15 @@ from verifier_pool.sandbox import Sandbox, SandboxCrashed, SandboxTimeout, Sandb
 log = structlog.get_logger("verifier_pool.checkers")
 
 
-# The code on our side of the sandbox that turns replies into verdicts. Its digest joins every sandboxed
-# checker's environment: an edit to any of it never serves a verdict cached before the edit.
-_JUDGING_SOURCES = ("checkers.py", "judgement.py", "lean_check.py", "lean_text.py", "kimina.py", "lean_audit.py")
+# The code on our side of the sandbox that turns replies into verdicts (paths from the project root), the Lean
+# task's text rules included. Its digest joins every sandboxed checker's environment: an edit to any of it
+# never serves a verdict cached before the edit.
+_JUDGING_SOURCES = (
+    "verifier_pool/checkers.py", "verifier_pool/judgement.py", "verifier_pool/lean_check.py",
+    "verifier_pool/kimina.py", "verifier_pool/lean_audit.py", "tasks/lean_proof.py", "tasks/lean_text.py",
+)  # fmt: skip
 JUDGING_DIGEST = hashlib.sha256(
-    b"".join((Path(__file__).parent / name).read_bytes() for name in _JUDGING_SOURCES)
+    b"".join((Path(__file__).resolve().parent.parent / name).read_bytes() for name in _JUDGING_SOURCES)
 ).hexdigest()[:16]
 
 
@@ -103,7 +108,7 @@ class CountdownChecker(_SandboxChecker):
         millisecond, and between two exchanges the sandbox waits for the worker's event loop (a slot's
         utilization was 0.87 with one exchange per answer; `python -m ops bench verifier`).
 
-        The batch (`{"countdown_batch": [...]}`, verifier_pool.countdown) gets one answer's limit for all its
+        The batch (`{"countdown_batch": [...]}`, tasks.countdown_check) gets one answer's limit for all its
         answers. A batch that runs past it, crashes its sandbox, or is answered outside the protocol (an older
         checker image that knows no batches) is a verdict on none of them: each is then checked alone, as
         `check` does, so an answer that hangs or crashes the checker is judged alone by the usual rules."""
@@ -214,7 +219,7 @@ class LeanChecker(_SandboxChecker):
         if judgement.verdict != "proved":
             return judgement
         proof_env = reply["env"]
-        name = lean_check.theorem_name(theorem.statement)
+        name = lean_proof.theorem_name(theorem.statement)
         reply = await self._ask({"cmd": lean_check.axioms_command(name), "env": proof_env}, self.proof_timeout_s)
         if isinstance(reply, Judgement):
             return reply

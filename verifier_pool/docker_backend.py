@@ -62,7 +62,7 @@ LABEL_OWNER = "proofstream.owner"
 LABEL_SANDBOX_ID = "proofstream.sandbox_id"
 CHECKER_IMAGE = "proofstream-checker:latest"  # ops/images/checker/Dockerfile, built by ops/docker_setup.sh
 LEAN_IMAGE = "proofstream-lean:latest"  # ops/images/lean/Dockerfile
-COUNTDOWN_ARGV = ("python3", "-m", "verifier_pool.countdown")  # in the checker image
+COUNTDOWN_ARGV = ("python3", "-m", "tasks.countdown_check")  # in the checker image
 LEAN_REPL_ARGV = ("lean-repl",)  # in the Lean image: the REPL with Mathlib's search path, cwd the project
 NOBODY = "65534:65534"
 
@@ -106,9 +106,7 @@ class DockerSandboxConfig:
         if not self.image:
             raise ValueError("image is empty: give the checker image, e.g. proofstream-checker:latest")
         if not self.argv:
-            raise ValueError(
-                "argv is empty: give the checker command, e.g. ('python3', '-m', 'verifier_pool.countdown')"
-            )
+            raise ValueError("argv is empty: give the checker command, e.g. ('python3', '-m', 'tasks.countdown_check')")
         if self.user.split(":", 1)[0] in ("", "0", "root"):
             raise ValueError(f"user must not be root: {self.user!r}")
         for name in ("memory_limit_bytes", "cpus", "pids_limit", "max_requests", "max_memory_bytes"):

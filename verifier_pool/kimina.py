@@ -50,6 +50,7 @@ import httpx
 import structlog
 
 from streams.theorems import Theorem
+from tasks import lean_proof
 from verifier_pool import lean_check
 from verifier_pool.checkers import JUDGING_DIGEST
 from verifier_pool.judgement import Judgement
@@ -413,7 +414,7 @@ class KiminaChecker:
         text = lean_check.prepare(proof, theorem.statement)  # trusted assembly + token scan, no server time
         if isinstance(text, Judgement):
             return text
-        name = lean_check.theorem_name(theorem.statement)
+        name = lean_proof.theorem_name(theorem.statement)
         snippet = assemble_snippet(theorem.header, text, name)
         if isinstance(snippet, Judgement):
             return snippet

@@ -40,8 +40,9 @@ from typing import Any
 import structlog
 
 from streams.theorems import Theorem
+from tasks.lean_proof import theorem_name
 from verifier_pool.judgement import Judgement, proved, rejected
-from verifier_pool.lean_check import ALLOWED_AXIOMS, COMPILER_AXIOMS, DETAIL_CHARS, theorem_name
+from verifier_pool.lean_check import ALLOWED_AXIOMS, COMPILER_AXIOMS, DETAIL_CHARS
 from verifier_pool.repl import Handshake
 from verifier_pool.sandbox import Sandbox, SandboxCrashed, SandboxTimeout, SandboxUnavailable
 

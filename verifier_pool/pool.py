@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from verifier_pool import countdown, docker_backend, lean_audit, process
+from tasks import countdown_check
+from verifier_pool import docker_backend, lean_audit, process
 from verifier_pool.checkers import CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.kimina import KiminaChecker
@@ -15,7 +16,7 @@ from verifier_pool.repl import LEAN_HANDSHAKE, Handshake
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-COUNTDOWN_HANDSHAKE = Handshake(countdown.HANDSHAKE_REQUEST, countdown.HANDSHAKE_REPLY)
+COUNTDOWN_HANDSHAKE = Handshake(countdown_check.HANDSHAKE_REQUEST, countdown_check.HANDSHAKE_REPLY)
 
 NO_LEAN = (
     "the lean task needs a Lean REPL and none is configured. Ways to get one: (1) Docker: build the image "
@@ -27,9 +28,9 @@ NO_LEAN = (
 
 def _python_paths() -> tuple[str, ...]:
     """What the Countdown checker needs inside a process sandbox: the base interpreter's prefix (the checker
-    is stdlib only, so no virtualenv) and the verifier_pool package, not the checkout (its .git, its .venv,
-    whatever else lies there)."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.join(PROJECT_ROOT, "verifier_pool")}
+    is stdlib only, so no virtualenv) and the tasks package, not the checkout (its .git, its .venv, whatever
+    else lies there)."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.join(PROJECT_ROOT, "tasks")}
     return tuple(sorted(p for p in paths if os.path.isdir(p)))
 
 
@@ -69,8 +70,8 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
         )
         return docker_backend.DockerSandbox(config, sandbox_id=f"docker-{task}-{index}-{os.getpid()}")
     if task == "countdown":
-        # -s: no user site-packages; -B: the package is bound read-only. PYTHONPATH finds verifier_pool.
-        argv = (_base_python(), "-s", "-B", "-m", "verifier_pool.countdown")
+        # -s: no user site-packages; -B: the package is bound read-only. PYTHONPATH finds tasks.
+        argv = (_base_python(), "-s", "-B", "-m", "tasks.countdown_check")
     elif settings.lean_repl_cmd:
         argv = tuple(settings.lean_repl_cmd)
     else:

@@ -105,7 +105,7 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
     got = await rewards_by_attempt(redis, keys)
     assert {k: (r.verdict, r.reward, r.reason) for k, r in got.items()} == {
         "a0": ("proved", 1.0, ""),
-        # partial credit: format, parses, right numbers, 14 is 5 from 19 (verifier_pool/countdown.py)
+        # partial credit: format, parses, right numbers, 14 is 5 from 19 (tasks/countdown_check.py)
         "a1": ("rejected", round(0.1 + 0.1 + 0.3 + 0.3 * (1 - 5 / 19), 6), "wrong_answer"),
         "a2": ("proved", 1.0, ""),
         "a3": ("rejected", 0.1, "wrong_answer"),  # the format alone
@@ -171,7 +171,7 @@ MISSING_IMAGE = f"proofstream-pytest-missing-{uuid.uuid4().hex[:8]}:latest"
 
 def unstartable_countdown(settings: VerifierSettings, index: int) -> dict:
     """A real process sandbox whose interpreter does not exist."""
-    config = process.ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "verifier_pool.countdown"),
+    config = process.ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "tasks.countdown_check"),
                                           ro_paths=_python_paths(), workdir=PROJECT_ROOT)  # fmt: skip
     return {"countdown": CountdownChecker(process.ProcessSandbox(config, sandbox_id=f"broken-{index}"))}
 
@@ -410,9 +410,12 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
         await sandbox.kill()
 
 
-@pytest.mark.parametrize("edited", ["checkers.py", "lean_check.py", "kimina.py"])
+@pytest.mark.parametrize(
+    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/kimina.py",
+               "tasks/lean_proof.py", "tasks/lean_text.py"]
+)  # fmt: skip
 def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, edited):
-    """A copy of verifier_pool with one judging module edited (a comment added) judges under another
+    """A copy of verifier_pool and tasks with one judging module edited (a comment added) judges under another
     environment, so its verdicts and the old ones never share a cache key; an unedited copy shares it."""
     import shutil
     import subprocess
@@ -427,7 +430,8 @@ def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, e
     for name in ("same", "edited"):
         shutil.copytree(Path(PROJECT_ROOT) / "verifier_pool", tmp_path / name / "verifier_pool")
         shutil.copytree(Path(PROJECT_ROOT) / "streams", tmp_path / name / "streams")
-    with open(tmp_path / "edited" / "verifier_pool" / edited, "a") as f:
+        shutil.copytree(Path(PROJECT_ROOT) / "tasks", tmp_path / name / "tasks")
+    with open(tmp_path / "edited" / edited, "a") as f:
         f.write("\n# edited\n")
     assert digest_of(tmp_path / "same") == JUDGING_DIGEST  # this process's, from the checkout
     assert digest_of(tmp_path / "edited") != JUDGING_DIGEST
@@ -512,7 +516,7 @@ async def test_a_countdown_batch_is_judged_in_one_exchange_per_read(redis, redis
         await wait_settled(redis, keys)
         exchanges = service.checkers[0]["countdown"].sandbox.stats().total_requests
     got = await rewards_by_attempt(redis, keys)
-    wrong = 0.1 + 0.1  # format and parses; the numbers are not the given ones (verifier_pool/countdown.py)
+    wrong = 0.1 + 0.1  # format and parses; the numbers are not the given ones (tasks/countdown_check.py)
     assert {k: (r.verdict, r.reward, r.cached) for k, r in got.items()} == {
         f"a{i}": ("proved", 1.0, False) if i % 4 == 0 else ("rejected", round(wrong, 6), False) for i in range(20)
     }
@@ -522,7 +526,7 @@ async def test_a_countdown_batch_is_judged_in_one_exchange_per_read(redis, redis
     assert service.stats()["sandbox_crashes"] == service.stats()["sandbox_timeouts"] == 0
 
 
-# The Countdown checker with batches answered badly (verifier_pool.countdown's own code otherwise).
+# The Countdown checker with batches answered badly (tasks.countdown_check's own code otherwise).
 _BAD_BATCHES = {
     "unknown": "{'message': 'unknown request'}",  # an older checker image, before batches
     "hang": "time.sleep(60)",
@@ -535,7 +539,7 @@ _BAD_BATCHES = {
 async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at_a_time(answer):
     """A batch that hangs, crashes its sandbox, or is answered outside the protocol is no verdict on any of its
     answers: each is checked alone, and gets the verdict it gets alone (never `timeout` or a crash for all)."""
-    program = ("import os, sys, time; import verifier_pool.countdown as c; h = c.handle_request; "
+    program = ("import os, sys, time; import tasks.countdown_check as c; h = c.handle_request; "
                f"c.handle_request = lambda r: ({_BAD_BATCHES[answer]}) if 'countdown_batch' in r else h(r); "
                "sys.exit(c.run_checker())")  # fmt: skip
     config = process.ProcessSandboxConfig(argv=(_base_python(), "-s", "-B", "-c", program), ro_paths=_python_paths(),
@@ -551,7 +555,7 @@ async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at
         stats = sandbox.stats()
     finally:
         await sandbox.kill()
-    # Partial credit (verifier_pool/countdown.py): format 0.1, parses 0.1, right numbers 0.3, closeness 0.3.
+    # Partial credit (tasks/countdown_check.py): format 0.1, parses 0.1, right numbers 0.3, closeness 0.3.
     assert [(j.verdict, j.score) for j in judged] == [
         ("proved", None),
         ("rejected", round(0.1 + 0.1 + 0.3 + 0.3 * (1 - 5 / 19), 6)),  # 14, 5 from 19

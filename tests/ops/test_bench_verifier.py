@@ -20,8 +20,8 @@ import redis as redis_sync
 
 from ops import bench_verifier
 from ops.cli import build_parser, main
+from tasks.countdown_check import check
 from verifier_pool import docker_backend, process
-from verifier_pool.countdown import check
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the hf engine needs torch (make test installs torch==2.13.0)")
 
-from producers import prompts  # noqa: E402
 from producers.engine import Sampling  # noqa: E402
 from producers.engines import choose  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
+from tasks import prompts  # noqa: E402
 
 THEOREMS = [
     Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),

@@ -8,17 +8,14 @@ continuation is then the proof, cut off or closed as it happens.
 from __future__ import annotations
 
 import json
-import random
-import re
-import time
 from pathlib import Path
 
 import pytest
 
-from producers import prompts
 from streams.theorems import Theorem
-from verifier_pool.countdown import check
-from verifier_pool.lean_check import IntegrityError, extract_proof_body
+from tasks import countdown, lean, prompts
+from tasks.countdown_check import check
+from tasks.lean_proof import IntegrityError, extract_proof_body
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "minif2f.jsonl"
 ROWS = [json.loads(line) for line in DATA.read_text().splitlines()[:1]] if DATA.exists() else []
@@ -32,37 +29,6 @@ COUNTDOWN = [
 ]
 
 
-def test_prompt_formats_carry_the_statement_as_given():
-    t = Theorem(
-        "t",
-        "lean",
-        statement="theorem t : 1 + 1 = 2 := by\n",
-        header="import Mathlib\n\n",
-        informal="/-- Show 1+1=2.-/\n",
-    )
-    kimina = prompts.messages(t, "kimina")
-    assert kimina[0] == {"role": "system", "content": prompts.KIMINA_SYSTEM}
-    assert "# Problem:Show 1+1=2." in kimina[1]["content"]
-    assert "```lean4\nimport Mathlib\n\ntheorem t : 1 + 1 = 2 := by\n```" in kimina[1]["content"]
-    (deepseek,) = prompts.messages(t, "deepseek")
-    assert deepseek["content"].startswith("Complete the following Lean 4 code:\n\n```lean4\nimport Mathlib")
-    assert deepseek["content"].endswith(prompts.DEEPSEEK_PLAN)
-    with pytest.raises(ValueError, match="unknown Lean prompt format"):
-        prompts.messages(t, "gpt")
-
-
-def test_extraction_takes_the_last_block_after_the_reasoning():
-    text = "<think>try\n```lean4\nbad\n```\n</think>\nplan\n```lean4\nfirst\n```\nthen\n```lean4\nlast\n```\n"
-    assert prompts.extract_lean(text) == "last"
-    assert prompts.extract_lean("<think>```lean4\nonly inside\n```</think> no code after") == "only inside"
-    assert prompts.extract_lean("prose\n```lean4\ntheorem t := by\n  simp") == "theorem t := by\n  simp"
-    assert prompts.extract_lean("no code at all") == ""
-    assert (
-        prompts.extract_countdown("<think>x</think> <answer> (1 + 2) * 3 </answer>") == "<answer>(1 + 2) * 3</answer>"
-    )
-    assert prompts.extract_countdown("<think>x</think> 1 + 2 = 3") == "1 + 2 = 3"
-
-
 def _continue(engine, chat, prefix, sampling):
     ids = prompts.tokenize(engine.tokenizer, chat) + engine.tokenizer(prefix, add_special_tokens=False).input_ids
     (samples,) = engine.generate([ids], sampling)
@@ -74,11 +40,11 @@ def test_lean_attempts_from_real_outputs_keep_the_statement_and_pass_integrity(h
     from producers.engine import Sampling
 
     for theorem in LEAN:
-        for fmt in prompts.LEAN_FORMATS:
+        for fmt in lean.LEAN_FORMATS:
             chat = prompts.messages(theorem, fmt)
             prefix = f"Here is the proof.\n```lean4\n{theorem.header}{theorem.statement}"
             for text in _continue(hf_engine, chat, prefix, Sampling(n=2, temperature=0.8, max_new_tokens=24, seed=3)):
-                attempt = prompts.extract_lean(text)
+                attempt = lean.extract_lean(text)
                 assert attempt.startswith(theorem.header + theorem.statement.rstrip("\n"))
                 assert "```" not in attempt and attempt in text
                 body = extract_proof_body(attempt, theorem.statement)
@@ -90,11 +56,11 @@ def test_lean_attempts_from_real_outputs_keep_the_statement_and_pass_integrity(h
 def test_unprompted_real_outputs_give_a_block_of_the_output_or_nothing(hf_engine):
     from producers.engine import Sampling
 
-    ids = [prompts.tokenize(hf_engine.tokenizer, prompts.messages(t, f)) for t in LEAN for f in prompts.LEAN_FORMATS]
+    ids = [prompts.tokenize(hf_engine.tokenizer, prompts.messages(t, f)) for t in LEAN for f in lean.LEAN_FORMATS]
     outputs = hf_engine.generate(ids, Sampling(n=2, temperature=1.0, max_new_tokens=40, seed=11))
     for samples in outputs:
         for s in samples:
-            attempt = prompts.extract_lean(s.text)
+            attempt = lean.extract_lean(s.text)
             assert attempt == "" or ("```" not in attempt and attempt in s.text)
 
 
@@ -106,13 +72,13 @@ def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
     answered = 0
     for theorem, samples in zip(COUNTDOWN, outputs, strict=True):
         for s in samples:
-            attempt = prompts.extract_countdown(s.text)
+            attempt = countdown.extract_countdown(s.text)
             if "<answer>" in s.text and "</answer>" in s.text:
                 answered += 1
                 inner = attempt.removeprefix("<answer>").removesuffix("</answer>")
                 assert attempt.startswith("<answer>") and inner in s.text and "<answer>" not in inner
             else:
-                assert len(attempt) <= prompts.MAX_COUNTDOWN_CHARS and attempt in s.text
+                assert len(attempt) <= countdown.MAX_COUNTDOWN_CHARS and attempt in s.text
             result = check(theorem.numbers, theorem.target, attempt)  # judged, never an exception
             assert result.reason in ("", "format", "numbers", "value", "syntax")
     # Continue the turn from an opened <answer> tag: the extraction is the model's expression, tags gone.
@@ -122,74 +88,4 @@ def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
     ):
         if "</answer>" in text:
             expression = text.split("<answer>")[-1].split("</answer>")[0].strip()
-            assert prompts.extract_countdown(text) == f"<answer>{expression}</answer>"
-
-
-# --- untrusted text: the answers of the regexes these replaced, in linear time ---------------------------
-
-OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9]*)[^\n`]*\n(.*?)```", re.DOTALL)  # quadratic on long info lines
-OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # quadratic on unclosed tags
-OLD_THINK_END = re.compile(r"</think>", re.IGNORECASE)
-
-
-def _old_extract_lean(text: str) -> str:
-    ends = list(OLD_THINK_END.finditer(text))
-    tail = text[ends[-1].end() :] if ends else text
-    for region in (tail, text):
-        blocks = [body for tag, body in OLD_FENCE.findall(region) if tag.lower() in ("", "lean", "lean4")]
-        if blocks:
-            return blocks[-1].strip("\n")
-        opened = list(re.finditer(r"```[ \t]*(?:lean4|lean)[ \t]*\n", region, re.IGNORECASE))
-        if opened:
-            return region[opened[-1].end() :].strip("\n")
-    return ""
-
-
-def test_extraction_agrees_with_the_old_regexes_on_random_soup():
-    pieces = ["```", "`", "lean4", "lean", "LEAN", "py", " ", "\t", "\n", "x", "<answer>", "</answer>", "<ANSWER>",
-              "</Answer>", "</anſwer>", "<", "/", ">", "answer", "</think>", "</THİNK>", "<think>", "1+2"]  # fmt: skip
-    rng = random.Random(16)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
-        found = OLD_ANSWER.findall(text)
-        assert prompts.last_answer(text) == (found[-1] if found else None), text
-        assert prompts.extract_lean(text) == _old_extract_lean(text), text
-        assert OLD_FENCE.findall(text) == prompts._FENCE.findall(text), text
-
-
-MB = 1_000_000
-
-
-def _adversarial(size: int) -> dict[str, tuple[str, str, str]]:
-    """name -> (model text of about `size` characters, task, the attempt extracted from it, by hand)."""
-    k = size // 17
-    return {
-        "unclosed answer tags": ("<answer>" * (size // 8), "countdown", "<answer>" * 125),  # capped text
-        "nested answer tags": (
-            "<answer>" * k + "1" + "</answer>" * k,
-            "countdown",
-            "<answer>" + "<answer>" * 125 + "</answer>",
-        ),  # the first 1,000 characters inside
-        "many reasonings": ("</think>" * (size // 8) + "<answer> 3*4 </answer>", "countdown", "<answer>3*4</answer>"),
-        "fence opened, never closed, repeated": ("```lean4\nx" * (size // 10), "lean", "x"),  # each closes the last
-        "info line of spaces": ("```" + " " * size, "lean", ""),  # no newline: no fence at all
-        "info line of letters": ("```" + "a" * size + "`\nsimp\n```", "lean", ""),  # a backtick: no fence
-        "tag of letters": ("```" + "a" * size + "\nsimp\n```", "lean", ""),  # a block tagged "aaa...a"
-        "spaces before the tag": ("```" + " " * size + "lean\nsimp\n```", "lean", "simp"),
-        "unclosed lean fence after spaces": ("```lean4" + " " * size + "\n  simp", "lean", "  simp"),
-        "whitespace": (" \n" * (size // 2), "lean", ""),
-    }
-
-
-@pytest.mark.parametrize("name", list(_adversarial(100)))
-def test_adversarial_model_text_is_extracted_in_linear_time(name):
-    """1 MB and 10 MB adversarial texts give the attempt worked out by hand; the 10 MB one costs less than 20
-    times the 1 MB one (linear is 10, quadratic 100) and under 5 s."""
-    seconds = {}
-    for size in (MB, 10 * MB):
-        text, task, attempt = _adversarial(size)[name]
-        started = time.perf_counter()
-        assert prompts.extract(task, text) == attempt
-        seconds[size] = time.perf_counter() - started
-    assert seconds[10 * MB] < 5.0
-    assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
+            assert countdown.extract_countdown(text) == f"<answer>{expression}</answer>"

@@ -15,7 +15,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the generator needs torch (make test installs torch==2.13.0)")
 
-from producers import prompts  # noqa: E402
 from producers.config import GeneratorSettings  # noqa: E402
 from producers.service import GeneratorService  # noqa: E402
 from streams.codec import decode, unpack_float32, unpack_int32  # noqa: E402
@@ -24,6 +23,7 @@ from streams.publisher import Publisher  # noqa: E402
 from streams.runtime import ensure_group  # noqa: E402
 from streams.schema import Attempt, DeadLetter, Member, PolicyUpdate, WorkOrder  # noqa: E402
 from streams.theorems import Theorem, register  # noqa: E402
+from tasks import prompts  # noqa: E402
 from weights.es import ESWeights, digest, load_master  # noqa: E402
 from weights.model import weights_digest  # noqa: E402
 from weights.step import ESStep  # noqa: E402

@@ -1,4 +1,4 @@
-"""trainer.data: loaders for the field's formats, the held-out split, Countdown problems and reward shaping."""
+"""trainer.data with the tasks' row parsers (tasks.lean, tasks.countdown): the field's formats, the held-out split."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tasks.countdown import countdown_problems
+from tasks.countdown_check import check
+from tasks.lean import DEFAULT_HEADER
+from tasks.lean_proof import theorem_name
+from tasks.problems import DataError
 from trainer import data
-from trainer.data import DEFAULT_HEADER, DataError, countdown_problems, held_out_split, load_jsonl
-from verifier_pool.countdown import check, partial_credit
-from verifier_pool.lean_check import theorem_name
+from trainer.data import held_out_split, load_jsonl
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 MINIF2F = SHARED / "minif2f.jsonl"
@@ -258,50 +261,6 @@ def test_split_by_the_datasets_own_field():
         held_out_split(list(problems), 0.5, 0, by_field="split")
     with pytest.raises(ValueError, match="no 'source' field"):
         held_out_split(problems, 0.5, 0, by_field="source")
-
-
-# --- Countdown problems --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("curriculum", [None, "easy", "ramp"])
-def test_every_countdown_problem_is_solvable(curriculum):
-    problems = countdown_problems(500, seed=11, curriculum=curriculum)
-    assert [t.theorem_id for t in problems] == [f"cd-11-{i}" for i in range(500)]
-    for t in problems:
-        assert t.task == "countdown" and 1 <= t.target <= 100 and t.target not in t.numbers
-        assert all(1 <= n <= 20 for n in t.numbers)
-        solution = problems.meta[t.theorem_id]["solution"]
-        assert check(t.numbers, t.target, solution).ok, (t, solution)
-        assert partial_credit(f"<answer>{solution}</answer>", check(t.numbers, t.target, solution), t.target) == 1.0
-    sizes = [len(t.numbers) for t in problems]
-    if curriculum == "easy":
-        assert set(sizes) == {2, 3}
-        assert all("/" not in problems.meta[t.theorem_id]["solution"] for t in problems)
-    elif curriculum == "ramp":
-        assert sizes == sorted(sizes) and sizes[0] == 2 and sizes[-1] == 4
-    else:
-        assert set(sizes) == {2, 3, 4}
-
-
-def test_countdown_problems_are_seeded():
-    a = countdown_problems(50, seed=5)
-    assert a == countdown_problems(50, seed=5) and a.meta == countdown_problems(50, seed=5).meta
-    assert countdown_problems(20, seed=5) == a[:20]  # problem i depends on (seed, i) only
-    b = countdown_problems(50, seed=6)
-    assert [(t.numbers, t.target) for t in a] != [(t.numbers, t.target) for t in b]
-    assert {t.theorem_id for t in a}.isdisjoint(t.theorem_id for t in b)
-
-
-def test_countdown_parameters():
-    big = countdown_problems(100, seed=0, numbers=(3, 3), max_number=50, max_target=500)
-    assert {len(t.numbers) for t in big} == {3} and max(n for t in big for n in t.numbers) > 20
-    assert max(t.target for t in big) > 100
-    with pytest.raises(ValueError):
-        countdown_problems(1, 0, numbers=(4, 2))
-    with pytest.raises(ValueError):
-        countdown_problems(1, 0, curriculum="hard")
-    with pytest.raises(ValueError):
-        countdown_problems(1, 0, numbers=(4, 5), curriculum="easy")
 
 
 def test_pure_python_no_torch():

@@ -281,6 +281,7 @@ class _Lexer:
 
 import textwrap  # noqa: E402
 
+from tasks.lean_proof import IntegrityError, TermBody, assemble  # noqa: E402
 from verifier_pool.judgement import Judgement  # noqa: E402
 from verifier_pool.lean_check import (  # noqa: E402
     _REASON_OF_COMPONENT,
@@ -291,10 +292,7 @@ from verifier_pool.lean_check import (  # noqa: E402
     HOLES,
     LINE_START_WORDS,
     TACTIC_ITEMS,
-    IntegrityError,
-    TermBody,
     _rejected,
-    assemble,
 )  # fmt: skip
 
 _FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
@@ -472,7 +470,7 @@ def prepare(model_text: str, formal_statement: str) -> str | Judgement:
     """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary."""
     body = extract_proof_body(model_text, formal_statement)
     if isinstance(body, IntegrityError):
-        return body.judgement()
+        return Judgement("rejected", "integrity", body.detail)
     text = body.text if isinstance(body, TermBody) else body
     if not code_tokens(text):  # nothing but whitespace and comments: no Lean run can prove anything with it
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")

@@ -346,7 +346,7 @@ async def test_identity_is_the_image_id_and_the_checkers_digest(make_sandbox):
     client.close()
     assert image_id.startswith("sha256:")
     # The Countdown checker's handshake digest, computed here from the copy inside the image.
-    source = "/opt/proofstream/verifier_pool/countdown.py"
+    source = "/opt/proofstream/tasks/countdown_check.py"
     digest = _in_image(f"import hashlib; print(hashlib.sha256(open({source!r}, 'rb').read()).hexdigest()[:16])")
     countdown = await make_sandbox(argv=COUNTDOWN_ARGV, handshake=COUNTDOWN_HANDSHAKE)
     assert countdown.identity == f"{image_id}+{digest}"

@@ -1,43 +1,36 @@
-"""The text and response checks of `verifier_pool.lean_check`, each against a real exploit text or a REPL
-transcript from ../shared/LEAN_REPL.md (no Lean runs here: these are the documented wire formats)."""
+"""The text and response checks of `verifier_pool.lean_check` (with the proof's place in the text that it
+takes from tasks.lean_proof), each against a real exploit text or a REPL transcript from ../shared/LEAN_REPL.md
+(no Lean runs here: these are the documented wire formats)."""
 
 from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from pathlib import Path
 
 import pytest
 import structlog
 
-from tests.verifier_pool import reference_lean
-from verifier_pool import lean_check, lean_text
-from verifier_pool.lean_check import (
-    MAX_PROOF_CHARS,
-    IntegrityError,
-    Judgement,
-    TermBody,
-    assemble,
-    axioms_command,
-    extract_proof_body,
-    judge_axioms,
-    judge_command,
-    prepare,
-    scan_forbidden,
-    theorem_name,
-)
-from verifier_pool.lean_text import (
+from tasks.lean_proof import IntegrityError, TermBody, assemble, extract_proof_body, theorem_name
+from tasks.lean_text import (
     block_comment_end,
-    code_tokens,
     comments,
-    is_id_first,
-    is_id_rest,
     lex,
     mask_comments,
     name_parts,
     plain_string_end,
+)
+from tests.verifier_pool import reference_lean
+from verifier_pool import lean_check
+from verifier_pool.lean_check import (
+    MAX_PROOF_CHARS,
+    Judgement,
+    axioms_command,
+    judge_axioms,
+    judge_command,
+    prepare,
+    scan_forbidden,
 )
 
 MINIF2F = Path("/work/shared/data/minif2f.jsonl")
@@ -67,81 +60,11 @@ def kinds(text: str) -> list[tuple[str, str]]:
 # --- the lexer --------------------------------------------------------------------------------------------
 
 
-def test_nested_and_doc_comments_are_comments():
-    assert kinds("/- a /- b -/ sorry -/ simp") == [("comment", "/- a /- b -/ sorry -/"), ("ident", "simp")]
-    assert kinds("/-- doc sorry -/ x") == [("comment", "/-- doc sorry -/"), ("ident", "x")]
-    assert kinds("/-! mod -/ x -- sorry\ny") == [
-        ("comment", "/-! mod -/"), ("ident", "x"), ("comment", "-- sorry"), ("ident", "y"),
-    ]  # fmt: skip
-
-
-def test_doc_comment_body_starts_after_its_third_character():
-    # Lean reads `/--` as a token and the comment body after it: `/--/` does not close the comment.
-    assert kinds('/--/ " -/ exact sorry -- "')[:3] == [("comment", '/--/ " -/'), ("ident", "exact"), ("ident", "sorry")]
-
-
-def test_strings_with_escapes_hide_their_contents():
-    assert kinds(r'"a \" sorry -/ /-" b') == [("string", r'"a \" sorry -/ /-"'), ("ident", "b")]
-    assert kinds('"-- not a comment" c') == [("string", '"-- not a comment"'), ("ident", "c")]
-
-
-def test_comment_markers_inside_comments_follow_lean():
-    # A block comment knows nothing of strings: the first unnested -/ closes it.
-    assert kinds('/- "-/ sorry "x"') == [("comment", '/- "-/'), ("ident", "sorry"), ("string", '"x"')]
-
-
-def test_char_literals_and_primes():
-    assert kinds("h' x'' 'a' '\\n' '\\x41'") == [
-        ("ident", "h'"), ("ident", "x''"), ("char", "'a'"), ("char", "'\\n'"), ("char", "'\\x41'"),
-    ]  # fmt: skip
-    # Preimage and image notation: the quote belongs to a symbol, nothing is swallowed.
-    assert [t.text for t in code_tokens("f ⁻¹' {7}")] == ["f", "⁻¹'", "{", "7", "}"]
-    assert [t.text for t in code_tokens("xs[i]'h' + ∑' n, f n")][3:7] == ["]'", "h'", "+", "∑'"]
-    # A known quote-ending token followed by a string: the string is a string, as Lean reads it.
-    assert kinds('f ⁻¹\'"x" sorry')[1:] == [("symbol", "⁻¹'"), ("string", '"x"'), ("ident", "sorry")]
-    assert [t.text for t in code_tokens("f '' {x | 0 ≤ f x}")][:3] == ["f", "''", "{"]
-
-
 def test_char_literal_right_after_a_symbol_is_ambiguous():
     # If `+'` were a token of some imported notation, Lean would read it and then open a string at `"`: only
     # Lean's token table could say, so the text is rejected whichever way it reads.
     assert ("ambiguous", "'\"'") in kinds('x +\'"\' y " sorry "')
     assert scan_forbidden("  exact (1 +'\"' 2)\n") == "forbidden: ambiguous literal '\\'\"\\'' at line 1"
-
-
-def test_identifiers_dotted_guillemets_unicode_and_bang_question():
-    assert kinds("Nat.succ_le_iff h₀ hₙ «my thm».x ℝ α exact? s! x.1") == [
-        ("ident", "Nat.succ_le_iff"), ("ident", "h₀"), ("ident", "hₙ"), ("ident", "«my thm».x"),
-        ("ident", "ℝ"), ("ident", "α"), ("ident", "exact?"), ("ident", "s!"),
-        ("ident", "x"), ("symbol", "."), ("number", "1"),
-    ]  # fmt: skip
-
-
-def test_attributes_hash_commands_and_positions():
-    tokens = code_tokens("@[simp] x\n  #eval 1\n#[1, 2]")
-    assert [(t.kind, t.text) for t in tokens][:3] == [("symbol", "@["), ("ident", "simp"), ("symbol", "]")]
-    ev = next(t for t in tokens if t.kind == "hash")
-    assert (ev.text, ev.line, ev.col) == ("#eval", 2, 2)
-    assert not [t for t in tokens if t.kind == "hash" and t.line == 3]  # #[ is an array literal
-
-
-def test_raw_strings_end_at_their_own_delimiter():
-    assert kinds('r"a\\d" sorry') == [("string", 'r"a\\d"'), ("ident", "sorry")]
-    assert kinds('r#"abc"# c') == [("string", 'r#"abc"#'), ("ident", "c")]
-    # Lean without raw strings reads `r` then a plain string that ends elsewhere: the two readings disagree.
-    assert kinds('r"\\" sorry') == [("ambiguous", 'r"\\"'), ("ident", "sorry")]
-    assert kinds('r#"a"b"# c') == [("ambiguous", 'r#"a"b"#'), ("ident", "c")]
-
-
-def test_interpolated_strings_expose_their_code():
-    assert ("ident", "sorry") in kinds('s!"x = {(sorry : Nat)}"')
-    assert kinds('"{"}"')[0][0] == "ambiguous"  # plain vs interpolated reading end in different places
-
-
-def test_mask_comments_keeps_offsets():
-    text = "a /- x\ny -/ b -- c"
-    masked = mask_comments(text)
-    assert len(masked) == len(text) and masked.split() == ["a", "b"] and masked.count("\n") == 1
 
 
 # --- scan_forbidden: real exploit texts -----------------------------------------------------------------
@@ -362,7 +285,7 @@ def test_garbage_before_the_statement_is_discarded():
 def test_altered_statement_is_an_integrity_rejection(altered):
     result = extract_proof_body(f"import Mathlib\n\n{altered}  norm_num\n", GCD)
     assert isinstance(result, IntegrityError)
-    assert result.judgement() == Judgement("rejected", "integrity", result.detail)
+    assert prepare(f"import Mathlib\n\n{altered}  norm_num\n", GCD) == Judgement("rejected", "integrity", result.detail)
 
 
 def test_statement_inside_a_comment_does_not_count():
@@ -529,11 +452,6 @@ def test_minif2f_round_trip(row):
 def test_theorem_name(statement, name):
     assert theorem_name(statement) == name
     assert axioms_command(name) == f"#print axioms {name}"
-
-
-def test_theorem_name_missing_is_a_configuration_error():
-    with pytest.raises(ValueError):
-        theorem_name("example : True := by\n")
 
 
 def info(data: str, line: int = 1) -> dict:
@@ -720,14 +638,6 @@ def _as_tuples(tokens) -> list[tuple]:
 
 def _visible_in(tokens, kind: str) -> set[int]:
     return {t.start + k for t in tokens if t.kind == kind for k, ch in enumerate(t.text) if not ch.isspace()}
-
-
-def test_identifier_classes_agree_with_the_functions_at_every_code_point():
-    first, rest = re.compile(lean_text.ID_FIRST_CLASS), re.compile(lean_text.ID_REST_CLASS)
-    for v in range(0x110000):
-        c = chr(v)
-        assert (first.match(c) is not None) == is_id_first(c), hex(v)
-        assert (rest.match(c) is not None) == is_id_rest(c), hex(v)
 
 
 def test_lexer_agrees_with_the_per_character_reference_on_random_text():

@@ -412,7 +412,7 @@ async def test_the_countdown_sandbox_binds_the_package_not_the_checkout(isolatio
         await sandbox.start()
         good = {"countdown": {"numbers": [3, 4, 5], "target": 35, "answer": "<answer>(3 + 4) * 5</answer>"}}
         assert (await sandbox.request(good, 10))["ok"] is True
-        source = Path(pool.PROJECT_ROOT, "verifier_pool", "countdown.py").read_bytes()
+        source = Path(pool.PROJECT_ROOT, "tasks", "countdown_check.py").read_bytes()
         assert sandbox.identity == hashlib.sha256(source).hexdigest()[:16]  # the handshake's digest
     finally:
         await sandbox.kill()

@@ -1,16 +1,23 @@
-"""Countdown, the offline task of the ES-at-scale paper (Qiu et al. 2025; TinyZero's format).
+"""The Countdown checker: the program the sandbox runs (`python -m tasks.countdown_check`), stdlib only.
 
-A problem is a list of numbers and a target; an answer is an arithmetic expression over + - * / and
-parentheses that uses each given number exactly once and equals the target. The checker never calls
-`eval`: it walks a Python `ast` of the expression, admitting only number literals and the four
-operators, and computes with exact fractions (so 7/2*2 is 7, not 7.000000001).
+A separate file from tasks/countdown.py because it runs alone: inside a sandbox that holds the standard
+library, this file and the package's import-free `__init__` (the process sandbox binds tasks/, the checker
+image copies the two files), so it imports nothing of ours; its own bytes are the digest that joins the
+verdict cache key. What the rest of the task needs from it (the `<answer>` reading, `check`, the partial
+credit) tasks/countdown.py imports from here, so each rule exists once.
 
-`run_checker` is the program the sandbox runs (`python -m verifier_pool.countdown`): it answers JSON
-requests framed like the Lean REPL's (one JSON object, then a blank line), so the Countdown task goes
-through the same sandboxes, timeouts and verdicts as Lean. A request holds one job (`{"countdown": job}`)
-or several (`{"countdown_batch": [job, ...]}`, answered `{"results": [reply, ...]}` in order): a check takes
-well under a millisecond, so one exchange per job would leave the sandbox waiting on the worker's event
-loop between jobs about as long as it works (verifier_pool.checkers.CountdownChecker.check_many).
+Countdown is the offline task of the ES-at-scale paper (Qiu et al. 2025; TinyZero's format). A problem is a
+list of numbers and a target; an answer is an arithmetic expression over + - * / and parentheses that uses
+each given number exactly once and equals the target. The checker never calls `eval`: it walks a Python `ast`
+of the expression, admitting only number literals and the four operators, and computes with exact fractions
+(so 7/2*2 is 7, not 7.000000001).
+
+`run_checker` answers JSON requests framed like the Lean REPL's (one JSON object, then a blank line), so the
+Countdown task goes through the same sandboxes, timeouts and verdicts as Lean. A request holds one job
+(`{"countdown": job}`) or several (`{"countdown_batch": [job, ...]}`, answered `{"results": [reply, ...]}` in
+order): a check takes well under a millisecond, so one exchange per job would leave the sandbox waiting on
+the worker's event loop between jobs about as long as it works
+(verifier_pool.checkers.CountdownChecker.check_many).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -44,9 +52,11 @@ class CountdownResult:
     value: float | None = None
 
 
-def last_tagged(text: str) -> str | None:
+def last_tagged(text: str, ignore_case: bool = False) -> str | None:
     """What `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)[-1]` returns (None for no match), in
-    time linear in len(text) with five str searches.
+    time linear in len(text) with five searches. With `ignore_case`, that regex with re.IGNORECASE (which also
+    folds `ſ` to `s` and `K` to `k`): how the generator finds an answer (tasks.countdown.extract_countdown,
+    which hands the checker lowercase tags); the checker's own reading, and its format credit, keep the case.
 
     The regex is quadratic on untrusted text: every unclosed `<answer>` is a start from which `.*?` scans to
     the end (a 1 MB attempt of them ran past the checker's timeout). The searches rely on the two tags never
@@ -54,14 +64,41 @@ def last_tagged(text: str) -> str | None:
     it and resumes after that closer, so the last match closes at the first closer after the last opener
     that still has a closer after it (`last_open`); it opens at the first opener after the last closer
     before `last_open` (no match can end between that closer and `last_open`, and none holds it)."""
-    last_close = text.rfind(CLOSE_TAG)
-    last_open = text.rfind(OPEN_TAG, 0, last_close) if last_close >= 0 else -1
+    last, first = (_last_folded, _first_folded) if ignore_case else (_last_exact, _first_exact)
+    last_close = last(text, CLOSE_TAG, len(text))
+    last_open = last(text, OPEN_TAG, last_close) if last_close >= 0 else -1
     if last_open < 0:
         return None
-    close = text.find(CLOSE_TAG, last_open + len(OPEN_TAG))
-    before = text.rfind(CLOSE_TAG, 0, last_open)
-    start = text.find(OPEN_TAG, before + len(CLOSE_TAG) if before >= 0 else 0)
+    close = first(text, CLOSE_TAG, last_open + len(OPEN_TAG))
+    before = last(text, CLOSE_TAG, last_open)
+    start = first(text, OPEN_TAG, before + len(CLOSE_TAG) if before >= 0 else 0)
     return text[start + len(OPEN_TAG) : close]
+
+
+# The two searches of `last_tagged`, each answering the start of `tag` or -1: the last one wholly before `end`,
+# the first one from `start`. Folded: a regex search for the first, and `.*` anchored at the start, whose
+# backtracking from the end finds the last (re.IGNORECASE matches one character to one, so a found tag is
+# len(tag) long).
+_FOLDED = {tag: re.compile(re.escape(tag), re.IGNORECASE) for tag in (OPEN_TAG, CLOSE_TAG)}
+_FOLDED_LAST = {tag: re.compile(r"(?s:.*)" + re.escape(tag), re.IGNORECASE) for tag in (OPEN_TAG, CLOSE_TAG)}
+
+
+def _last_exact(text: str, tag: str, end: int) -> int:
+    return text.rfind(tag, 0, end)
+
+
+def _first_exact(text: str, tag: str, start: int) -> int:
+    return text.find(tag, start)
+
+
+def _last_folded(text: str, tag: str, end: int) -> int:
+    m = _FOLDED_LAST[tag].match(text, 0, end)
+    return -1 if m is None else m.end() - len(tag)
+
+
+def _first_folded(text: str, tag: str, start: int) -> int:
+    m = _FOLDED[tag].search(text, start)
+    return -1 if m is None else m.start()
 
 
 def extract_answer(text: str) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier_pool.countdown import (
+from tasks.countdown_check import (
     check,
     extract_answer,
     last_tagged,
@@ -71,8 +71,6 @@ def test_unparsable_request_ends_the_checker_like_the_repl():
 
 
 def test_partial_credit_is_ordered_and_never_reaches_an_exact_answers_reward():
-    from verifier_pool.countdown import partial_credit
-
     def credit(text):
         return partial_credit(text, check([3, 4, 7], 19, text), 19)
 
@@ -187,7 +185,7 @@ def test_checker_program_answers_a_10_mb_attempt_within_seconds():
     ]
     stdin = "".join(json.dumps(r) + "\n\n" for r in requests)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "verifier_pool.countdown"], input=stdin, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tasks.countdown_check"], input=stdin, capture_output=True,
                           text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stderr
@@ -197,36 +195,26 @@ def test_checker_program_answers_a_10_mb_attempt_within_seconds():
     assert elapsed < 10.0, elapsed  # interpreter start and 10 MB of JSON included; the regex took > 20 min
 
 
-# --- the shaped reward (these tests were trainer.data's, on a wrapper only they called) --------------------
+def test_the_checker_s_answer_tags_are_case_sensitive():
+    """Pinned (issue 16): the generator lowers the tags it finds (tasks.countdown.extract_countdown); the checker
+    reads only lowercase ones, so an uppercase pair earns no format credit and its text is the expression."""
+    assert last_tagged("<ANSWER>1+2</ANSWER>") is None
+    assert last_tagged("<answer>1</answer><ANSWER>2</ANSWER>") == "1"
+    result = check([1, 2], 3, "<ANSWER>1+2</ANSWER>")
+    assert (result.ok, result.reason) == (False, "syntax")
+    assert partial_credit("<ANSWER>1+2</ANSWER>", result, 3) == 0.0
 
 
-def countdown_reward(numbers: list[int], target: int, answer: str) -> float:
-    """The reward the verifier publishes for `answer` (consumers.verifier: a rejected answer's partial credit)."""
-    return partial_credit(answer, check(list(numbers), target, answer), target)
-
-
-def test_reward_is_one_exactly_for_a_correct_answer_and_shaped_below():
-    numbers, target = [3, 5, 7], 22
-    correct = countdown_reward(numbers, target, "<think>3*5=15</think><answer>3 * 5 + 7</answer>")
-    assert correct == 1.0
-    assert countdown_reward(numbers, target, "3 * 5 + 7") == 1.0  # the checker's rule: no tags, whole text
-    wrong_numbers = countdown_reward(numbers, target, "<answer>15 + 7</answer>")  # = 22, numbers not used
-    near = countdown_reward(numbers, target, "<answer>3 * 7 + 5</answer>")  # 26
-    far = countdown_reward(numbers, target, "<answer>3 + 5 + 7</answer>")  # 15
-    untagged_near = countdown_reward(numbers, target, "3 * 7 + 5")
-    assert 0 < wrong_numbers < far < near < correct
-    assert near < 1.0 and max(near, far, wrong_numbers) <= 0.8  # exact success stays distinguishable
-    assert untagged_near < near  # the answer format earns credit
-    assert countdown_reward(numbers, target, "I don't know") == 0.0
-    assert countdown_reward(numbers, target, "") == 0.0
-    assert 0 < countdown_reward(numbers, target, "<answer>banana</answer>") <= 0.1  # a tag, nothing else
-    assert countdown_reward(numbers, target, "<answer>__import__('os')</answer>") <= 0.1
-
-
-def test_reward_is_monotone_in_closeness_with_the_right_numbers():
-    numbers, target = [10, 4], 40
-    values = {"10 * 4": 40, "10 + 4": 14, "10 - 4": 6, "10 / 4": 2.5, "4 - 10": -6}
-    rewards = {expr: countdown_reward(numbers, target, f"<answer>{expr}</answer>") for expr in values}
-    by_distance = sorted(values, key=lambda e: abs(values[e] - target))
-    scores = [rewards[e] for e in by_distance]
-    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
+def test_the_checker_runs_from_its_two_files_alone(tmp_path):
+    """What the checker image copies (ops/images/checker/Dockerfile): tasks/__init__.py and this program, and
+    no site-packages. The package's init must stay import-free for this to hold."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "tasks").mkdir()
+    for name in ("__init__.py", "countdown_check.py"):
+        (tmp_path / "tasks" / name).write_bytes((root / "tasks" / name).read_bytes())
+    stdin = json.dumps({"countdown": {"numbers": [3, 4], "target": 12, "answer": "<answer>3 * 4</answer>"}}) + "\n\n"
+    done = subprocess.run([sys.executable, "-S", "-s", "-B", "-m", "tasks.countdown_check"], input=stdin,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True

@@ -1,0 +1,81 @@
+"""tasks.countdown: seeded solvable problems with curricula, and an answer's reward."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.countdown import countdown_problems, reward
+from tasks.countdown_check import check, partial_credit
+
+# --- Countdown problems --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("curriculum", [None, "easy", "ramp"])
+def test_every_countdown_problem_is_solvable(curriculum):
+    problems = countdown_problems(500, seed=11, curriculum=curriculum)
+    assert [t.theorem_id for t in problems] == [f"cd-11-{i}" for i in range(500)]
+    for t in problems:
+        assert t.task == "countdown" and 1 <= t.target <= 100 and t.target not in t.numbers
+        assert all(1 <= n <= 20 for n in t.numbers)
+        solution = problems.meta[t.theorem_id]["solution"]
+        assert check(t.numbers, t.target, solution).ok, (t, solution)
+        assert partial_credit(f"<answer>{solution}</answer>", check(t.numbers, t.target, solution), t.target) == 1.0
+    sizes = [len(t.numbers) for t in problems]
+    if curriculum == "easy":
+        assert set(sizes) == {2, 3}
+        assert all("/" not in problems.meta[t.theorem_id]["solution"] for t in problems)
+    elif curriculum == "ramp":
+        assert sizes == sorted(sizes) and sizes[0] == 2 and sizes[-1] == 4
+    else:
+        assert set(sizes) == {2, 3, 4}
+
+
+def test_countdown_problems_are_seeded():
+    a = countdown_problems(50, seed=5)
+    assert a == countdown_problems(50, seed=5) and a.meta == countdown_problems(50, seed=5).meta
+    assert countdown_problems(20, seed=5) == a[:20]  # problem i depends on (seed, i) only
+    b = countdown_problems(50, seed=6)
+    assert [(t.numbers, t.target) for t in a] != [(t.numbers, t.target) for t in b]
+    assert {t.theorem_id for t in a}.isdisjoint(t.theorem_id for t in b)
+
+
+def test_countdown_parameters():
+    big = countdown_problems(100, seed=0, numbers=(3, 3), max_number=50, max_target=500)
+    assert {len(t.numbers) for t in big} == {3} and max(n for t in big for n in t.numbers) > 20
+    assert max(t.target for t in big) > 100
+    with pytest.raises(ValueError):
+        countdown_problems(1, 0, numbers=(4, 2))
+    with pytest.raises(ValueError):
+        countdown_problems(1, 0, curriculum="hard")
+    with pytest.raises(ValueError):
+        countdown_problems(1, 0, numbers=(4, 5), curriculum="easy")
+
+
+# --- an answer's reward: the checker's, in this process (evals.members) --------------------------------------
+
+
+def test_reward_is_one_exactly_for_a_correct_answer_and_shaped_below():
+    numbers, target = [3, 5, 7], 22
+    correct = reward(numbers, target, "<think>3*5=15</think><answer>3 * 5 + 7</answer>")
+    assert correct == 1.0
+    assert reward(numbers, target, "3 * 5 + 7") == 1.0  # the checker's rule: no tags, whole text
+    wrong_numbers = reward(numbers, target, "<answer>15 + 7</answer>")  # = 22, numbers not used
+    near = reward(numbers, target, "<answer>3 * 7 + 5</answer>")  # 26
+    far = reward(numbers, target, "<answer>3 + 5 + 7</answer>")  # 15
+    untagged_near = reward(numbers, target, "3 * 7 + 5")
+    assert 0 < wrong_numbers < far < near < correct
+    assert near < 1.0 and max(near, far, wrong_numbers) <= 0.8  # exact success stays distinguishable
+    assert untagged_near < near  # the answer format earns credit
+    assert reward(numbers, target, "I don't know") == 0.0
+    assert reward(numbers, target, "") == 0.0
+    assert 0 < reward(numbers, target, "<answer>banana</answer>") <= 0.1  # a tag, nothing else
+    assert reward(numbers, target, "<answer>__import__('os')</answer>") <= 0.1
+
+
+def test_reward_is_monotone_in_closeness_with_the_right_numbers():
+    numbers, target = [10, 4], 40
+    values = {"10 * 4": 40, "10 + 4": 14, "10 - 4": 6, "10 / 4": 2.5, "4 - 10": -6}
+    rewards = {expr: reward(numbers, target, f"<answer>{expr}</answer>") for expr in values}
+    by_distance = sorted(values, key=lambda e: abs(values[e] - target))
+    scores = [rewards[e] for e in by_distance]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
