@@ -11,8 +11,9 @@ from streams.keys import Keys
 from streams.schema import PolicyUpdate, decode
 from streams.theorems import Theorem
 from trainer.config import TrainerSettings
-from trainer.es import MemberState
+from trainer.es import ESRun
 from trainer.metrics import MetricsSink
+from trainer.orders import Order
 
 # An ES checkpoint as `{ps:R}:trainer` holds it: keys, their order, and the order record's own keys.
 # fmt: off
@@ -41,18 +42,16 @@ ES_STATE = {
 
 
 def _es_run(tmp_path, redis=None, **flags):
-    from trainer.run import ESRun
-
     settings = TrainerSettings(run="pins", population=4, **flags)
     return ESRun(settings, redis, [], [], MetricsSink(tmp_path / "run"))
 
 
 def test_an_order_round_trips_through_its_checkpoint_keys():
     doc = ES_STATE["members"][0]
-    order = MemberState.from_dict(doc)
+    order = Order.from_dict(doc)
     assert order.to_dict() == doc and list(order.to_dict()) == list(doc)
     assert (order.expected, order.complete, order.score) == (2, True, 0.75)  # 2 theorems x 1 sample; (0.5 + 1) / 2
-    running = MemberState.from_dict(ES_STATE["members"][1])
+    running = Order.from_dict(ES_STATE["members"][1])
     assert (running.complete, running.score) == (False, 0.0)
 
 
@@ -69,8 +68,8 @@ async def test_the_es_policy_entry_is_the_step_then_the_audit_fields(one_redis, 
     run = _es_run(tmp_path, one_redis, sigma=0.01, alpha=0.1, antithetic=True)
     members = []
     for i, score in enumerate([0.0, 1.0, 1.0, 0.0]):
-        m = MemberState(f"es-v0-m{i}", 0, 1000 + i // 2, 1 - 2 * (i % 2), ["t"], rewards={f"es-v0-m{i}:0:0": score})
-        run.members[m.work_id] = m
+        m = Order(f"es-v0-m{i}", 0, 1000 + i // 2, 1 - 2 * (i % 2), ["t"], rewards={f"es-v0-m{i}:0:0": score})
+        run.orders[m.work_id] = m
         members.append(m)
     await run.update(members)
     [(_, fields)] = await one_redis.xrange(Keys("pins").policy)
@@ -88,13 +87,11 @@ def _theorems(n: int) -> list[Theorem]:
 
 async def test_es_members_of_a_center_share_one_batch_from_a_seeded_rotation(one_redis, tmp_path):
     """5 problems, batch 3, seed 1 (shift 7919 % 5 = 4): center 1 starts at (1 * 3 + 4) % 5 = 2."""
-    from trainer.run import ESRun
-
     settings = TrainerSettings(run="pins", population=2, batch=3, seed=1, antithetic=False, eval_every=0)
     run = ESRun(settings, one_redis, _theorems(5), [], MetricsSink(tmp_path / "run"))
     run.version = 1
     assert await run.top_up() == 2
-    assert {w: m.theorem_ids for w, m in run.members.items()} == {
+    assert {w: m.theorem_ids for w, m in run.orders.items()} == {
         "es-v1-m0": ["t2", "t3", "t4"],
         "es-v1-m1": ["t2", "t3", "t4"],
     }
@@ -105,7 +102,7 @@ async def test_grpo_groups_take_consecutive_problems_of_the_seeded_rotation(one_
     """5 problems, batch 2, seed 1: group g of version 1 gets problem (1 * 2 + g + 4) % 5."""
     pytest.importorskip("torch")
     from tests.trainer.test_grpo import tiny_llama
-    from trainer.grpo_run import GRPORun
+    from trainer.grpo import GRPORun
 
     model = tmp_path / "tiny"
     tiny_llama().save_pretrained(model)
@@ -113,7 +110,7 @@ async def test_grpo_groups_take_consecutive_problems_of_the_seeded_rotation(one_
     run = GRPORun(settings, one_redis, _theorems(5), [], MetricsSink(tmp_path / "run"), model_path=model)
     run.version = 1
     assert await run.top_up() == 2
-    assert {w: (m.theorem_ids, m.samples) for w, m in run.members.items()} == {
+    assert {w: (m.theorem_ids, m.samples) for w, m in run.orders.items()} == {
         "grpo-v1-g0": (["t1"], 2),
         "grpo-v1-g1": (["t2"], 2),
     }
