@@ -1,7 +1,8 @@
 """`python -m verifier_pool.preflight`: can a verifier with these settings check Lean proofs? Silent with exit
 status 0 if it can; else one line on stdout saying what is missing and the ways to get it, and exit status 1.
 
-Settings as a worker reads them (PROOFSTREAM_* and the TOML file's [verifier] table). The local pipeline
+Settings as a worker reads them (PROOFSTREAM_* and the TOML file's [verifier] table), but for the rule that a
+Lean task needs a backend: that rule is what this module words for the operator. The local pipeline
 (trainer/local.py) runs it with the environment it gives its verifier workers, before it starts anything,
 so a run that could never check a proof stops at once instead of after loading the model; the trainer asks
 across the process boundary because roles do not import each other.
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import httpx
+from pydantic import model_validator
 
 from streams.settings import SettingsError
 from verifier_pool import docker_backend
@@ -26,10 +28,20 @@ UNCONFIRMED = (
 )
 
 
+class LeanSettings(VerifierSettings):
+    """VerifierSettings, loaded alike, without the check that a Lean task has a backend (config.py
+    `_lean_needs_a_backend`): `lean_backend_problem` makes it, in the operator's words."""
+
+    @model_validator(mode="after")
+    def _lean_needs_a_backend(self) -> LeanSettings:
+        return self
+
+
 def lean_backend_problem(settings: VerifierSettings) -> str | None:
-    """None if a Lean backend is configured and reachable; else what is missing and the ways to get one.
-    (Settings no worker starts with, such as sandbox = 'kimina' without kimina_url, fail to load: `main`.)"""
+    """None if a Lean backend is configured and reachable; else what is missing and the ways to get one."""
     if settings.sandbox == "kimina" or settings.kimina_url:
+        if not settings.kimina_url:
+            return "sandbox = 'kimina' needs kimina_url. " + NO_LEAN
         if settings.lean_second_line == "audit":  # the server keeps the proof's env: no audit can run
             return f"with kimina-lean-server {UNCONFIRMED}."
         try:
@@ -49,17 +61,11 @@ def lean_backend_problem(settings: VerifierSettings) -> str | None:
     return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
 
 
-def settings_problem(error: SettingsError) -> str:
-    """A configuration no worker would start with (e.g. the process sandbox and no lean_repl_cmd): its own
-    message, and the ways to a Lean backend."""
-    return f"{error}. " + NO_LEAN
-
-
 def main() -> int:
     try:
-        settings = VerifierSettings.load()
-    except SettingsError as e:
-        print(settings_problem(e))
+        settings = LeanSettings.load()
+    except SettingsError as e:  # a value of the wrong type or kind: no worker would start either
+        print(e)
         return 1
     if "lean" in settings.tasks and (problem := lean_backend_problem(settings)):
         print(problem)

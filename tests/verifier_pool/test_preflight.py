@@ -11,14 +11,14 @@ from pathlib import Path
 
 from verifier_pool.config import VerifierSettings
 from verifier_pool.pool import NO_LEAN
-from verifier_pool.preflight import lean_backend_problem
+from verifier_pool.preflight import LeanSettings, lean_backend_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING_IMAGE = "proofstream-no-such-image:0"
 
 
 def _settings(**fields) -> VerifierSettings:
-    return VerifierSettings.load(flags={"tasks": ["lean"], **fields}, env={})
+    return LeanSettings.load(flags={"tasks": ["lean"], **fields}, env={})
 
 
 def test_a_local_repl_needs_a_runnable_command_and_an_audit_unless_its_word_is_trusted():
@@ -36,7 +36,8 @@ def test_a_local_repl_needs_a_runnable_command_and_an_audit_unless_its_word_is_t
     )
 
 
-def test_a_kimina_server_must_answer_and_cannot_be_audited():
+def test_a_kimina_server_must_be_named_answer_and_cannot_be_audited():
+    assert lean_backend_problem(_settings(sandbox="kimina")) == "sandbox = 'kimina' needs kimina_url. " + NO_LEAN
     nowhere = {"sandbox": "kimina", "kimina_url": "http://127.0.0.1:9"}  # port 9 (discard): nothing listens
     problem = lean_backend_problem(_settings(**nowhere))
     assert problem == (
@@ -50,8 +51,9 @@ def test_a_kimina_server_must_answer_and_cannot_be_audited():
 
 
 def test_without_a_repl_or_a_server_the_image_must_be_in_a_docker_daemon():
-    problem = lean_backend_problem(_settings(sandbox="docker", lean_image=MISSING_IMAGE))
-    assert problem == f"no Lean backend found (no image {MISSING_IMAGE!r} in a reachable Docker daemon). " + NO_LEAN
+    missing = f"no Lean backend found (no image {MISSING_IMAGE!r} in a reachable Docker daemon). " + NO_LEAN
+    for sandbox in ("docker", "process"):  # the process sandbox has nothing to run without lean_repl_cmd
+        assert lean_backend_problem(_settings(sandbox=sandbox, lean_image=MISSING_IMAGE)) == missing
     assert "docker build -t proofstream-lean" in NO_LEAN and "lean_repl_cmd" in NO_LEAN and "kimina_url" in NO_LEAN
 
 
@@ -68,8 +70,8 @@ def test_the_command_says_one_line_and_exits_1_or_nothing_and_0():
     ready = _preflight(**lean, PROOFSTREAM_SANDBOX="process", PROOFSTREAM_LEAN_SECOND_LINE="trust_repl",
                        PROOFSTREAM_LEAN_REPL_CMD=f'["{sys.executable}"]')  # fmt: skip
     assert (ready.returncode, ready.stdout, ready.stderr) == (0, "", "")
-    # Settings no worker starts with are refused in the worker's own words, and the ways to a backend.
-    for env in ({"PROOFSTREAM_SANDBOX": "process"}, {"PROOFSTREAM_SANDBOX": "kimina"}):
-        bad = _preflight(**lean, **env)
-        assert bad.returncode == 1 and bad.stdout.startswith("bad verifier settings: ") and NO_LEAN in bad.stdout
+    kimina = _preflight(**lean, PROOFSTREAM_SANDBOX="kimina")  # a worker would refuse these settings; this says why
+    assert (kimina.returncode, kimina.stdout) == (1, "sandbox = 'kimina' needs kimina_url. " + NO_LEAN + "\n")
+    bad = _preflight(**lean, PROOFSTREAM_SANDBOX="nope")
+    assert bad.returncode == 1 and bad.stdout.startswith("bad verifier settings: sandbox: ")
     assert _preflight().returncode == 0  # no lean task: nothing to check
