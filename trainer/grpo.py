@@ -72,16 +72,19 @@ def grpo_config(settings: TrainerSettings) -> GRPOConfig:
                       advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum)  # fmt: skip
 
 
-def unneeded_policies(folders: list[Path], needed_from: int) -> list[Path]:
-    """Policy folders (`v<version>`) older than `needed_from`, the oldest version an order may still name."""
-    return [f for f in folders if f.name.startswith("v") and f.name[1:].isdigit() and int(f.name[1:]) < needed_from]
-
-
 def training_device(setting: str) -> str:
     """`auto`: the GPU when torch sees one (the generators choose theirs the same way), else the CPU."""
     if setting != "auto":
         return setting
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ------------------------------------------------------------------------------------------------ publishing
+
+
+def unneeded_policies(folders: list[Path], needed_from: int) -> list[Path]:
+    """Policy folders (`v<version>`) older than `needed_from`, the oldest version an order may still name."""
+    return [f for f in folders if f.name.startswith("v") and f.name[1:].isdigit() and int(f.name[1:]) < needed_from]
 
 
 # ------------------------------------------------------------------------------------------------ the run
