@@ -43,10 +43,9 @@ import redis
 
 from evals import plots
 from streams.keys import Keys
-from trainer.config import GRPO_BATCH, TrainerSettings
-from trainer.es import PRESETS
+from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
+from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records, update_records
-from trainer.run import FINISHED_BEFORE
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")

@@ -60,10 +60,9 @@ from evals.compare import (
     samples_per_version,
     samples_used,
 )
-from trainer.config import TrainerSettings
-from trainer.es import PRESETS
+from trainer.config import PRESETS, TrainerSettings
+from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records
-from trainer.run import FINISHED_BEFORE
 
 ES_GRID = ("sigma", "alpha", "population", "antithetic")  # an ES cell's own list-valued flags, in key order
 GRPO_GRID = ("lr", "group_size", "temperature")  # a GRPO cell's

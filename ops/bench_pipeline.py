@@ -1,6 +1,6 @@
 """`python -m ops bench pipeline`: how well generation, verification and training overlap, end to end.
 
-The real ES trainer (`trainer.run.ESRun`: top up, read rewards, update at the quorum, checkpoint) runs in
+The real ES trainer (`trainer.es.ESRun`: top up, read rewards, update at the quorum, checkpoint) runs in
 this process; the generator (`producers.service.GeneratorService`) and the verifier pool
 (`consumers.service.VerifierService`) run as deployed, each in a process of its own, with only the model and
 the sandboxes replaced by fixed latencies (`ops/pipeline_roles.py`); all three talk through a private Redis
@@ -55,11 +55,10 @@ from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from tasks.countdown import countdown_problems
-from trainer.config import TrainerSettings
-from trainer.es import PRESETS
+from trainer.config import PRESETS, TrainerSettings
+from trainer.es import ESRun
 from trainer.local import LocalPipeline
 from trainer.metrics import MetricsSink
-from trainer.run import ESRun
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0

@@ -30,7 +30,8 @@ import transformers
 
 from producers.engine import Sampling
 from producers.hf import HFEngine
-from trainer.grpo import GRPOConfig, GRPOSample, GRPOTrainer
+from trainer.grpo_loss import GRPOConfig, GRPOSample
+from trainer.grpo_trainer import GRPOTrainer
 from weights.es import noise
 
 STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,

@@ -21,7 +21,7 @@ from streams.codec import VERSION_FIELD, decode
 from streams.groups import consumer_states, group_states
 from streams.keys import Keys
 from streams.schema import BY_STREAM, DeadLetter, SchemaError
-from trainer.es import MemberState
+from trainer.orders import Order
 
 
 def safe(raw: bytes) -> str | dict[str, Any]:
@@ -114,7 +114,7 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
     trainer: dict[str, Any] | None = None
     if state is not None:
         work = [*state.get("members", [])]
-        running = [m for m in work if not MemberState.from_dict(m).complete]
+        running = [m for m in work if not Order.from_dict(m).complete]
         ages = [max(0, now - int(m["issued_at"] * 1000)) for m in running if m.get("issued_at")]
         trainer = {"algo": state.get("algo"), "version": state.get("version"), "finished": state.get("finished"),
                    "in_flight": len(running), "complete_waiting": len(work) - len(running),

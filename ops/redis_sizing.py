@@ -105,7 +105,7 @@ async def measure(url: str, profile: str, n: int) -> dict:
             await verifier.run_once()
         after_verify = await used(redis)
 
-        # The trainer reads rewards in its group and acks them (no markers: trainer/run.py), as here.
+        # The trainer reads rewards in its group and acks them (no markers: trainer/loop.py), as here.
         await redis.xgroup_create(keys.rewards, TRAINER, id="0", mkstream=True)
         read = 0
         while read < n:

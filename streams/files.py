@@ -1,7 +1,7 @@
 """Files that appear whole: write under a temporary name beside the target, fsync it, rename it over the
 target, fsync the folder. A reader, or a process restarted after a kill at any instant, sees the old file or
 the new one, never a part of one. A kill before the rename leaves the temporary `.<name>.<random>` file
-behind; a writer that can be killed mid-write removes such files at its start (trainer.grpo_run).
+behind; a writer that can be killed mid-write removes such files at its start (trainer.grpo).
 """
 
 from __future__ import annotations

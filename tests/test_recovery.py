@@ -6,7 +6,7 @@ loses and doubles no sample and makes as many versions.
 Real processes on a private redis-server (AOF, fsync always): `python -m trainer --redis-url`, `python -m
 producers --engine hf` with the default model, `arq workers.verifier` with process sandboxes. The schedule
 does not depend on timing: quorum 1 (each center gets exactly `population` members and its update uses all
-of them: trainer/run.py `top_up`), greedy members, a deadline no update reaches. The kill points are
+of them: trainer/loop.py `_room`), greedy members, a deadline no update reaches. The kill points are
 thresholds on the number of rewards published, drawn from `random.Random(SEED)`; one role is killed at a
 time and restarted at once (Redis on the same port and AOF).
 """

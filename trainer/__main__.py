@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import redis.exceptions as rx
 import structlog
+from tqdm import tqdm
 
 from streams import logs
 from streams.connect import connect, shown_url
@@ -30,10 +31,11 @@ from streams.settings import SettingsError
 from tasks.problems import DataError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
+from trainer.es import ESRun
 from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
+from trainer.loop import FINISHED_BEFORE, RunFinished
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
-from trainer.run import FINISHED_BEFORE, RunFinished
 from weights.model import resolve_model
 
 log = structlog.get_logger("trainer")
@@ -55,11 +57,9 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         """The run as its state in Redis says (a new one, or resumed): also after Redis came back, since a
         restarted Redis may have lost the last second of writes (AOF everysec) that this process had made."""
         if settings.algo == "grpo":
-            from trainer.grpo_run import GRPORun
+            from trainer.grpo import GRPORun  # torch and transformers: an ES trainer never loads them
 
             return GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
-        from trainer.run import ESRun
-
         return ESRun(settings, redis, train_set, held_out, sink, progress=bar)
 
     lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
@@ -131,8 +131,6 @@ async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:
 
 
 def _progress(total: int):
-    from tqdm import tqdm
-
     bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr)
 
     def update(version: int | None) -> None:

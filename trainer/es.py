@@ -1,84 +1,45 @@
-"""Evolution Strategies on the trainer's side (Qiu et al. 2025): members, their rewards, the update.
+"""Evolution Strategies on the trainer's side (Qiu et al. 2025, "Evolution Strategies at Scale"), top to bottom:
+its config, how it issues orders (members), when it is ready, its update, what it publishes.
 
-The trainer never touches weights for ES. It names members (seed, sign) around a center version, collects
-each member's reward (its success rate on the iteration's theorem batch), z-scores them, and publishes
-the step `{seeds, signs, rewards: z, sigma, alpha}`; every generator applies
-`theta += alpha/N * sum_n z_n sign_n eps_n` itself (weights/es.py), bit for bit the same everywhere.
+The variant: N members per center, each a perturbation (seed, sign) of the center's weights by sigma * eps;
+a member's reward is its mean reward on the center's batch of problems, scored greedily by default (the
+reference code: temperature 0, every member on the same problems, so members differ by their weights, not
+by sampling noise); rewards are z-scored across the members (population std; all-equal rewards give a step
+of zeros); the update is `theta += alpha/N * sum_n z_n sign_n eps_n`. Optional antithetic pairs (+eps, -eps
+sharing a seed). The trainer never touches weights: it publishes the step (`weights.step.ESStep`: seeds,
+signs, z, sigma, alpha; ~200 bytes) and every generator applies it itself (weights/es.py), bit for bit the
+same everywhere.
 
-Async mode: members are issued around the newest center so generators never wait for an update. An
-update of center v uses members whose own center is at least v - max_staleness (the freshest first, up to
-the population); older ones are dropped and counted. An update happens when a quorum of the population
-has reported, or at the deadline with at least two members; members still out are stragglers: they stay
-usable for the next update while within the staleness bound.
+Async (docs/TRAINER.md): `population` members are kept in flight around the newest center, so generators
+never wait for an update. An update of center v uses complete members whose own center is at least
+v - max_staleness (the freshest first, up to the population); older ones are dropped and counted. It
+happens when a quorum of the population has reported, or at the deadline with at least two members;
+members still out are stragglers: they stay usable for the next update while within the staleness bound.
+The loop itself (write-ahead orders, rewards, checkpoint, cuts, evaluations) is trainer/loop.py's.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
+import structlog
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's defaults (Qiu et al. 2025, Countdown and reasoning tasks on 0.5B-8B models).
-    "paper": {"population": 30, "sigma": 0.001, "alpha": 0.0005, "batch": 200, "antithetic": False},
-    # A population a 2-core CPU gets through in minutes with the 135M default model. alpha 4x the paper's:
-    # measured over 3 seeds at 8 versions (docs/results/sweep-cpu: greedy members, batch 16, antithetic),
-    # the held-out shaped reward gained 0.004 +- 0.002 at 0.0005, 0.032 +- 0.006 at 0.002, 0.015 +- 0.020 at
-    # 0.008; the paper's alpha is made for 1,000 iterations, not a budget of minutes.
-    "cpu": {"population": 8, "sigma": 0.001, "alpha": 0.002, "batch": 16, "antithetic": True},
-}
+from streams.codec import encode
+from streams.schema import Member, PolicyUpdate
+from trainer.config import PRESETS, TrainerSettings
+from trainer.loop import Run
+from trainer.orders import Order, rotation, split_fresh
+from weights.step import ESStep
 
+log = structlog.get_logger("trainer.es")
 
-def member_seed(run: str, center: int, index: int) -> int:
-    """Seeds are a pure function of (run, center, index): a restarted trainer names the same members."""
-    digest = hashlib.blake2b(f"{run}\x00{center}\x00{index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-@dataclass
-class MemberState:
-    """One member (one work order): which perturbation, around which center, on which theorems."""
-
-    work_id: str
-    center: int
-    seed: int
-    sign: int
-    theorem_ids: list[str]
-    samples: int = 1  # attempts per theorem
-    rewards: dict[str, float] = field(default_factory=dict)  # attempt_id -> reward
-    proved: int = 0
-    issued_at: float = 0.0
-
-    @property
-    def expected(self) -> int:
-        return len(self.theorem_ids) * self.samples
-
-    @property
-    def complete(self) -> bool:
-        return len(self.rewards) >= self.expected
-
-    @property
-    def score(self) -> float:
-        """The member's reward: mean over its attempts (success rate when rewards are 0/1)."""
-        return float(np.mean(list(self.rewards.values()))) if self.rewards else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> MemberState:
-        return cls(**doc)
-
-
-def zscore(values: list[float], eps: float = 1e-8) -> list[float]:
-    """(r - mean) / std; all-equal rewards carry no signal and give zeros (a step that changes nothing)."""
-    r = np.asarray(values, dtype=np.float64)
-    std = r.std()
-    if std < eps:
-        return [0.0] * len(values)
-    return ((r - r.mean()) / std).tolist()
+# ------------------------------------------------------------------------------------------------ config
 
 
 @dataclass
@@ -100,44 +61,158 @@ class ESConfig:
             raise ValueError(f"bad ES settings: {self}")
 
 
+def es_config(settings: TrainerSettings) -> ESConfig:
+    """The run's ES settings: the preset's (trainer/config.py `PRESETS`) unless set."""
+    preset = PRESETS[settings.preset]
+    return ESConfig(
+        population=settings.population or preset["population"],
+        sigma=settings.sigma or preset["sigma"],
+        alpha=settings.alpha or preset["alpha"],
+        antithetic=settings.antithetic,
+        max_staleness=settings.max_staleness,
+        quorum=settings.quorum,
+        deadline_s=settings.deadline_s,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ members
+
+
+def member_seed(run: str, center: int, index: int) -> int:
+    """Seeds are a pure function of (run, center, index): a restarted trainer names the same members."""
+    digest = hashlib.blake2b(f"{run}\x00{center}\x00{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def member(run: str, center: int, index: int, antithetic: bool) -> tuple[int, int]:
+    """(seed, sign) of member `index` of `center`; antithetic twins (2k, 2k + 1) share a seed, signs +1, -1."""
+    if antithetic:
+        return member_seed(run, center, index // 2), 1 if index % 2 == 0 else -1
+    return member_seed(run, center, index), 1
+
+
 def members_for(run: str, center: int, start: int, count: int, antithetic: bool) -> list[tuple[int, int, int]]:
-    """(index, seed, sign) of `count` members of `center` from index `start`; antithetic twins share a seed."""
-    out = []
-    for index in range(start, start + count):
-        if antithetic:
-            out.append((index, member_seed(run, center, index // 2), 1 if index % 2 == 0 else -1))
-        else:
-            out.append((index, member_seed(run, center, index), 1))
-    return out
+    """(index, seed, sign) of `count` members of `center` from index `start`."""
+    return [(index, *member(run, center, index, antithetic)) for index in range(start, start + count)]
 
 
-def split_fresh(
-    complete: list[MemberState], version: int, max_staleness: int, limit: int
-) -> tuple[list[MemberState], list[MemberState]]:
-    """(work to use for the update of `version`: freshest first, at most `limit`; work too stale to use).
-    ES members here, GRPO groups in trainer/grpo_run.py."""
-    fresh = [m for m in complete if version - m.center <= max_staleness]
-    stale = [m for m in complete if version - m.center > max_staleness]
-    fresh.sort(key=lambda m: (-m.center, m.work_id))
-    return fresh[:limit], stale
+# ------------------------------------------------------------------------------------------------ the step
 
 
-def select(complete: list[MemberState], version: int, cfg: ESConfig) -> tuple[list[MemberState], list[MemberState]]:
+def zscore(values: list[float], eps: float = 1e-8) -> list[float]:
+    """(r - mean) / std; all-equal rewards carry no signal and give zeros (a step that changes nothing)."""
+    r = np.asarray(values, dtype=np.float64)
+    std = r.std()
+    if std < eps:
+        return [0.0] * len(values)
+    return ((r - r.mean()) / std).tolist()
+
+
+def select(complete: list[Order], version: int, cfg: ESConfig) -> tuple[list[Order], list[Order]]:
     """(members to use for the update of `version`, members too stale to use): freshest first, at most N."""
     return split_fresh(complete, version, cfg.max_staleness, cfg.population)
 
 
-def make_step(members: list[MemberState], cfg: ESConfig) -> dict[str, Any]:
-    """The policy stream's `es_step` for these members."""
+def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
+    """The step these members make: their z-scored rewards, what every generator replays."""
     z = zscore([m.score for m in members])
+    return ESStep(tuple(m.seed for m in members), tuple(m.sign for m in members), tuple(z), cfg.sigma, cfg.alpha)
+
+
+def policy_entry(step: ESStep, members: list[Order]) -> dict[str, Any]:
+    """The policy stream's `es_step`: the step, then for people and audits each member's raw reward, center
+    and work id (generators read only the step's fields)."""
     return {
-        "seeds": [m.seed for m in members],
-        "signs": [m.sign for m in members],
-        "rewards": z,
-        "sigma": cfg.sigma,
-        "alpha": cfg.alpha,
-        # For people and audits; generators read only the five fields above.
+        **step.to_dict(),
         "raw_rewards": [round(m.score, 6) for m in members],
         "centers": [m.center for m in members],
         "members": [m.work_id for m in members],
     }
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+class ESRun(Run):
+    algo = "es"
+
+    def __init__(self, settings: TrainerSettings, *args: Any, **kwargs: Any) -> None:
+        super().__init__(settings, *args, **kwargs)
+        self.cfg = es_config(settings)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "config": vars(self.cfg)}
+
+    # -- orders: `population` members in flight around the newest center ---------------------------------
+
+    async def top_up(self) -> int:
+        """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
+        return await self._issue(self.cfg.population, self._new_member, "members_issued")
+
+    def _new_member(self, center: int, index: int) -> Order:
+        seed, sign = member(self.settings.run, center, index, self.cfg.antithetic)
+        return Order(f"es-v{center}-m{index}", center, seed, sign, self._batch(center), issued_at=time.time())
+
+    def _batch(self, center: int) -> list[str]:
+        """The theorems of every member of `center`: one batch per center, shared by its members (the ES
+        estimate compares members on the same problems), drawn by a seeded rotation through the train split."""
+        k = min(self.settings.batch, len(self.train))
+        return [rotation(self.train, center, k, self.settings.seed, i) for i in range(k)]
+
+    def _temperature(self) -> float:
+        """`es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
+        reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
+        return self.settings.es_temperature
+
+    def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
+        sigma = 0.0 if is_eval else self.cfg.sigma
+        return {"member": Member(order.seed, order.sign) if sigma else None, "sigma": sigma}
+
+    # -- ready: a quorum of the population, or two members at the deadline ---------------------------------
+
+    def _ready(self) -> list[Order] | None:
+        return self._ready_at_quorum(self.cfg.population, at_least=2)  # z-scores need two members
+
+    # -- the update, and what it publishes ------------------------------------------------------------------
+
+    async def update(self, complete: list[Order]) -> dict[str, Any]:
+        used, stale = select(complete, self.version, self.cfg)
+        step = make_step(used, self.cfg)
+        stragglers = [m for m in self.orders.values() if not m.complete]
+        for m in [*used, *stale]:
+            del self.orders[m.work_id]
+        attempts = sum(len(m.rewards) for m in used)
+        self.counts["members_used"] += len(used)
+        self.counts["samples"] += attempts
+        self.counts["members_stale_dropped"] += len(stale)
+        self.version += 1
+        now = time.monotonic()
+        metrics = {
+            "version": self.version,
+            "algo": "es",
+            "reward_mean": round(sum(m.score for m in used) / len(used), 6),
+            "reward_max": round(max(m.score for m in used), 6),
+            "pass_rate": round(sum(m.proved for m in used) / max(1, attempts), 6),
+            "members": len(used),
+            "attempts": attempts,
+            "stragglers": len(stragglers),
+            "stale_dropped": len(stale),
+            "staleness": dict(collections.Counter(str(self.version - 1 - m.center) for m in used)),
+            "verdicts": dict(self._verdicts),
+            "rewards_per_s": round(self._window_rewards / max(now - self._window_started, 1e-9), 2),
+            "update_s": round(now - self.last_update, 2),
+            **self.health_figures(),
+            "time": time.time(),
+        }
+        metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
+        self._verdicts.clear()
+        self._window_rewards, self._window_started, self.last_update = 0, now, now
+        policy = PolicyUpdate(self.version, "es", es_step=policy_entry(step, used), created_ms=int(time.time() * 1000))
+        await self.checkpoint(
+            (self.keys.policy, encode(policy)), (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
+        )
+        self.sink.write(metrics)
+        log.info(
+            "es_update", **{k: metrics[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers")}
+        )
+        return metrics

@@ -24,43 +24,33 @@ from typing import Any
 import structlog
 
 from streams.embedded import EmbeddedRedis, die_with_parent
+from streams.settings import CONFIG_ENV
 from trainer.config import TrainerSettings
 
 log = structlog.get_logger("trainer.local")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+PREFLIGHT_TIMEOUT_S = 60.0  # the preflight asks a kimina server (5 s) or a Docker daemon (3 s) at most
+
+
 def lean_backend_problem(settings: TrainerSettings) -> str | None:
-    """None if a Lean backend is configured and reachable; else what is missing and the ways to get one."""
-    from verifier_pool import docker_backend
-    from verifier_pool.pool import NO_LEAN
-
-    unconfirmed = (
-        "every Lean proof the server accepts would be `error`: nothing can confirm it (verifier_pool.lean_audit). "
-        "Set lean_second_line = 'trust_repl' to take the Lean server's word"
-    )
-    if settings.sandbox == "kimina" or settings.kimina_url:
-        if not settings.kimina_url:
-            return "sandbox = 'kimina' needs kimina_url. " + NO_LEAN
-        if settings.lean_second_line == "audit":  # the server keeps the proof's env: no audit can run
-            return f"with kimina-lean-server {unconfirmed}."
-        import httpx
-
-        try:
-            httpx.get(settings.kimina_url.rstrip("/") + "/health", timeout=5.0)
-        except httpx.HTTPError as e:
-            return f"the kimina-lean-server at {settings.kimina_url} does not answer ({e}). " + NO_LEAN
+    """None if the verifiers this run implies can check Lean proofs; else what is missing and the ways to get
+    one. The verifier's side answers (`python -m verifier_pool.preflight`, in the environment the local
+    pipeline gives its workers): the trainer asks across the process boundary, as it imports no other role."""
+    preflight = "python -m verifier_pool.preflight"
+    # The trainer's own settings, not its TOML file's [verifier] table: the same inputs the check always had.
+    env = verifier_env(settings, {k: v for k, v in os.environ.items() if k != CONFIG_ENV})
+    try:
+        done = subprocess.run([sys.executable, "-m", "verifier_pool.preflight"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=PREFLIGHT_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"the verifier's Lean check ({preflight}) did not answer in {PREFLIGHT_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
         return None
-    if settings.lean_repl_cmd:
-        exe = settings.lean_repl_cmd[0]
-        if shutil.which(exe) is None and not Path(exe).is_file():
-            return f"lean_repl_cmd {settings.lean_repl_cmd} cannot run: {exe!r} is not on PATH. " + NO_LEAN
-        if settings.sandbox != "docker" and settings.lean_second_line == "audit" and not settings.lean_audit_cmd:
-            return f"with lean_repl_cmd and no lean_audit_cmd (e.g. ['lean-audit']) {unconfirmed}."
-        return None
-    if settings.sandbox in ("auto", "docker") and docker_backend.daemon_ready(settings.lean_image):
-        return None
-    return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
+    if done.returncode == 1 and done.stdout.strip():
+        return done.stdout.strip()
+    return f"the verifier's Lean check ({preflight}) failed with status {done.returncode}: {done.stderr[-1500:]}"
 
 
 def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
@@ -74,6 +64,14 @@ def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
     return fields
 
 
+def verifier_env(settings: TrainerSettings, base: dict[str, str]) -> dict[str, str]:
+    """`base` plus the verifier settings the run implies, as the PROOFSTREAM_* a verifier reads."""
+    env = {**base}
+    for key, value in verifier_fields(settings).items():
+        env[f"PROOFSTREAM_{key.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+    return env
+
+
 def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[str, str]:
     """The environment of the local pipeline's children: the run's Redis and id, and the trainer's TOML file
     (its `[generator]` and `[verifier]` tables apply to them; what the trainer sets in the environment, such
@@ -82,9 +80,9 @@ def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[s
            "PROOFSTREAM_LOG_LEVEL": settings.log_level,
            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}  # fmt: skip
     if config:
-        env["PROOFSTREAM_CONFIG"] = str(Path(config).expanduser().resolve())
+        env[CONFIG_ENV] = str(Path(config).expanduser().resolve())
     else:
-        env.pop("PROOFSTREAM_CONFIG", None)
+        env.pop(CONFIG_ENV, None)
     return env
 
 
@@ -131,12 +129,9 @@ class LocalPipeline:
         if self.settings.model:
             gen += ["--model", self.settings.model]
         self._spawn("generator", gen, base)
-        verifier_env = {**base}
-        for key, value in verifier_fields(self.settings).items():
-            verifier_env[f"PROOFSTREAM_{key.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
         arq = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
         for i in range(self.settings.verifiers):
-            self._spawn(f"verifier-{i}", [arq, "workers.verifier"], verifier_env)
+            self._spawn(f"verifier-{i}", [arq, "workers.verifier"], verifier_env(self.settings, base))
         return self.url
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:

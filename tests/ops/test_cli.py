@@ -287,8 +287,8 @@ async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_group
     consumer and a generator's figures: every figure is the one Redis holds."""
     from trainer.config import TrainerSettings
     from trainer.data import load_theorems
+    from trainer.es import ESRun
     from trainer.metrics import MetricsSink
-    from trainer.run import ESRun
 
     settings = TrainerSettings(run=keys.run, population=4, batch=2, problems=8, held_out=2, antithetic=False)
     train, held_out = load_theorems(settings)

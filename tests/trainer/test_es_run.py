@@ -21,13 +21,14 @@ from streams.groups import id_order
 from streams.keys import TRAINER, Keys
 from streams.schema import PolicyUpdate, WorkOrder
 from tests.fixtures.fake_roles import fake_reward
-from trainer.es import ESConfig, MemberState, make_step, members_for, select, zscore
+from trainer.es import ESConfig, ESRun, es_config, make_step, members_for, policy_entry, select, zscore
+from trainer.orders import Order
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _member(center: int, index: int, score: float) -> MemberState:
-    m = MemberState(f"es-v{center}-m{index}", center, 1000 + index, 1, ["a", "b"])
+def _member(center: int, index: int, score: float) -> Order:
+    m = Order(f"es-v{center}-m{index}", center, 1000 + index, 1, ["a", "b"])
     m.rewards = {"x": score, "y": score}
     return m
 
@@ -38,7 +39,7 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
 
     members = [_member(0, i, s) for i, s in enumerate([0.0, 0.5, 1.0, 0.5])]
     cfg = ESConfig(population=4, sigma=0.01, alpha=0.1)
-    step = make_step(members, cfg)
+    step = policy_entry(make_step(members, cfg), members)
     # By hand: mean 0.5, population std sqrt((0.25 + 0 + 0.25 + 0) / 4) = sqrt(1/8), so z = (r - 0.5) * sqrt(8).
     z = [-(2**0.5), 0.0, 2**0.5, 0.0]
     assert step["rewards"] == pytest.approx(z, abs=1e-12) and step["seeds"] == [1000, 1001, 1002, 1003]
@@ -163,15 +164,14 @@ def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_p
     from trainer.config import TrainerSettings
     from trainer.data import load_theorems
     from trainer.metrics import MetricsSink
-    from trainer.run import ESRun
 
     def orders(**flags):
         settings = TrainerSettings(run="t", problems=6, held_out=2, **flags)
         train, held_out = load_theorems(settings)
         run = ESRun(settings, None, train, held_out, MetricsSink(tmp_path / "run"))
-        member = MemberState("es-v0-m0", 0, 7, 1, [train[0].theorem_id])
-        evaluation = MemberState("eval-v0", 0, 0, 1, [held_out[0].theorem_id])
-        return run._order(member).sampling["temperature"], run._order(evaluation).sampling["temperature"]
+        member = Order("es-v0-m0", 0, 7, 1, [train[0].theorem_id])
+        evaluation = Order("eval-v0", 0, 0, 1, [held_out[0].theorem_id])
+        return run._work_order(member).sampling["temperature"], run._work_order(evaluation).sampling["temperature"]
 
     assert orders() == (0.0, 0.0)
     assert orders(temperature=1.0) == (0.0, 0.0)  # GRPO's setting does not reach ES members
@@ -181,9 +181,7 @@ def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_p
 def test_es_takes_its_batch_and_pairing_from_the_preset_and_grpo_keeps_its_own_batch():
     """The cpu preset is the measured configuration (docs/results/sweep-cpu): its batch and antithetic pairs
     come with it unless set, from flags, env or a config file alike; GRPO's batch is not the preset's."""
-    from trainer.config import GRPO_BATCH, TrainerSettings
-    from trainer.es import PRESETS
-    from trainer.run import es_config
+    from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
 
     es = TrainerSettings()
     assert (es.batch, es.antithetic) == (16, True) == (PRESETS["cpu"]["batch"], PRESETS["cpu"]["antithetic"])
@@ -248,18 +246,17 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     and its order cancelled."""
     from trainer.config import TrainerSettings
     from trainer.metrics import MetricsSink
-    from trainer.run import ESRun
 
     settings = TrainerSettings(run="rules", population=8, quorum=0.75, max_staleness=1, deadline_s=60,
                                antithetic=False, problems=6, held_out=2, eval_every=0)  # fmt: skip
     run = ESRun(settings, one_redis, [], [], MetricsSink(tmp_path))
     run.version = 3
 
-    def add(center: int, index: int, score: float | None) -> MemberState:
-        m = MemberState(f"es-v{center}-m{index}", center, 100 * center + index, 1, ["t"], issued_at=time.time())
+    def add(center: int, index: int, score: float | None) -> Order:
+        m = Order(f"es-v{center}-m{index}", center, 100 * center + index, 1, ["t"], issued_at=time.time())
         if score is not None:
             m.rewards = {f"{m.work_id}:0:0": score}
-        run.members[m.work_id] = m
+        run.orders[m.work_id] = m
         return m
 
     for i in range(5):
@@ -277,9 +274,9 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
     assert sorted(step["members"]) == sorted([*(f"es-v3-m{i}" for i in range(5)), "es-v2-m0"])
     assert metrics["stale_dropped"] == 1 and run.counts["members_stale_dropped"] == 1
-    assert metrics["stragglers"] == 2 and set(run.members) == {straggler_fresh.work_id, straggler_old.work_id}
+    assert metrics["stragglers"] == 2 and set(run.orders) == {straggler_fresh.work_id, straggler_old.work_id}
     await run._expire()  # the loop's next turn: the straggler of center 2 can never be used at version 4
-    assert set(run.members) == {straggler_fresh.work_id} and run.counts["cut_stale"] == 1
+    assert set(run.orders) == {straggler_fresh.work_id} and run.counts["cut_stale"] == 1
     cancelled = Keys("rules").done(WorkOrder.dedup_for(straggler_old.work_id))
     assert await one_redis.get(cancelled) == b"cancelled"  # a generator that takes its order skips it
     straggler_fresh.rewards = {"s:0:0": 1.0}  # it finishes after the update, now at version 4
@@ -289,7 +286,7 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     await run.update(ready)
     step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
     assert "es-v3-m9" in step["members"]  # the straggler of center 3 went into the next update
-    assert run.members == {}
+    assert run.orders == {}
 
 
 def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_path):

@@ -24,7 +24,8 @@ from tests.producers.conftest import needs_model
 from trainer import eval as ev
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
-from trainer.es import ESConfig, MemberState, make_step, member_seed
+from trainer.es import ESConfig, make_step, member_seed, policy_entry
+from trainer.orders import Order
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,9 +47,9 @@ def es_steps(run: str, versions: int) -> list[dict]:
     """Real ES steps as the trainer makes them: two members per version, one rewarded, one not."""
     steps = []
     for v in range(1, versions + 1):
-        members = [MemberState(f"es-v{v - 1}-m{i}", v - 1, member_seed(run, v - 1, i), 1, ["x"], rewards={"a": r})
+        members = [Order(f"es-v{v - 1}-m{i}", v - 1, member_seed(run, v - 1, i), 1, ["x"], rewards={"a": r})
                    for i, r in enumerate((1.0, 0.0))]  # fmt: skip
-        steps.append(make_step(members, ESConfig(population=2)))
+        steps.append(policy_entry(make_step(members, ESConfig(population=2)), members))
     return steps
 
 

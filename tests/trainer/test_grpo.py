@@ -14,15 +14,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainer.grpo import (  # noqa: E402
+from trainer.grpo_loss import (  # noqa: E402
     GRPOConfig,
     GRPOSample,
-    GRPOTrainer,
     group_advantages,
     grpo_loss,
     pad_right,
     sequence_logprobs,
 )
+from trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -20,7 +20,7 @@ from streams.schema import Attempt, Reward, WorkOrder
 from tests.trainer.test_grpo import tiny_llama
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
-from trainer.grpo_run import GRPORun, grad_accum_for, unneeded_policies
+from trainer.grpo import GRPORun, grad_accum_for, unneeded_policies
 from trainer.metrics import MetricsSink
 
 

@@ -159,7 +159,7 @@ LETTERS = {  # the dead letters each scenario makes, as each version's metrics c
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_slot(one_redis, tmp_path, scenario):
-    from trainer.run import ESRun
+    from trainer.es import ESRun
 
     generator, verifier, expected, unused = SCENARIOS[scenario]
     settings = TrainerSettings(run=f"lost-{scenario}", population=POPULATION, antithetic=False, batch=2, quorum=1.0,
@@ -191,7 +191,7 @@ async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_sl
         assert summary["counts"].get(name) == count, summary["counts"]
     # nothing left holding a slot: only members issued around the last center are still out (top-up keeps
     # `population` unfinished members in flight, so the generators never wait for an update)
-    assert all(m.center == settings.iterations - 1 for m in run.members.values()) and run.evals == {}
+    assert all(m.center == settings.iterations - 1 for m in run.orders.values()) and run.evals == {}
     assert sorted(summary["evals"]) == [0, 3]  # evaluations answered, the lost one too (asked again)
     last = [r for r in run.sink.records() if not r.get("eval")][-1]
     for name, count in expected.items():
@@ -219,7 +219,7 @@ async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_sl
 async def test_a_resume_writes_the_versions_redis_has_and_the_run_directory_lacks(one_redis, tmp_path):
     """A trainer killed between a version's MULTI and its metrics line: Redis has the version, metrics.jsonl
     not. The next trainer writes it from the metrics stream (and an evaluation from the checkpoint)."""
-    from trainer.run import ESRun
+    from trainer.es import ESRun
 
     settings = TrainerSettings(run="backfill", population=POPULATION, antithetic=False, batch=2, quorum=1.0,
                                max_staleness=0, iterations=2, problems=8, held_out=2, eval_every=2)  # fmt: skip
@@ -245,7 +245,7 @@ async def test_a_resume_writes_the_versions_redis_has_and_the_run_directory_lack
 @pytest.mark.parametrize("scenario", ["work_dead_letter", "attempt_dead_letter"])
 async def test_a_grpo_group_whose_order_or_attempt_is_dead_lettered_is_cut_and_replaced(one_redis, tmp_path, scenario):
     from tests.trainer.test_grpo import tiny_llama
-    from trainer.grpo_run import GRPORun
+    from trainer.grpo import GRPORun
 
     generator = _poison_work("grpo-v0-g1") if scenario == "work_dead_letter" else _fine
     verifier = _poison_attempt("grpo-v0-g1:0:1") if scenario == "attempt_dead_letter" else _fine
@@ -264,8 +264,8 @@ async def test_a_grpo_group_whose_order_or_attempt_is_dead_lettered_is_cut_and_r
     assert [r["groups"] for r in updates] == [2, 2]  # the full batch each step
     assert all("grpo-v0-g1" not in r["groups_used"] for r in updates)
     # the cut group's samples and attempt entries are let go (only groups still in flight hold any)
-    assert all(a.rsplit(":", 2)[0] in run.members for a in run.samples)
-    assert set(run.attempt_entries) <= set(run.members)
+    assert all(a.rsplit(":", 2)[0] in run.orders for a in run.samples)
+    assert set(run.attempt_entries) <= set(run.orders)
     pending = await one_redis.xpending_range(keys.attempts, "trainer", min="-", max="+", count=100)
     held = {e for ids in run.attempt_entries.values() for e in ids}
     assert {p["message_id"] for p in pending} <= held

@@ -1,20 +1,20 @@
-"""The ES run: issue members, collect rewards, update, publish; checkpointed so a killed trainer resumes.
+"""The loop every algorithm shares: orders written ahead, rewards and dead letters read, updates checkpointed.
 
-The loop, until `iterations` versions exist:
+`Run` holds the run's orders (`Order`, trainer/orders.py: an ES member, a GRPO group, an evaluation) and
+drives them; an algorithm (trainer/es.py, trainer/grpo.py) says what its orders are, when an update is ready,
+and what the update publishes. The loop, until `iterations` versions exist:
 
-1. **Top up.** Keep `population` members in flight (issued, not yet fully rewarded) around the newest
-   center, so generators never wait for an update (at quorum 1: exactly `population` a center, in
-   lockstep). Members are written to the checkpoint before their work orders are published
-   (write-ahead); their work ids and seeds are pure functions of
-   (run, center, index), so a restarted trainer re-publishes the same orders and the generators' markers
-   make the repeats no-ops.
-2. **Collect.** Read `{ps:R}:rewards` in group `trainer`; add each reward to its member by attempt id
-   (a reward seen twice counts once). Rewards are acked only after a checkpoint holding them is written:
-   a trainer killed in between re-reads them from its pending list.
-3. **Update.** When a quorum of the population has reported (or at the deadline, with at least two),
-   z-score the members' rewards (members older than `max_staleness` are dropped, counted) and publish the
-   step. The policy entry, the checkpoint and the version's metrics are written in one MULTI, so a restart
-   never sees one without the others.
+1. **Top up.** Keep the algorithm's number of orders in flight (issued, not yet fully rewarded) around the
+   newest version, so generators never wait for an update (at quorum 1: exactly that many a version, in
+   lockstep). Orders are written to the checkpoint before their work orders are published (write-ahead);
+   their work ids are pure functions of (run, version, index), so a restarted trainer re-publishes the same
+   orders and the generators' markers make the repeats no-ops.
+2. **Collect.** Read `{ps:R}:rewards` in group `trainer`; add each reward to its order by attempt id (a
+   reward seen twice counts once). Rewards are acked only after a checkpoint holding them is written: a
+   trainer killed in between re-reads them from its pending list.
+3. **Update.** When a quorum of the orders has reported (or at the deadline), the algorithm's update runs
+   and publishes; the policy entry, the checkpoint and the version's metrics are written in one MULTI, so a
+   restart never sees one without the others.
 
 Evaluation orders (`eval-v<version>`: the center, greedy, on the held-out split) go through the same
 pipeline every `eval_every` versions and at the end.
@@ -22,7 +22,7 @@ pipeline every `eval_every` versions and at the end.
 Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards; a
 dead letter naming it (the trainer reads `{ps:R}:dlq` in its group too: a work order given up on, a stale
 order a generator skipped, an attempt or reward given up on); the staleness bound passing it (an order of a
-center more than `max_staleness` versions old can no longer be used: generators skip it by the same rule);
+version more than `max_staleness` versions old can no longer be used: generators skip it by the same rule);
 or `order_timeout_s` passing with it unanswered (a generator died with it in hand and none reclaimed it). A
 lost member or group is cut, counted (`cut_<why>`), and its order cancelled (its done marker set, so a
 generator that takes it later skips it); top-up then issues a new one in its place. A lost evaluation is
@@ -34,6 +34,10 @@ holds what is in flight plus the last hour, not every attempt's reward since the
 
 Every reward read is also written to the run's traces, `<run dir>/samples/v<version>.jsonl.gz`, with its
 attempt's text (streams.samples; `python -m ops samples` reads them).
+
+One cohesive thing past 400 lines: the write-ahead orders, the reads, the checkpoint that acks what it
+holds and the cuts all keep one invariant together (no reward lost or counted twice across a SIGKILL), and
+splitting them would spread that invariant over files.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import asyncio
 import collections
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -54,13 +58,13 @@ from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
-from streams.schema import DeadLetter, Member, PolicyUpdate, Reward, SchemaError, WorkOrder
+from streams.schema import DeadLetter, Reward, SchemaError, WorkOrder
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
-from trainer.es import PRESETS, ESConfig, MemberState, make_step, members_for, select
 from trainer.metrics import MetricsSink, update_records
+from trainer.orders import Order
 
-log = structlog.get_logger("trainer.run")
+log = structlog.get_logger("trainer.loop")
 
 STATE_FIELD = "state"
 
@@ -79,23 +83,15 @@ class RunFinished(RuntimeError):
 CHECKPOINT_EVERY_S = 2.0
 EVAL_TRIES = 3  # an evaluation order lost this many times is given up (counted: evals_lost)
 CANCEL_TTL_S = 7 * 24 * 3600  # a cancelled order's done marker lives as long as the runtime's own markers
-
-
-def es_config(settings: TrainerSettings) -> ESConfig:
-    preset = PRESETS[settings.preset]
-    return ESConfig(
-        population=settings.population or preset["population"],
-        sigma=settings.sigma or preset["sigma"],
-        alpha=settings.alpha or preset["alpha"],
-        antithetic=settings.antithetic,
-        max_staleness=settings.max_staleness,
-        quorum=settings.quorum,
-        deadline_s=settings.deadline_s,
-    )
+READ_COUNT = 500  # entries a stream read takes at once
 
 
 class Run:
-    """What every algorithm's run shares: state, checkpoint, orders, rewards, evaluation, the loop."""
+    """What every algorithm's run shares: state, checkpoint, orders, rewards, evaluation, the loop.
+
+    An algorithm subclasses it with `algo`, `top_up` (how it issues orders: `_issue` with its `_new_order`),
+    `_order_fields` and `_temperature` (what its work orders carry), `_ready` (when an update can happen,
+    usually `_ready_at_quorum`) and `update` (the step, published through `checkpoint`)."""
 
     algo = ""
 
@@ -119,8 +115,8 @@ class Run:
         # checkpointed state
         self.version = 0
         self.next_index: dict[int, int] = collections.defaultdict(int)
-        self.members: dict[str, MemberState] = {}
-        self.evals: dict[str, MemberState] = {}
+        self.orders: dict[str, Order] = {}  # training orders in flight (ES members, GRPO groups), by work id
+        self.evals: dict[str, Order] = {}  # evaluation orders in flight
         self.eval_results: dict[int, dict[str, Any]] = {}
         self.eval_ids: list[str] = []  # the held-out split as evaluated: what trainer.eval checks its own against
         self.counts: collections.Counter[str] = collections.Counter()
@@ -143,8 +139,8 @@ class Run:
             "algo": self.algo,
             "version": self.version,
             "next_index": {str(k): v for k, v in self.next_index.items()},
-            "members": [m.to_dict() for m in self.members.values()],
-            "evals": [m.to_dict() for m in self.evals.values()],
+            "members": [o.to_dict() for o in self.orders.values()],  # the format's name for orders: old runs resume
+            "evals": [o.to_dict() for o in self.evals.values()],
             "eval_results": {str(k): v for k, v in self.eval_results.items()},
             "eval_ids": self.eval_ids,
             "counts": dict(self.counts),
@@ -158,8 +154,8 @@ class Run:
             )
         self.version = int(doc["version"])
         self.next_index.update({int(k): int(v) for k, v in doc["next_index"].items()})
-        self.members = {m["work_id"]: MemberState.from_dict(m) for m in doc["members"]}
-        self.evals = {m["work_id"]: MemberState.from_dict(m) for m in doc["evals"]}
+        self.orders = {o["work_id"]: Order.from_dict(o) for o in doc["members"]}
+        self.evals = {o["work_id"]: Order.from_dict(o) for o in doc["evals"]}
         self.eval_results = {int(k): v for k, v in doc["eval_results"].items()}
         self.eval_ids = list(doc.get("eval_ids", []))
         self.counts.update(doc["counts"])
@@ -191,15 +187,15 @@ class Run:
             )
         what = "continuing the finished" if self.finished else "resuming"
         print(f"trainer: {what} run {run!r} at version {self.version} of {iterations} ({self.counts['samples']} "
-              f"training samples so far, {len(self.members)} in flight)", file=sys.stderr)  # fmt: skip
+              f"training samples so far, {len(self.orders)} in flight)", file=sys.stderr)  # fmt: skip
         self.finished = False
         self.counts["resumes"] += 1
         await self._backfill_metrics()
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
-        await self._publish_orders([*self.members.values(), *self.evals.values()])
+        await self._publish_orders([*self.orders.values(), *self.evals.values()])
         await self._read(block_ms=None, pending=True)  # rewards and dead letters read before the crash, never acked
         await self.checkpoint()  # the resume is counted even if this trainer dies before its first update
-        log.info("trainer_resumed", version=self.version, members=len(self.members), evals=len(self.evals))
+        log.info("trainer_resumed", version=self.version, members=len(self.orders), evals=len(self.evals))
         return True
 
     async def _backfill_metrics(self) -> None:
@@ -239,35 +235,51 @@ class Run:
             if trimmed := await trim_acked(self.redis, stream, keep_s=self.settings.history_s):
                 self.counts[f"trimmed_{name}"] += trimmed
 
-    # -- work --------------------------------------------------------------------------------------------
+    # -- orders ------------------------------------------------------------------------------------------
 
-    async def _publish_orders(self, members: list[MemberState]) -> None:
-        if not members:
+    async def _issue(self, size: int, new_order: Callable[[int, int], Order], counter: str) -> int:
+        """Issue orders around the newest version until `size` are out (`_room`); `new_order(version, index)`
+        makes each. Returns how many were issued."""
+        want = self._room(size)
+        if want <= 0:
+            return 0
+        center, first = self.version, self.next_index[self.version]
+        new = [new_order(center, index) for index in range(first, first + want)]
+        for order in new:
+            self.orders[order.work_id] = order
+        self.next_index[center] += want
+        await self.checkpoint()  # write-ahead: the orders exist before their work orders do
+        await self._publish_orders(new)
+        self.counts[counter] += len(new)
+        return len(new)
+
+    async def _publish_orders(self, orders: list[Order]) -> None:
+        if not orders:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for m in members:
-                pipe.xadd(self.keys.work, encode(self._order(m)))
+            for order in orders:
+                pipe.xadd(self.keys.work, encode(self._work_order(order)))
             await pipe.execute()
 
-    def _order(self, m: MemberState) -> WorkOrder:
+    def _work_order(self, order: Order) -> WorkOrder:
         """The work order of a member (ES), a group (GRPO) or an evaluation (greedy, no staleness bound)."""
-        is_eval = m.work_id.startswith("eval-")
+        is_eval = order.work_id.startswith("eval-")
         return WorkOrder(
-            work_id=m.work_id,
-            policy_version=m.center,
+            work_id=order.work_id,
+            policy_version=order.center,
             algo=self.algo,
             task=self.settings.task,
-            theorem_ids=m.theorem_ids,
+            theorem_ids=order.theorem_ids,
             sampling={
                 "temperature": 0.0 if is_eval else self._temperature(),
                 "max_new_tokens": self.settings.max_new_tokens,
             },
             issued_ms=int(time.time() * 1000),
             max_staleness=None if is_eval else self.settings.max_staleness,
-            **self._order_fields(m, is_eval),
+            **self._order_fields(order, is_eval),
         )
 
-    def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
+    def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
         """The algorithm's own work-order fields."""
         raise NotImplementedError
 
@@ -282,6 +294,18 @@ class Run:
         """What the next update needs, when it can happen now; else None."""
         raise NotImplementedError
 
+    def _ready_at_quorum(self, size: int, at_least: int) -> list[Order] | None:
+        """The usable orders, once a quorum of `size` of them is fresh (within `max_staleness`), or once
+        `deadline_s` has passed since the last update with at least `at_least` fresh; else None."""
+        usable = [o for o in self.orders.values() if self._usable(o)]
+        fresh = sum(1 for o in usable if self.version - o.center <= self.settings.max_staleness)
+        if fresh >= max(at_least, round(self.settings.quorum * size)):
+            return usable
+        if fresh >= at_least and time.monotonic() - self.last_update > self.settings.deadline_s:
+            self.counts["deadline_updates"] += 1
+            return usable
+        return None
+
     async def update(self, ready: Any) -> dict[str, Any] | None:
         raise NotImplementedError
 
@@ -289,42 +313,40 @@ class Run:
         """Read what has arrived (rewards; GRPO also attempts)."""
         await self._read(block_ms=block_ms)
 
-    async def issue_eval(self, version: int) -> None:
-        """Evaluate `version` on the held-out split, once: a second order would carry the same work id, which
-        the generators drop as a repeat, and the run would wait for its rewards until the deadline (a GRPO
-        step without signal keeps the version; the end of a run asks for the last version again)."""
-        if not self.held_out or version in self.eval_results or any(m.center == version for m in self.evals.values()):
-            return
-        await self._issue_eval(version, f"eval-v{version}")
-
-    async def _issue_eval(self, version: int, work_id: str) -> None:
-        self.eval_ids = [t.theorem_id for t in self.held_out]
-        m = MemberState(work_id, version, 0, 1, self.eval_ids, issued_at=time.time())
-        self.evals[m.work_id] = m
-        await self.checkpoint()
-        await self._publish_orders([m])
-
     # -- rewards -----------------------------------------------------------------------------------------
 
-    async def _read(self, block_ms: int | None, pending: bool = False) -> int:
-        """Read rewards and dead letters (new ones; or, with `pending`, those read before and never acked)."""
-        first = "0" if pending else ">"
-        starts: dict[str, str | bytes] = {self.keys.rewards: first, self.keys.dlq: first}
-        seen = 0
+    async def _read_group(
+        self, streams: list[str], *, pending: bool, block_ms: int | None = None
+    ) -> AsyncIterator[dict[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        """Entries of `streams` read in group `trainer`, one reply at a time ({stream: entries}, every stream
+        named): new ones (one read, blocking up to `block_ms`), or with `pending` those read before and never
+        acked (paged through the pending list to its end).
+
+        The trainer's one stream read (rewards and dead letters; GRPO also attempts). Not streams.runtime's
+        Consumer: that one settles each entry as its handler returns, and the trainer acks an entry only once a
+        checkpoint holds what it read from it (`checkpoint`), which may be many reads later."""
+        starts: dict[str, str | bytes] = {stream: "0" if pending else ">" for stream in streams}
         while starts:
-            reply = await self.redis.xreadgroup(TRAINER, self.consumer, starts, count=500,
+            reply = await self.redis.xreadgroup(TRAINER, self.consumer, starts, count=READ_COUNT,
                                                 block=None if pending else block_ms)  # fmt: skip
             got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}
-            for stream in list(starts):
-                entries = got.get(stream, [])
-                take = self._take if stream == self.keys.rewards else self._take_letter
-                for entry_id, fields in entries:
-                    await take(entry_id, fields)
-                seen += len(entries)
+            batch = {stream: got.get(stream, []) for stream in starts}
+            yield batch
+            for stream, entries in batch.items():
                 if pending and entries:
                     starts[stream] = entries[-1][0]
                 else:
                     del starts[stream]
+
+    async def _read(self, block_ms: int | None, pending: bool = False) -> int:
+        """Read rewards and dead letters (new ones; or, with `pending`, those read before and never acked)."""
+        seen = 0
+        async for batch in self._read_group([self.keys.rewards, self.keys.dlq], pending=pending, block_ms=block_ms):
+            for stream, entries in batch.items():
+                take = self._take if stream == self.keys.rewards else self._take_letter
+                for entry_id, fields in entries:
+                    await take(entry_id, fields)
+                seen += len(entries)
             await self._trace()
         return seen
 
@@ -355,15 +377,15 @@ class Run:
             self.counts["bad_rewards"] += 1
             return
         self._traced.append((entry_id, reward))
-        member = self.members.get(reward.work_id) or self.evals.get(reward.work_id)
-        if member is None:  # a member already used in an update, or dropped: its late rewards change nothing
+        order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
+        if order is None:  # an order already used in an update, or dropped: its late rewards change nothing
             self.counts["late_rewards"] += 1
             return
-        if reward.attempt_id in member.rewards:
+        if reward.attempt_id in order.rewards:
             self.counts["duplicate_rewards"] += 1
             return
-        member.rewards[reward.attempt_id] = reward.reward
-        member.proved += reward.verdict == "proved"
+        order.rewards[reward.attempt_id] = reward.reward
+        order.proved += reward.verdict == "proved"
         self._verdicts[reward.verdict] += 1
         self._window_rewards += 1
 
@@ -380,10 +402,10 @@ class Run:
         except SchemaError:
             return
         work_id = letter.original.get(b"work_id", b"").decode("utf-8", "replace")
-        m = self.members.get(work_id) or self.evals.get(work_id)
-        if m is not None:
+        order = self.orders.get(work_id) or self.evals.get(work_id)
+        if order is not None:
             why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
-            await self._lose(m, why, letter.reason)
+            await self._lose(order, why, letter.reason)
 
     async def _expire(self) -> None:
         """Cut what can no longer be used: orders of centers past the staleness bound (evaluations have
@@ -391,17 +413,17 @@ class Run:
         orders it inherits the whole timeout again: their rewards may be waiting in the stream, unread while
         no trainer ran."""
         now, bound = time.time(), self.settings.max_staleness
-        for m in list(self.members.values()):
-            if self.version - m.center > bound and not self._usable(m):
-                await self._lose(m, "stale", f"center {m.center}, now at version {self.version}")
-        for m in [*self.members.values(), *self.evals.values()]:
-            waited = now - max(m.issued_at, self._watching_since)
-            if waited > self.settings.order_timeout_s and not self._usable(m):
-                await self._lose(m, "timeout", f"unanswered for {waited:.0f} s")
+        for o in list(self.orders.values()):
+            if self.version - o.center > bound and not self._usable(o):
+                await self._lose(o, "stale", f"center {o.center}, now at version {self.version}")
+        for o in [*self.orders.values(), *self.evals.values()]:
+            waited = now - max(o.issued_at, self._watching_since)
+            if waited > self.settings.order_timeout_s and not self._usable(o):
+                await self._lose(o, "timeout", f"unanswered for {waited:.0f} s")
 
-    def _usable(self, m: MemberState) -> bool:
+    def _usable(self, order: Order) -> bool:
         """Complete (GRPO: with its samples): the next update decides about it."""
-        return m.complete
+        return order.complete
 
     def _room(self, size: int) -> int:
         """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the
@@ -409,31 +431,31 @@ class Run:
         uses all of them, so the steps do not depend on timing (issue 15's deterministic recovery). Below 1,
         orders finished early make room for new ones at once."""
         if self.settings.quorum >= 1:
-            return size - sum(1 for m in self.members.values() if m.center == self.version)
-        return size - sum(1 for m in self.members.values() if not self._usable(m))
+            return size - sum(1 for o in self.orders.values() if o.center == self.version)
+        return size - sum(1 for o in self.orders.values() if not self._usable(o))
 
-    async def _lose(self, m: MemberState, why: str, detail: str) -> None:
-        """`m`'s order ends without its rewards: cut it (top-up issues another in its place) or, for an
+    async def _lose(self, order: Order, why: str, detail: str) -> None:
+        """`order` ends without its rewards: cut it (top-up issues another in its place) or, for an
         evaluation, ask again. The order is cancelled: a generator that takes it later skips it unserved."""
-        if self.members.pop(m.work_id, None) is not None:
+        if self.orders.pop(order.work_id, None) is not None:
             self.counts[f"cut_{why}"] += 1
-        elif self.evals.pop(m.work_id, None) is not None:
-            tries = int(m.work_id.rsplit("-r", 1)[1]) + 1 if "-r" in m.work_id else 1
+        elif self.evals.pop(order.work_id, None) is not None:
+            tries = int(order.work_id.rsplit("-r", 1)[1]) + 1 if "-r" in order.work_id else 1
             if tries < EVAL_TRIES:
                 self.counts["evals_reissued"] += 1
-                await self._issue_eval(m.center, f"eval-v{m.center}-r{tries}")
+                await self._issue_eval(order.center, f"eval-v{order.center}-r{tries}")
             else:
                 self.counts["evals_lost"] += 1
         else:
             return
-        log.warning("order_lost", work_id=m.work_id, why=why, detail=detail[:200])
-        await self.redis.set(self.keys.done(WorkOrder.dedup_for(m.work_id)), b"cancelled", nx=True, ex=CANCEL_TTL_S)
+        log.warning("order_lost", work_id=order.work_id, why=why, detail=detail[:200])
+        await self.redis.set(self.keys.done(WorkOrder.dedup_for(order.work_id)), b"cancelled", nx=True, ex=CANCEL_TTL_S)
 
     def health_figures(self) -> dict[str, Any]:
         """What each version's metrics carry besides the update: orders in flight and the age of the oldest,
         and the orders lost so far, by outcome (`cut_<why>`, `evals_reissued`, `evals_lost`)."""
-        running = [m for m in self.members.values() if not self._usable(m)]
-        oldest = min((m.issued_at for m in running if m.issued_at), default=None)
+        running = [o for o in self.orders.values() if not self._usable(o)]
+        oldest = min((o.issued_at for o in running if o.issued_at), default=None)
         return {
             "in_flight": len(running),
             "oldest_in_flight_s": round(time.time() - oldest, 1) if oldest else None,
@@ -441,17 +463,32 @@ class Run:
             **{k: v for k, v in self.counts.items() if k.startswith(("cut_", "evals_"))},
         }
 
-    # -- updates -----------------------------------------------------------------------------------------
+    # -- evaluations -------------------------------------------------------------------------------------
+
+    async def issue_eval(self, version: int) -> None:
+        """Evaluate `version` on the held-out split, once: a second order would carry the same work id, which
+        the generators drop as a repeat, and the run would wait for its rewards until the deadline (a GRPO
+        step without signal keeps the version; the end of a run asks for the last version again)."""
+        if not self.held_out or version in self.eval_results or any(o.center == version for o in self.evals.values()):
+            return
+        await self._issue_eval(version, f"eval-v{version}")
+
+    async def _issue_eval(self, version: int, work_id: str) -> None:
+        self.eval_ids = [t.theorem_id for t in self.held_out]
+        order = Order(work_id, version, 0, 1, self.eval_ids, issued_at=time.time())
+        self.evals[order.work_id] = order
+        await self.checkpoint()
+        await self._publish_orders([order])
 
     def _eval_done(self) -> None:
-        for work_id, m in list(self.evals.items()):
-            if m.complete:
-                version = m.center
+        for work_id, o in list(self.evals.items()):
+            if o.complete:
+                version = o.center
                 result = {
                     "version": version,
-                    "held_out_reward": round(m.score, 6),
-                    "held_out_exact": round(m.proved / max(1, m.expected), 6),
-                    "problems": m.expected,
+                    "held_out_reward": round(o.score, 6),
+                    "held_out_exact": round(o.proved / max(1, o.expected), 6),
+                    "problems": o.expected,
                 }
                 self.eval_results[version] = result
                 self.sink.write({"eval": True, **result, "time": time.time()})
@@ -489,103 +526,3 @@ class Run:
         await self.checkpoint()
         await self.trim_history()
         return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
-
-
-class ESRun(Run):
-    algo = "es"
-
-    def __init__(self, settings: TrainerSettings, *args: Any, **kwargs: Any) -> None:
-        super().__init__(settings, *args, **kwargs)
-        self.cfg = es_config(settings)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "config": vars(self.cfg)}
-
-    def _batch(self, center: int, index: int) -> list[str]:
-        """The theorems of member `index` of `center`: one batch per center, shared by its members (the ES
-        estimate compares members on the same problems), drawn by a seeded rotation through the train split."""
-        n, k = len(self.train), min(self.settings.batch, len(self.train))
-        start = (center * k + self.settings.seed * 7919) % n
-        return [self.train[(start + i) % n].theorem_id for i in range(k)]
-
-    def _temperature(self) -> float:
-        """`es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
-        reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
-        return self.settings.es_temperature
-
-    def _order_fields(self, m: MemberState, is_eval: bool) -> dict[str, Any]:
-        sigma = 0.0 if is_eval else self.cfg.sigma
-        return {"member": Member(m.seed, m.sign) if sigma else None, "sigma": sigma}
-
-    async def top_up(self) -> int:
-        """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
-        want = self._room(self.cfg.population)
-        if want <= 0:
-            return 0
-        center = self.version
-        new = []
-        for index, seed, sign in members_for(
-            self.settings.run, center, self.next_index[center], want, self.cfg.antithetic
-        ):
-            m = MemberState(
-                f"es-v{center}-m{index}", center, seed, sign, self._batch(center, index), issued_at=time.time()
-            )
-            self.members[m.work_id] = m
-            new.append(m)
-        self.next_index[center] += want
-        await self.checkpoint()  # write-ahead: the members exist before their orders do
-        await self._publish_orders(new)
-        self.counts["members_issued"] += len(new)
-        return len(new)
-
-    def _ready(self) -> list[MemberState] | None:
-        complete = [m for m in self.members.values() if m.complete]
-        fresh, _ = select(complete, self.version, self.cfg)
-        if len(fresh) >= max(2, round(self.cfg.quorum * self.cfg.population)):
-            return complete
-        if len(fresh) >= 2 and time.monotonic() - self.last_update > self.cfg.deadline_s:
-            self.counts["deadline_updates"] += 1
-            return complete
-        return None
-
-    async def update(self, complete: list[MemberState]) -> dict[str, Any]:
-        used, stale = select(complete, self.version, self.cfg)
-        step = make_step(used, self.cfg)
-        stragglers = [m for m in self.members.values() if not m.complete]
-        for m in [*used, *stale]:
-            del self.members[m.work_id]
-        attempts = sum(len(m.rewards) for m in used)
-        self.counts["members_used"] += len(used)
-        self.counts["samples"] += attempts
-        self.counts["members_stale_dropped"] += len(stale)
-        self.version += 1
-        now = time.monotonic()
-        metrics = {
-            "version": self.version,
-            "algo": "es",
-            "reward_mean": round(sum(m.score for m in used) / len(used), 6),
-            "reward_max": round(max(m.score for m in used), 6),
-            "pass_rate": round(sum(m.proved for m in used) / max(1, attempts), 6),
-            "members": len(used),
-            "attempts": attempts,
-            "stragglers": len(stragglers),
-            "stale_dropped": len(stale),
-            "staleness": dict(collections.Counter(str(self.version - 1 - m.center) for m in used)),
-            "verdicts": dict(self._verdicts),
-            "rewards_per_s": round(self._window_rewards / max(now - self._window_started, 1e-9), 2),
-            "update_s": round(now - self.last_update, 2),
-            **self.health_figures(),
-            "time": time.time(),
-        }
-        metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
-        self._verdicts.clear()
-        self._window_rewards, self._window_started, self.last_update = 0, now, now
-        policy = PolicyUpdate(self.version, "es", es_step=step, created_ms=int(time.time() * 1000))
-        await self.checkpoint(
-            (self.keys.policy, encode(policy)), (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
-        )
-        self.sink.write(metrics)
-        log.info(
-            "es_update", **{k: metrics[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers")}
-        )
-        return metrics

@@ -1,0 +1,268 @@
+"""The policy GRPO trains: the model, its AdamW optimizer, one step over a batch of groups, the saved policy
+versions, and the checkpoint a restarted trainer resumes from bit for bit. The objective it minimizes is
+trainer/grpo_loss.py's; the run that feeds it groups and announces what it saves is trainer/grpo.py's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from streams import faults, files
+from trainer.grpo_loss import (
+    GRPOConfig,
+    GRPOSample,
+    as_sample,
+    group_advantages,
+    grpo_loss,
+    pad_right,
+    sequence_logprobs,
+)
+from weights.model import weights_digest
+
+_TOKENIZER_PATTERNS = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.jinja",
+    "*.tiktoken",
+    "*.model",
+)
+CHECKPOINT_FORMAT = "proofstream-grpo/1"
+
+
+class GRPOTrainer:
+    """The policy, its optimizer, and the saved versions. `version` is the policy version the weights are
+    (0: the model at `model_path`); each `step` that updates the weights makes version + 1."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        cfg: GRPOConfig,
+        out_dir: str | os.PathLike,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        self.model.eval()  # no dropout: the forward with gradient matches the no-grad proximal/behaviour ones
+        self.model.config.use_cache = False
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.version = 0
+        self.updates = 0  # optimizer steps taken
+        self.skipped_groups = 0  # groups with all-equal rewards, over the trainer's life
+
+    # -- one batch ------------------------------------------------------------------------------------
+
+    def step(self, groups: Sequence[Sequence[Any]]) -> dict[str, Any]:
+        """One policy update from `groups` (each a list of samples of one theorem). Returns its metrics.
+
+        Groups with all-equal rewards are skipped (counted). With nothing left the weights do not change and
+        ``metrics["updated"]`` is False; otherwise they take `cfg.epochs` optimizer steps (each over
+        `cfg.grad_accum` micro-batches, with gradient clipping) and `version` advances by one.
+        """
+        started = time.monotonic()
+        cfg = self.cfg
+        samples: list[GRPOSample] = []
+        advs: list[float] = []
+        rewards: list[float] = []
+        skipped = 0
+        for group in groups:
+            items = [as_sample(x) for x in group]
+            rewards.extend(float(s.reward) for s in items)
+            a, skip = group_advantages([s.reward for s in items], cfg.advantage, cfg.adv_eps)
+            if skip:
+                skipped += 1
+                continue
+            for s, adv in zip(items, a.tolist(), strict=True):
+                if len(s.logprobs) != len(s.token_ids):
+                    raise ValueError(f"{len(s.logprobs)} behaviour logprobs for {len(s.token_ids)} completion tokens")
+                samples.append(s)
+                advs.append(adv)
+        self.skipped_groups += skipped
+        metrics: dict[str, Any] = {
+            "groups": len(groups),
+            "skipped_groups": skipped,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "version": self.version,
+        }
+        kept = [i for i, s in enumerate(samples) if len(s.token_ids) > 0]
+        if not kept:
+            metrics.update(updated=False, sequences=0, tokens=0, step_s=time.monotonic() - started)
+            return metrics
+
+        off = [s.policy_version < self.version for s in samples]
+        tokens = sum(len(samples[i].token_ids) for i in kept)
+        normalizer = float(len(samples) * cfg.max_tokens) if cfg.advantage == "dr_grpo" else float(tokens)
+        order = sorted(kept, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].token_ids))
+        chunks = [c.tolist() for c in torch.tensor(order).tensor_split(min(cfg.grad_accum, len(order)))]
+        chunks = [c for c in chunks if c]
+
+        prox = self._no_grad_logprobs(self.model, samples, chunks) if cfg.epochs > 1 else None
+        ref = self._no_grad_logprobs(self.ref_model, samples, chunks) if self.ref_model is not None else None
+
+        totals: dict[str, float] = {}
+        grad_norms = []
+        for _ in range(cfg.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            epoch_totals: dict[str, float] = {}
+            for chunk in chunks:
+                new = sequence_logprobs(
+                    self.model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
+                )
+                logp_new, mask = pad_right(new)
+                beh, _ = pad_right([torch.as_tensor(samples[i].logprobs, dtype=torch.float32) for i in chunk])
+                loss, stats = grpo_loss(
+                    logp_new,
+                    beh.to(logp_new.device),
+                    torch.tensor([advs[i] for i in chunk], dtype=torch.float32, device=logp_new.device),
+                    mask,
+                    cfg,
+                    ref_logp=pad_right([ref[i] for i in chunk])[0] if ref is not None else None,
+                    logp_prox=pad_right([prox[i] for i in chunk])[0] if prox is not None else None,
+                    off_policy=torch.tensor([off[i] for i in chunk], device=logp_new.device),
+                    normalizer=normalizer,
+                )
+                loss.backward()
+                for k, v in stats.items():
+                    epoch_totals[k] = epoch_totals.get(k, 0.0) + v
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
+            self.optimizer.step()
+            self.updates += 1
+            if not totals:
+                totals = epoch_totals  # the statistics of the first epoch describe the batch as sampled
+            else:
+                totals["clip_low_tokens"] += epoch_totals["clip_low_tokens"]
+                totals["clip_high_tokens"] += epoch_totals["clip_high_tokens"]
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        n_tok = totals["tokens"]
+        metrics.update(
+            updated=True,
+            version=self.version,
+            sequences=len(kept),
+            tokens=int(n_tok),
+            off_policy_sequences=sum(off[i] for i in kept),
+            loss=totals["pg_loss"] + totals["kl_loss"],
+            pg_loss=totals["pg_loss"],
+            kl_loss=totals["kl_loss"],
+            kl=totals["kl_sum"] / n_tok,
+            clip_low_frac=totals["clip_low_tokens"] / (n_tok * cfg.epochs),
+            clip_high_frac=totals["clip_high_tokens"] / (n_tok * cfg.epochs),
+            is_truncated_frac=totals["is_truncated_tokens"] / n_tok,
+            is_weight_mean=totals["is_weight_sum"] / n_tok,
+            grad_norm=grad_norms[0] if len(grad_norms) == 1 else grad_norms,
+            lr=self.optimizer.param_groups[0]["lr"],
+            step_s=time.monotonic() - started,
+        )
+        return metrics
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, model: Any, samples: list[GRPOSample], chunks: list[list[int]]) -> dict:
+        out = {}
+        for chunk in chunks:
+            rows = sequence_logprobs(
+                model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
+            )
+            out.update(zip(chunk, rows, strict=True))
+        return out
+
+    # -- publishing ----------------------------------------------------------------------------------
+
+    def save(self, version: int) -> tuple[Path, str]:
+        """``out_dir/policy/v{version:06d}``: safetensors weights (save_pretrained) + the base's tokenizer files.
+
+        Written in a temporary folder (files fsynced) and renamed into place, so the folder either is complete
+        or absent. If the folder already exists (a trainer resumed from before it was written): with the same
+        digest it is kept; otherwise it is replaced (generators check the digest before loading anyway).
+        Returns the folder and its `weights.model.weights_digest`.
+        """
+        policy = self.out_dir / "policy"
+        policy.mkdir(parents=True, exist_ok=True)
+        final = policy / f"v{version:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version:06d}-", dir=policy))
+        try:
+            self.model.save_pretrained(str(tmp))
+            for pattern in _TOKENIZER_PATTERNS:
+                for src in self.model_path.glob(pattern):
+                    if src.is_file() and not (tmp / src.name).exists():
+                        shutil.copy2(src, tmp / src.name)
+            for file in tmp.iterdir():
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+            digest = weights_digest(tmp)
+            if final.exists():
+                if weights_digest(final) == digest:
+                    return final, digest
+                old = policy / f".old-v{version:06d}-{os.getpid()}-{time.monotonic_ns()}"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, final)
+            files.fsync_dir(policy)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return final, digest
+
+    # -- checkpoint / resume -------------------------------------------------------------------------
+
+    def checkpoint(self, path: str | os.PathLike) -> Path:
+        """One file with weights, optimizer state, version and counters, written atomically (temp + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "updates": self.updates,
+            "skipped_groups": self.skipped_groups,
+            "cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()},
+            "rng": torch.get_rng_state(),
+        }
+        with files.replacing(path) as tmp:
+            torch.save(state, tmp)
+            faults.point("grpo.checkpoint_written")  # a kill here leaves the temp file (GRPORun removes it)
+        return path
+
+    def resume(self, path: str | os.PathLike) -> None:
+        """Restore exactly what `checkpoint` wrote: the next `step` continues bit-identically (same device)."""
+        state = torch.load(str(path), map_location=self.device, weights_only=True)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a GRPO checkpoint ({state.get('format')!r})")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.updates = int(state["updates"])
+        self.skipped_groups = int(state["skipped_groups"])
+        torch.set_rng_state(state["rng"].cpu())

@@ -1,0 +1,73 @@
+"""An order: one work order the trainer issued and follows to its outcome (an ES member, a GRPO group, an
+evaluation), and the rules every algorithm applies to orders alike: which problems an order names, and which
+finished orders are fresh enough for an update.
+
+The checkpoint holds orders as `Order.to_dict()`: those keys are the checkpoint's format, so a run
+checkpointed by an older trainer resumes (tests/trainer/test_state_format.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streams.theorems import Theorem
+
+SEED_SHIFT = 7919  # a prime: runs with neighbouring seeds start their rotations far apart
+
+
+@dataclass
+class Order:
+    """One work order in flight: from which policy version, on which theorems, and the rewards in so far.
+
+    `center` is the policy version the order samples from (ES: the center its member perturbs). `seed` and
+    `sign` name an ES member's perturbation; GRPO groups and evaluations carry 0 and +1 (none).
+    """
+
+    work_id: str
+    center: int
+    seed: int
+    sign: int
+    theorem_ids: list[str]
+    samples: int = 1  # attempts per theorem (GRPO: the group size G)
+    rewards: dict[str, float] = field(default_factory=dict)  # attempt_id -> reward
+    proved: int = 0
+    issued_at: float = 0.0
+
+    @property
+    def expected(self) -> int:
+        return len(self.theorem_ids) * self.samples
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rewards) >= self.expected
+
+    @property
+    def score(self) -> float:
+        """The order's reward: mean over its attempts (success rate when rewards are 0/1)."""
+        return float(np.mean(list(self.rewards.values()))) if self.rewards else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Order:
+        return cls(**doc)
+
+
+def rotation(train: list[Theorem], version: int, per_version: int, seed: int, offset: int) -> str:
+    """The theorem at `offset` of version `version`'s stretch of a seeded rotation through the train split:
+    each version's stretch starts `per_version` problems after the previous one's, so consecutive versions
+    see new problems, and the seed shifts where the run starts. A pure function of its arguments: a
+    restarted trainer names the same problems."""
+    return train[(version * per_version + offset + seed * SEED_SHIFT) % len(train)].theorem_id
+
+
+def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: int) -> tuple[list[Order], list[Order]]:
+    """(orders to use for the update of `version`: freshest first, at most `limit`; orders too stale to use)."""
+    fresh = [o for o in complete if version - o.center <= max_staleness]
+    stale = [o for o in complete if version - o.center > max_staleness]
+    fresh.sort(key=lambda o: (-o.center, o.work_id))
+    return fresh[:limit], stale
