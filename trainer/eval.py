@@ -433,7 +433,7 @@ async def apply_policy(engine, redis: Redis, settings: TrainerSettings, view: Ru
         start = "the base model" if not engine.es.snapshots_loaded else "a snapshot"
         return f"{start} + {engine.es.replayed} ES steps up to version {view.version}, replayed in fp32"
     update = view.entry()
-    follower.grpo[view.version] = update
+    await follower.take(update)
     await in_engine_thread(follower.load_grpo, view.version, engine.model_path)
     return f"GRPO weights {update.weights_path} ({update.digest}, checked)"
 
