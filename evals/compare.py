@@ -42,6 +42,8 @@ import orjson
 import redis
 
 from evals import plots
+from evals.runs import EvalError, run_redis
+from streams.embedded import die_with_parent
 from streams.keys import Keys
 from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
 from trainer.loop import FINISHED_BEFORE
@@ -143,8 +145,6 @@ def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]
     """Attempts the run's generators published (their own final count, in the run's Redis, opened again from
     its AOF in `run_dir/redis`), less those of evaluation orders (one per held-out problem each). None when
     the run kept no Redis data there (a run against an external Redis) or no generator reported."""
-    from trainer.eval import EvalError, run_redis  # the run's Redis, under the data directory's lock
-
     try:
         with run_redis(TrainerSettings(run=run), run_dir) as (url, _):
             client = redis.Redis.from_url(url)
@@ -170,8 +170,6 @@ def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, 
     """Run one trainer to the end, its output in `log_path`. (exit status, wall seconds). A SIGTERM to this
     process is passed on to the trainer, which stops its pipeline and exits 130; if this process dies, the
     kernel sends the trainer SIGTERM (PR_SET_PDEATHSIG), so no trainer is left running without it."""
-    from streams.embedded import die_with_parent
-
     started = time.monotonic()
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -51,11 +51,13 @@ class PolicyFollower:
                     update = decode(PolicyUpdate, fields)
                 except SchemaError as e:  # a policy entry nobody can read stops the run for everyone
                     raise PolicyMismatch(f"policy entry {entry_id.decode()} cannot be read: {e}") from e
-                await self._take(update)
+                await self.take(update)
                 seen += 1
         return seen
 
-    async def _take(self, update: PolicyUpdate) -> None:
+    async def take(self, update: PolicyUpdate) -> None:
+        """Follow one announcement: what `poll` does with each entry it reads, and what a reader of the policy
+        stream itself hands over (pass@k, rebuilding one version)."""
         if update.algo == "es":
             if update.es_step is None:
                 raise PolicyMismatch(f"ES policy version {update.policy_version} carries no es_step")

@@ -55,7 +55,7 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
 
 def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
     """The verifier settings a run implies (its task, sandboxes, Lean backend): what the local pipeline's
-    workers get as PROOFSTREAM_* and what `python -m trainer.eval` builds its checkers from."""
+    workers get as PROOFSTREAM_* and what `python -m evals.passk` builds its checkers from."""
     fields: dict[str, Any] = {"tasks": [settings.task], "concurrency": settings.verifier_concurrency,
                               "sandbox": settings.sandbox}  # fmt: skip
     for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd", "lean_audit_cmd", "lean_second_line"):
@@ -87,7 +87,7 @@ def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[s
 
 
 # In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
-# lifetime, `python -m trainer.eval` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
+# lifetime, `python -m evals.passk` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
 DATA_LOCK = ".lock"
 
 
@@ -120,7 +120,7 @@ class LocalPipeline:
             self._lock = None
             raise RuntimeError(
                 f"{self.run_dir} is in use: another trainer of run {self.settings.run!r}, or `python -m "
-                "trainer.eval` reading its Redis, holds it. Wait for it to finish, or use another --run"
+                "evals.passk` reading its Redis, holds it. Wait for it to finish, or use another --run"
             ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
         base = child_env(self.settings, self.url, self.config)

@@ -1,4 +1,4 @@
-"""`python -m trainer.eval`: the pass@k estimator, the weights of a version (ES replay, GRPO by digest), and a
+"""`python -m evals.passk`: the pass@k estimator, the weights of a version (ES replay, GRPO by digest), and a
 whole evaluation through the CLI. Real parts only: Redis servers of our own, the default model, the
 Countdown checker in its bubblewrap sandbox."""
 
@@ -14,6 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from evals import passk
+from evals.runs import live_server
 from streams.codec import encode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
@@ -21,7 +23,6 @@ from streams.keys import Keys
 from streams.schema import PolicyUpdate
 from streams.theorems import register
 from tests.producers.conftest import needs_model
-from trainer import eval as ev
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
 from trainer.es import ESConfig, make_step, member_seed, policy_entry
@@ -76,19 +77,10 @@ def test_pass_at_k_equals_the_share_of_k_subsets_holding_a_pass():
             for k in range(1, n + 1):
                 subsets = list(itertools.combinations(outcomes, k))
                 brute = sum(any(s) for s in subsets) / len(subsets)
-                assert ev.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
-    assert ev.mean_pass_at_k([0, 1, 4], 4, 2) == pytest.approx((0 + 0.5 + 1) / 3)
+                assert passk.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+    assert passk.mean_pass_at_k([0, 1, 4], 4, 2) == pytest.approx((0 + 0.5 + 1) / 3)
     with pytest.raises(ValueError):
-        ev.pass_at_k(4, 1, 5)
-
-
-def test_a_running_embedded_redis_is_found_by_its_data_directory(tmp_path):
-    server = EmbeddedRedis(data_dir=tmp_path).start()
-    try:
-        assert ev.live_server(tmp_path) == server.url
-    finally:
-        server.stop()
-    assert ev.live_server(tmp_path) is None
+        passk.pass_at_k(4, 1, 5)
 
 
 def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url, tmp_path, capsys):
@@ -101,7 +93,7 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
             "--held-out", "4"]  # fmt: skip
 
     def fails(*argv: str) -> str:
-        assert ev.main([*argv]) == 2
+        assert passk.main([*argv]) == 2
         return capsys.readouterr().err
 
     assert "version 7 does not exist in run 'evalbad': it has version(s) 0-2" in fails(*base, "--version", "7")
@@ -140,13 +132,13 @@ def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_r
             "--held-out", "2", "--samples", "1", "--limit", "1", "--max-new-tokens", "4",
             "--sandbox", "process"]  # fmt: skip
 
-    assert ev.main([*argv, "--version", "2"]) == 2
+    assert passk.main([*argv, "--version", "2"]) == 2
     err = capsys.readouterr().err
     assert "GRPO version 2" in err and "digest" in err and "refusing" in err
-    assert ev.main([*argv, "--version", "3"]) == 2
+    assert passk.main([*argv, "--version", "3"]) == 2
     assert "does not exist" in (err := capsys.readouterr().err) and "versions with weights on disk: 0-2" in err
 
-    assert ev.main([*argv, "--version", "1"]) == 0, capsys.readouterr().err
+    assert passk.main([*argv, "--version", "1"]) == 0, capsys.readouterr().err
     line = orjson.loads(capsys.readouterr().out.splitlines()[-1])
     assert (line["version"], line["algo"], line["problems"], line["samples"]) == (1, "grpo", 1, 1)
     doc = orjson.loads((tmp_path / "eval-v1.json").read_bytes())
@@ -171,7 +163,7 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     (run_dir / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump(), "version": 2}))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-    argv = [sys.executable, "-m", "trainer.eval", "--run-dir", str(run_dir), "--version", "2", "--samples", "2",
+    argv = [sys.executable, "-m", "evals.passk", "--run-dir", str(run_dir), "--version", "2", "--samples", "2",
             "--k", "1,2"]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     replay = ESWeights(lambda: load_master(model_path), lambda named: None)  # meanwhile: the steps, replayed here
@@ -202,33 +194,11 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     assert all(s["tokens"] <= 16 for s in samples)
     assert line["reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / 8, abs=1e-6)
     passed = [p["passed"] for p in doc["per_problem"]]
-    assert line["pass_at_k"]["1"] == pytest.approx(ev.mean_pass_at_k(passed, 2, 1), abs=1e-6)
-    assert ev.live_server(run_dir / "redis") is None  # the run's Redis was stopped again
-
-
-async def test_es_centers_are_rebuilt_on_the_device_type_their_noise_was_drawn_on(one_redis):
-    """CUDA and CPU draw different ES noise from one seed: a version is replayed where the run's generators
-    drew theirs (`es_noise`), or refused with the reason; GRPO and version 0 draw no noise."""
-    settings = TrainerSettings(run="noise")
-    view = ev.RunView("es", [], [], 3, [0, 1, 2, 3], [])
-    assert await ev.engine_device(one_redis, settings, view, "cpu") == "cpu"  # no generator said: as asked
-    await one_redis.set(Keys("noise").es_noise, "cpu")
-    assert await ev.engine_device(one_redis, settings, view, "auto") == "cpu"
-    with pytest.raises(ev.EvalError, match="replay only there"):
-        await ev.engine_device(one_redis, settings, view, "cuda")
-    await one_redis.set(Keys("noise").es_noise, "cuda")
-    if not __import__("torch").cuda.is_available():
-        with pytest.raises(ev.EvalError, match="no GPU"):
-            await ev.engine_device(one_redis, settings, view, "auto")
-    base = ev.RunView("es", [], [], 0, [0], [])
-    grpo = ev.RunView("grpo", [], [], 3, [0, 3], [3])
-    assert await ev.engine_device(one_redis, settings, base, "cpu") == "cpu"
-    assert await ev.engine_device(one_redis, settings, grpo, "cpu") == "cpu"
+    assert line["pass_at_k"]["1"] == pytest.approx(passk.mean_pass_at_k(passed, 2, 1), abs=1e-6)
+    assert live_server(run_dir / "redis") is None  # the run's Redis was stopped again
 
 
 def test_help_offers_what_an_evaluation_uses_and_not_the_training_flags():
-    import trainer.eval as ev
-
-    text = ev._parser().format_help()
+    text = passk._parser().format_help()
     assert "--max-new-tokens" in text and "--run-dir" in text and "--sandbox" in text
-    assert not [f for f in ev.TRAINING_ONLY if f"--{f.replace('_', '-')} " in text]
+    assert not [f for f in passk.TRAINING_ONLY if f"--{f.replace('_', '-')} " in text]
