@@ -118,7 +118,7 @@ class Run:
         self.orders: dict[str, Order] = {}  # training orders in flight (ES members, GRPO groups), by work id
         self.evals: dict[str, Order] = {}  # evaluation orders in flight
         self.eval_results: dict[int, dict[str, Any]] = {}
-        self.eval_ids: list[str] = []  # the held-out split as evaluated: what `python -m evals.passk` checks its own against
+        self.eval_ids: list[str] = []  # the held-out split as evaluated: what evals.passk checks against
         self.counts: collections.Counter[str] = collections.Counter()
         self.finished = False  # the run reached `iterations` and its last evaluation
         self.last_update = time.monotonic()
