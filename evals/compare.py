@@ -22,6 +22,9 @@ the generators' own count in the run's Redis.
 
 Flags the comparison does not own (`--engine hf`, `--model PATH`, `--curriculum ramp`, ...) go to both runs
 unchanged; the ones it sets for fairness are refused there, with the flag to use instead.
+
+One file, over 400 lines, because it is one experiment's command: planning the two runs, running them,
+reading their curves back and the table, JSON and plot of their comparison.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ Redis connection errors are not the input's fault: `run` logs them, backs off an
 acked that was not settled, so a restarted Redis costs time, never entries. (A Redis outage longer than
 `claim_idle_ms` leaves every held entry overdue when it comes back: another consumer may then take one over
 before its owner's next refresh, which costs a duplicate check, never a duplicate result.)
+
+One file, over 400 lines, because it is one loop: reading, claiming, settling and handing back an entry
+share the consumer's state and its one guarantee (exactly-once effect); split, each part would need the others.
 """
 
 from __future__ import annotations

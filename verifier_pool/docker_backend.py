@@ -33,6 +33,10 @@ one-shot stats take up to a second).
 What it does NOT protect against: kernel bugs (containers share the host kernel; set `runtime="runsc"` for
 gVisor where installed), a Docker daemon reachable from the worker is root on the host (whoever controls the
 worker controls the host), side channels.
+
+One file, over 400 lines, because it is one backend: the container's hardening, the attach socket and the
+cgroup memory readings are how this backend isolates and talks to its checker; what it shares with the
+process backend is verifier_pool/sandbox_base.py.
 """
 
 from __future__ import annotations

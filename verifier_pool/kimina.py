@@ -36,6 +36,9 @@ REPL) is sent again one snippet per request, so only the snippet that breaks it 
 
 The checker also answers for `checker.sandbox` (start: GET /health; kill: close the client; stats), which is
 what the consumer service starts, kills and counts: here the server is the sandbox.
+
+One file, over 400 lines, because it is one client of one server: batching, positions and the reading of
+the server's replies depend on each other.
 """
 
 from __future__ import annotations

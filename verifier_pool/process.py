@@ -59,6 +59,10 @@ What it does NOT protect against:
 - reading what is bound: the uid can read everything in the bound paths it has permission for; side
   channels (timing, /proc/cpuinfo). A unix socket inside a bound path answers (a read-only bind does not
   stop connect()): bind toolchain directories, never a directory where a service keeps its socket.
+
+One file, over 400 lines, because it is one backend: starting, watching and killing an isolated process
+tree; its argv is verifier_pool/process_argv.py, what it shares with the docker backend
+verifier_pool/sandbox_base.py.
 """
 
 from __future__ import annotations

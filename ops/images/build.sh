@@ -82,7 +82,7 @@ context=$(mktemp -d /var/tmp/proofstream-app-context.XXXXXX)
 trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/src" "$context/wheels" "$context/certs"
 tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude=ops/images --exclude=ops/docker_setup.sh pyproject.toml workers.py streams tasks weights producers consumers verifier_pool \
-  trainer ops | tar -x -C "$context/src"
+  trainer evals ops | tar -x -C "$context/src"
 cp ops/images/app/Dockerfile "$context/Dockerfile"
 python3 -c "
 import sys, tomllib
