@@ -30,6 +30,13 @@ from pathlib import Path
 
 import orjson
 
+from producers.engine import Sampling
+from producers.engines import choose, make_engine
+from tasks.countdown import countdown_messages, countdown_problems, extract_countdown, reward
+from tasks.prompts import tokenize
+from trainer.es import members_for, zscore
+from weights.model import resolve_model
+
 
 def spearman(a: list[float], b: list[float]) -> float | None:
     """Spearman's rank correlation (average ranks for ties); None when either side has no spread."""
@@ -68,13 +75,6 @@ def cosine(a: list[float], b: list[float]) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from producers.engine import Sampling
-    from producers.engines import choose, make_engine
-    from tasks.countdown import countdown_messages, countdown_problems, extract_countdown, reward
-    from tasks.prompts import tokenize
-    from trainer.es import members_for, zscore
-    from weights.model import resolve_model
-
     problems = countdown_problems(args.batch, args.seed)
     engine = make_engine(choose(args.engine), resolve_model(args.model), dtype="float32")
     tokenizer = engine.tokenizer

@@ -20,6 +20,7 @@ import orjson
 
 
 def bench(args: argparse.Namespace) -> dict:
+    # torch (weights.es, the engines) is imported when the bench runs, so `python -m ops` starts without it.
     import torch
 
     from producers.engines import choose, make_engine

@@ -49,6 +49,7 @@ def _orders(run_tag: str, theorems: list[Theorem], orders: int, per: int, n: int
 
 
 def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple[float, int]:
+    # The generator's modules import torch: imported when the bench runs, so `python -m ops` starts without it.
     from producers.engine import Sampling
     from producers.service import sampling_seed
     from tasks import prompts

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling
+from weights.model import default_cache_dir
 
 DTYPES = ("bfloat16", "float16", "float32")
 EXTENSION = "producers.vllm_worker.ESWorkerExtension"
@@ -53,8 +54,6 @@ def _cuda_available() -> bool:
 
 def cpu_environment(threads: int = 0, kv_cache_gib: float = 2) -> dict[str, str]:
     """The variables vLLM's CPU backend reads at start, for what is not already set (returned, and set)."""
-    from weights.model import default_cache_dir
-
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     if threads:
         cores = cores[:threads]
