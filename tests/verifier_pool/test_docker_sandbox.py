@@ -75,7 +75,7 @@ result = {
     "cap_eff": status["CapEff"].strip(), "cap_prm": status["CapPrm"].strip(), "cap_bnd": status["CapBnd"].strip(),
     "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
     "write_root": attempt(lambda: write("/probe")),
-    "write_app": attempt(lambda: write("/opt/proofstream/verifier_pool/probe.py")),
+    "write_app": attempt(lambda: write("/opt/proofstream/tasks/probe.py")),
     "write_etc": attempt(lambda: write("/etc/passwd")),
     "write_tmp": attempt(lambda: write("/tmp/probe")),
     "tmp_bytes": tmp.f_blocks * tmp.f_frsize,
