@@ -52,6 +52,7 @@ from redis.asyncio import Redis
 
 from consumers.service import VerifierService
 from streams import logs
+from streams.cluster import transaction
 from streams.codec import decode, encode_flat
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
@@ -93,7 +94,7 @@ def attempts_for(n: int, run: str) -> tuple[list[Attempt], list]:
 async def publish_at_once(redis: Redis, keys: Keys, attempts: list[Attempt]) -> None:
     """XADD every attempt in one MULTI/EXEC: the pool's consumers, blocked on an empty stream, see the whole
     backlog at once, so none of it is consumed before the clock starts."""
-    async with redis.pipeline(transaction=True) as pipe:
+    async with transaction(redis, keys.attempts) as pipe:
         for a in attempts:
             pipe.pipeline_execute_command(b"XADD", keys.attempts, b"*", *encode_flat(a))
         await pipe.execute()

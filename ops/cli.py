@@ -55,6 +55,7 @@ from ops import (
     verdicts,
 )
 from streams import samples
+from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
@@ -315,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, or a usage error argparse has already printed
         return int(e.code or 0)
     if args.command == "bench":
+        if is_cluster_url(getattr(args, "redis_url", None) or ""):
+            return _fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
+                         "(a master of the cluster), or none for a private one", 2)  # fmt: skip
         return args.func(args)
     if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
         return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
@@ -363,6 +367,8 @@ def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:
         return _fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
     except rx.ResponseError as e:
         return _fail(f"Redis refused: {e}", 1)
+    except rx.RedisClusterException as e:  # e.g. a redis+cluster:// URL naming a server without cluster mode
+        return _fail(f"Redis Cluster at {shown_url(settings.redis_url)}: {e}", 1)
     except dlq.OpsError as e:
         return _fail(str(e), 1)
     except BrokenPipeError:

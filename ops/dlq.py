@@ -66,7 +66,7 @@ def _row(view: dict[str, Any], now_ms: int) -> dict[str, Any]:
 
 async def list_letters(redis: Redis, keys: Keys, limit: int) -> dict[str, Any]:
     """The oldest `limit` dead letters (XRANGE order), and how many there are in all."""
-    now = await redis_now_ms(redis)
+    now = await redis_now_ms(redis, keys)
     rows = await redis.xrange(keys.dlq, count=limit) if limit > 0 else []
     return {
         "key": keys.dlq,
@@ -85,7 +85,7 @@ async def _read(redis: Redis, keys: Keys, entry_id: str) -> dict[bytes, bytes]:
 async def show_letter(redis: Redis, keys: Keys, entry_id: str) -> dict[str, Any]:
     """Every field of one dead letter, its original fields as stored, and those decoded if they can be."""
     fields = await _read(redis, keys, entry_id)
-    now = await redis_now_ms(redis)
+    now = await redis_now_ms(redis, keys)
     original = {k[len(ORIGINAL_PREFIX) :]: v for k, v in fields.items() if k.startswith(ORIGINAL_PREFIX)}
     letter: dict[str, Any] = {k: v for k, v in raw_fields(fields).items() if not k.startswith("f:")}
     error = None

@@ -30,6 +30,7 @@ import orjson
 import redis
 from redis.exceptions import RedisError
 
+from streams.cluster import connect_sync
 from streams.keys import Keys
 
 
@@ -78,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         print("unhealthy: PROOFSTREAM_REDIS_URL is not set", file=sys.stderr)
         return 1
     keys = Keys(os.environ.get("PROOFSTREAM_RUN", "default"))
-    client = redis.Redis.from_url(url, socket_timeout=args.timeout_s, socket_connect_timeout=args.timeout_s)
+    try:
+        client = connect_sync(url, socket_timeout=args.timeout_s, socket_connect_timeout=args.timeout_s)
+    except ValueError as e:  # a scheme or a query redis-py does not know
+        print(f"unhealthy: PROOFSTREAM_REDIS_URL: {e}", file=sys.stderr)
+        return 1
+    except RedisError as e:  # a cluster client asks its nodes for the slots as it starts
+        print(f"unhealthy: the run's Redis does not answer: {e}", file=sys.stderr)
+        return 1
     try:
         client.ping()
         problem = None

@@ -17,6 +17,7 @@ import orjson
 from redis.asyncio import Redis
 
 from streams import letters
+from streams.cluster import on_slot
 from streams.codec import VERSION_FIELD, decode
 from streams.groups import consumer_states, group_states
 from streams.keys import Keys
@@ -62,9 +63,10 @@ def id_ms(entry_id: str | bytes) -> int:
     return int(_key(entry_id).split("-")[0])
 
 
-async def redis_now_ms(redis: Redis) -> int:
-    """Redis's clock, the one entry ids are stamped with, so ages do not depend on this machine's."""
-    seconds, micros = await redis.time()
+async def redis_now_ms(redis: Redis, keys: Keys | None = None) -> int:
+    """Redis's clock, the one entry ids are stamped with, so ages do not depend on this machine's (on a
+    cluster, the clock of the master holding the run's slot)."""
+    seconds, micros = await redis.time(**(await on_slot(redis, keys.prefix) if keys else {}))
     return seconds * 1000 + micros // 1000
 
 
@@ -73,8 +75,8 @@ async def redis_now_ms(redis: Redis) -> int:
 
 async def stream_report(redis: Redis, keys: Keys) -> dict[str, Any]:
     """Length of every stream of the run; per group lag, pending, oldest pending; per consumer pending, idle."""
-    now = await redis_now_ms(redis)
-    info = await redis.info("server")
+    now = await redis_now_ms(redis, keys)
+    info = await redis.info("server", **await on_slot(redis, keys.prefix))
     streams = {}
     for name, key in keys.streams().items():
         groups = {}
@@ -108,7 +110,7 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
     """One run's health: the trainer (version, in flight and their age, counts), its lease, the generators'
     figures, dead letters by reason, the oldest pending entry of every group, the last version's metrics.
     `streams`: a `stream_report` the caller has already read (ops.dashboard needs both)."""
-    now = await redis_now_ms(redis)
+    now = await redis_now_ms(redis, keys)
     raw_state = await redis.hget(keys.trainer_state, "state")
     state = orjson.loads(raw_state) if raw_state else None
     trainer: dict[str, Any] | None = None

@@ -23,6 +23,7 @@ import orjson
 from redis.asyncio import Redis
 
 from consumers.verifier import verdict_digest
+from streams.cluster import is_cluster_url
 from streams.codec import pack_float32, pack_int32
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempts", type=int, default=10_000)
     parser.add_argument("--redis-url", default=None, help="default: a private redis-server")
     args = parser.parse_args(argv)
+    if args.redis_url and is_cluster_url(args.redis_url):  # INFO memory is one server's figure
+        parser.error("measures one Redis server: give --redis-url redis://HOST:PORT of one (a cluster's master)")
     if args.redis_url:
         figures = asyncio.run(measure(args.redis_url, args.profile, args.attempts))
     else:

@@ -18,13 +18,14 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from streams.cluster import transaction
 from streams.keys import Keys
 
 
 async def clear(redis: Redis, keys: Keys) -> dict[str, Any]:
     """Delete the run's verdict cache; how many verdicts it held. One MULTI, so the count is what was deleted
     even while a verifier still writes. UNLINK: a cache of millions of fields is freed off Redis's main thread."""
-    async with redis.pipeline(transaction=True) as pipe:
+    async with transaction(redis, keys.verdicts) as pipe:
         removed, _ = await pipe.hlen(keys.verdicts).unlink(keys.verdicts).execute()
     return {"run": keys.run, "key": keys.verdicts, "removed": removed}
 

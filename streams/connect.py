@@ -14,6 +14,8 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
+from streams.cluster import connect_cluster, is_cluster_url
+
 
 class HiredisPackedConnection(Connection):
     def pack_command(self, *args) -> list[bytes]:
@@ -29,12 +31,16 @@ class HiredisPackedConnection(Connection):
 
 
 def connect(url: str, **kwargs) -> Redis:
-    """Async client for `url`, with the hiredis packer and bytes responses (the codec decodes)."""
+    """Async client for `url`, with the hiredis packer and bytes responses (the codec decodes).
+
+    `redis+cluster://host:port[,host:port...]` gives a Redis Cluster client (streams/cluster.py)."""
+    if is_cluster_url(url):
+        return connect_cluster(url, HiredisPackedConnection, **kwargs)
     return Redis.from_url(url, connection_class=HiredisPackedConnection, **kwargs)
 
 
 def shown_url(url: str) -> str:
-    """The URL without its password, for messages and reports."""
+    """The URL without its password, for messages and reports (a cluster URL's list of nodes included)."""
     parts = urlsplit(url)
     if parts.password is None:
         return url

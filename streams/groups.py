@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from streams.cluster import on_slot
+
 
 @dataclass(frozen=True, slots=True)
 class GroupState:
@@ -84,7 +86,7 @@ async def trim_acked(redis: Redis, stream: str, keep_s: float = 0.0) -> int:
     for g in groups:
         keep_from.append(g.oldest_pending_id or _next_id(g.last_delivered_id))
     if keep_s > 0:
-        seconds, micros = await redis.time()
+        seconds, micros = await redis.time(**await on_slot(redis, stream))  # the clock of the stream's server
         keep_from.append(f"{max(0, seconds * 1000 + micros // 1000 - int(keep_s * 1000))}-0")
     min_id = min(keep_from, key=id_order)
     return await redis.xtrim(stream, minid=min_id, approximate=False)

@@ -54,6 +54,7 @@ import structlog
 from redis.asyncio import Redis
 
 from streams import samples
+from streams.cluster import transaction
 from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
@@ -218,7 +219,7 @@ class Run:
 
     async def checkpoint(self, *extra: tuple[str, dict[bytes, bytes]]) -> None:
         """Write the state (plus `extra` stream entries) in one MULTI, then ack the rewards it holds."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with transaction(self.redis, self.keys.trainer_state) as pipe:  # one Redis or the run's slot
             for stream, fields in extra:
                 pipe.xadd(stream, fields)
             pipe.hset(self.keys.trainer_state, STATE_FIELD, orjson.dumps(self.state()))
