@@ -37,9 +37,11 @@ from arq import cron
 from arq.connections import RedisSettings
 from arq.version import VERSION as ARQ_VERSION
 from arq.worker import Worker
+from redis.exceptions import RedisError, ResponseError
 
 from consumers.service import VerifierService
 from streams import logs
+from streams.cluster import is_cluster_url, slot_master_url
 from streams.connect import shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE, RideOut
@@ -73,6 +75,10 @@ def _unreachable_redis_in_one_line(kind: type[BaseException], error: BaseExcepti
         print(f"arq workers.verifier: cannot reach Redis at {shown_url(_SETTINGS.redis_url)} "
               f"({kind.__name__}: {error}). Start it, or set PROOFSTREAM_REDIS_URL to the run's Redis",
               file=sys.stderr)  # fmt: skip
+        return
+    if isinstance(error, ResponseError) and str(error).startswith(("MOVED", "ASK ")):
+        print(f"arq workers.verifier: the run's slot moved to another master of the cluster ({error}); start the "
+              "worker again: it connects to the new one", file=sys.stderr)  # fmt: skip
         return
     sys.__excepthook__(kind, error, tb)
 
@@ -163,15 +169,57 @@ async def _report(ctx: dict) -> None:
         log.warning("report_skipped", error=str(e))
 
 
+def _cluster_redis_settings(url: str, prefix: str) -> RedisSettings:
+    """arq's Redis for a `redis+cluster://` URL: a plain connection to the master that serves the run's slot.
+
+    arq 0.28 cannot use a cluster client (ArqRedis subclasses redis.asyncio.Redis, and it WATCHes and MULTIs
+    its own keys, worker.py `start_jobs`, `finish_job`), but every key it touches for this worker can be on
+    the run's slot, and then one master holds them all: the queue `{ps:R}:arq` and its health key (queue name
+    + ':health-check'), the job, in-progress, retry and result keys `arq:<kind>:<job id>` of the cron jobs,
+    whose ids are `<cron name>:<ms>` (worker.py `run_cron`, unique=True) with names carrying the hash tag
+    (`verifier.cron_jobs`), and the abort set: `arq:abort` (constants.py), which `finish_job` and
+    `finish_failed_job` ZREM in the same MULTI as the job's keys, a CROSSSLOT error on a cluster; it is moved
+    onto the slot here, through the module global worker.py reads at each call (checked: arq 0.28's name).
+    tests/test_cluster_run.py lists the keys arq left on a real cluster and checks each one's slot.
+
+    The master is asked for once, at the start. If the slot moves (resharding, a failover to a replica) the
+    old address answers MOVED or nothing: arq's loop ends on the MOVED (a ResponseError; exit 1, said in
+    one line by `_unreachable_redis_in_one_line`) or rides out the dead address while `--check`, asked of
+    the new master, fails: either way the worker is restarted and finds the new master. The consumer tasks
+    themselves are on a cluster client and follow the slot (streams/cluster.py)."""
+    import arq.worker  # noqa: PLC0415 - its module global, read by finish_job at each call
+
+    if arq.worker.abort_jobs_ss != "arq:abort":
+        raise RuntimeError(f"workers.verifier: arq {ARQ_VERSION} names its abort set {arq.worker.abort_jobs_ss!r}, "
+                           "not 'arq:abort' as 0.28.0 does; its keys on a cluster must be revisited")  # fmt: skip
+    arq.worker.abort_jobs_ss = f"{prefix}:arq:abort"
+    try:
+        master = slot_master_url(url, prefix)
+    except RedisError as e:
+        sys.exit(f"proofstream verifier: cannot reach the Redis Cluster at {shown_url(url)}: {e}")
+    return RedisSettings.from_dsn(master)
+
+
+_PREFIX = Keys(_SETTINGS.run).prefix  # the run's hash tag, `{ps:R}`
+
+
 class verifier:  # noqa: N801 - the name users type: `arq workers.verifier`
-    redis_settings = dataclasses.replace(RedisSettings.from_dsn(_SETTINGS.redis_url), retry=_RETRY,
-                                         retry_on_error=list(UNAVAILABLE))  # fmt: skip
-    queue_name = f"{Keys(_SETTINGS.run).prefix}:arq"  # per run, so `--check` reads this run's health key
+    redis_settings = dataclasses.replace(
+        _cluster_redis_settings(_SETTINGS.redis_url, _PREFIX) if is_cluster_url(_SETTINGS.redis_url)
+        else RedisSettings.from_dsn(_SETTINGS.redis_url), retry=_RETRY, retry_on_error=list(UNAVAILABLE))  # fmt: skip
+    queue_name = f"{_PREFIX}:arq"  # per run, so `--check` reads this run's health key
     on_startup = _startup
     on_shutdown = _shutdown
     cron_jobs = [
-        cron(_sweep, second=set(range(0, 60, _SETTINGS.sweep_every_s)), run_at_startup=False, unique=True),
-        cron(_report, second={0, 30}, run_at_startup=False, unique=True),
+        # Named with the run's hash tag: their job keys land on the run's slot (`_cluster_redis_settings`).
+        cron(
+            _sweep,
+            name=f"{_PREFIX}:sweep",
+            second=set(range(0, 60, _SETTINGS.sweep_every_s)),
+            run_at_startup=False,
+            unique=True,
+        ),
+        cron(_report, name=f"{_PREFIX}:report", second={0, 30}, run_at_startup=False, unique=True),
     ]
     health_check_interval = 10
     handle_signals = True

@@ -146,9 +146,10 @@ class ClusterClient(RedisCluster):
 
 class _ClusterPipeline(ClusterPipeline):
     # `Pipeline.pipeline_execute_command` stages a command without redis-py's per-command checks
-    # (streams/publisher.py); on a cluster pipeline, `execute_command` only stages it too.
-    def pipeline_execute_command(self, *args, **kwargs) -> ClusterPipeline:
-        return self.execute_command(*args, **kwargs)
+    # (streams/publisher.py); on a cluster pipeline, `execute_command` only stages it too. The command name
+    # as a str: the cluster client looks its flags and keys up by name (`_determine_slot`).
+    def pipeline_execute_command(self, name: str | bytes, *args, **kwargs) -> ClusterPipeline:
+        return self.execute_command(name.decode() if isinstance(name, bytes) else name, *args, **kwargs)
 
 
 def connect_cluster(url: str, connection_class: type, **kwargs) -> ClusterClient:

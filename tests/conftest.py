@@ -87,3 +87,12 @@ async def one_redis(one_redis_url: str) -> Redis:
     client = connect(one_redis_url)
     yield client
     await client.aclose()
+
+
+# A real Redis Cluster (three masters on 127.0.0.1, tests/fixtures/cluster.py), one per session.
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    from tests.fixtures.cluster import LocalCluster  # noqa: PLC0415 - only the cluster tests need it
+
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
