@@ -53,6 +53,19 @@ class SlotMoved(rx.ConnectionError):
     """The run's slot moved to another master during a transaction; Redis discarded all of it."""
 
 
+class ClusterUnavailable(rx.ConnectionError):
+    """The cluster cannot serve the slot now: CLUSTERDOWN (a master is failing, or not all slots are served),
+    MASTERDOWN, TRYAGAIN (a slot being migrated), or the slot is in no node's hands, past redis-py's own
+    retries (`cluster_error_retry_attempts`, 0.25 s apart). An outage like a restarting server, so a
+    ConnectionError: what the roles ride out (streams.ride_out, streams.runtime)."""
+
+
+# What a cluster answers while it cannot serve a slot (redis/exceptions.py; MasterDownError is a
+# ClusterDownError), and the "not covered" a client sees while its slot table is being rebuilt.
+_OUTAGE = (rx.ClusterDownError, rx.TryAgainError, rx.SlotNotCoveredError)
+_OUTAGE_REPLIES = ("CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN")
+
+
 def is_cluster_url(url: str) -> bool:
     return urlsplit(url).scheme in SCHEMES
 
@@ -111,6 +124,12 @@ class ClusterClient(RedisCluster):
                 raise rx.ConnectionError(f"no node of the cluster answers: {e.__cause__}") from e
             raise
 
+    async def execute_command(self, *args, **kwargs):
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except _OUTAGE as e:
+            raise ClusterUnavailable(str(e)) from e
+
     def pipeline(self, transaction: bool | None = None, shard_hint=None) -> ClusterPipeline:
         """redis-py's non-transactional cluster pipeline (commands grouped per node). A MULTI goes through
         `transaction()`, on the master of one slot."""
@@ -150,6 +169,12 @@ class _ClusterPipeline(ClusterPipeline):
     # as a str: the cluster client looks its flags and keys up by name (`_determine_slot`).
     def pipeline_execute_command(self, name: str | bytes, *args, **kwargs) -> ClusterPipeline:
         return self.execute_command(name.decode() if isinstance(name, bytes) else name, *args, **kwargs)
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except _OUTAGE as e:
+            raise ClusterUnavailable(str(e)) from e
 
 
 def connect_cluster(url: str, connection_class: type, **kwargs) -> ClusterClient:
@@ -217,6 +242,8 @@ class _ClusterTransaction:
             except rx.ResponseError as e:
                 # A plain client parses MOVED/ASK as a ResponseError; EXECABORT follows: nothing applied.
                 text = str(e)
+                if any(reply in text for reply in _OUTAGE_REPLIES):
+                    raise ClusterUnavailable(text) from e
                 if "MOVED" not in text and "ASK " not in text:
                     raise
                 await self.client.nodes_manager.initialize()  # the new slot table, for the retry

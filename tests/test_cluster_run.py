@@ -1,0 +1,158 @@
+"""A run end to end on a real Redis Cluster (three masters on 127.0.0.1, tests/fixtures/cluster.py), with
+the roles given a `redis+cluster://` URL: `python -m trainer` (ES), `arq workers.verifier` with process
+sandboxes judging Countdown answers, and a generator process without a model
+(tests/fixtures/stand_in_generator.py: the real one's wire, a fixed answer; `python -m producers --engine hf`
+took 150 s per ES version on this 2-core machine); then `python -m ops` on it.
+
+The run id is picked so that its slot is served by a master other than the one redis-py uses for commands
+without a key (the "default node", the first master it finds), so a server command sent to the wrong node
+shows. Asserted: the trainer makes every version and exits 0; each attempt is rewarded or dead-lettered,
+once; every key the run and arq wrote is on the run's slot, on its master, on no other (listed on each node,
+slots from CLUSTER KEYSLOT); arq ran its cron jobs to the end there (their result keys); the worker drains
+and exits 0 on SIGTERM; `ops run`/`ops streams` read the run, a benchmark refuses a cluster in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from streams.cluster import connect_sync
+from streams.codec import decode
+from streams.keys import Keys
+from streams.schema import Attempt, DeadLetter, PolicyUpdate, Reward
+from tests.streams.test_cluster import assert_run_on_its_slot, run_on
+from verifier_pool import process
+
+pytestmark = [
+    pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here"),
+    pytest.mark.slow,
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+ARQ = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
+VERSIONS = 2
+
+
+def _until(predicate, timeout_s: float, what: str, procs: dict | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        for name, proc in (procs or {}).items():
+            assert proc.poll() is None or name == "trainer", f"{name} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.1)  # polls an observable condition of other processes
+
+
+def _keys_on(port: int, pattern: str) -> list[str]:
+    with redis_sync.Redis(port=port) as node:
+        return sorted(k.decode() for k in node.keys(pattern))
+
+
+@pytest.mark.timeout(600)
+def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
+    with connect_sync(redis_cluster.url) as probe:
+        default_port = probe.get_default_node().port
+    port = next(p for p in redis_cluster.ports if p != default_port)
+    run = run_on(redis_cluster, port, stem="e2e-")
+    keys = Keys(run)
+    slot = redis_cluster.keyslot(keys.prefix)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
+    env = {
+        **clean,
+        "PROOFSTREAM_REDIS_URL": redis_cluster.url,
+        "PROOFSTREAM_RUN": run,
+        "PROOFSTREAM_LOG_LEVEL": "info",
+        "HF_HUB_OFFLINE": "1",
+        "PROOFSTREAM_TASKS": '["countdown"]',
+        "PROOFSTREAM_SANDBOX": "process",
+        "PROOFSTREAM_CONCURRENCY": "1",
+        "PROOFSTREAM_SWEEP_EVERY_S": "2",
+    }  # fmt: skip  (arq's sweep cron job every 2 s)
+    argv = {
+        "verifier": [ARQ, "workers.verifier"],
+        "generator": [sys.executable, "-m", "tests.fixtures.stand_in_generator", redis_cluster.url, run],
+        "trainer": [sys.executable, "-m", "trainer", "--redis-url", redis_cluster.url, "--run", run, "--algo", "es",
+                    "--population", "2", "--batch", "2", "--no-antithetic", "--iterations", str(VERSIONS),
+                    "--eval-every", "0", "--task", "countdown", "--quorum", "1",
+                    "--problems", "8", "--held-out", "2", "--seed", "3",
+                    "--run-dir", str(tmp_path / "run")],
+    }  # fmt: skip
+    procs: dict[str, subprocess.Popen] = {}
+
+    def log(role: str) -> str:
+        return (logs / f"{role}.log").read_text(errors="replace")[-4000:]
+
+    try:
+        for role, cmd in argv.items():
+            with open(logs / f"{role}.log", "wb") as out:
+                procs[role] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _until(lambda: procs["trainer"].poll() is not None, 400, "the trainer to finish", procs)
+        assert procs["trainer"].returncode == 0, log("trainer")
+
+        # arq ran cron jobs to their end on the run's master (finish_job's MULTI, the abort set's ZREM in it):
+        # its health record counts them, and none failed.
+        def health() -> str:
+            with redis_sync.Redis(port=port) as node:
+                return (node.get(f"{keys.prefix}:arq:health-check") or b"").decode()
+
+        _until(lambda: "j_complete=0 " not in health() and "j_complete=" in health(), 30, "a finished cron job",
+               procs)  # fmt: skip
+        assert " j_failed=0 " in health(), health()
+        procs["verifier"].send_signal(signal.SIGTERM)
+        assert procs["verifier"].wait(60) == 0, log("verifier")
+        procs["generator"].send_signal(signal.SIGTERM)
+        procs["generator"].wait(60)
+        verifier_log = log("verifier")
+        assert "Traceback" not in verifier_log and "CROSSSLOT" not in verifier_log, verifier_log
+
+        with connect_sync(redis_cluster.url) as r:
+            versions = [decode(PolicyUpdate, f).policy_version for _, f in r.xrange(keys.policy)]
+            attempts = [decode(Attempt, f).attempt_id for _, f in r.xrange(keys.attempts)]
+            rewards = [decode(Reward, f).attempt_id for _, f in r.xrange(keys.rewards)]
+            letters = [decode(Attempt, decode(DeadLetter, f).original).attempt_id for _, f in r.xrange(keys.dlq)]
+        assert versions == list(range(1, VERSIONS + 1))
+        # Accounting: each attempt rewarded or dead-lettered, once (the trainer may trim acked rewards
+        # only past history_s, an hour by default, so all are here).
+        assert attempts and not [a for a, n in Counter(rewards).items() if n > 1]
+        assert set(rewards) | set(letters) == set(attempts)
+        assert not set(rewards) & set(letters)
+        assert len(rewards) + len(letters) == len(set(attempts))
+
+        # Every key of the run and of its arq worker is on the run's slot, on its master only.
+        assert_run_on_its_slot(redis_cluster, keys)
+        for p in redis_cluster.ports:
+            arq_keys = _keys_on(p, "arq:*")
+            if p == port:
+                assert arq_keys, "arq wrote no job key"
+                assert {redis_cluster.keyslot(k) for k in arq_keys} == {slot}, arq_keys
+            else:
+                assert arq_keys == [], (p, arq_keys)
+
+        # ops on the cluster: the run's report and streams; a benchmark refuses in one line.
+        ops_env = {**clean, "PROOFSTREAM_REDIS_URL": redis_cluster.url, "PROOFSTREAM_RUN": run}
+        for command in (["run"], ["streams"], ["tail", "rewards", "-n", "3"]):
+            out = subprocess.run([sys.executable, "-m", "ops", *command], cwd=ROOT, env=ops_env, capture_output=True,
+                                 text=True, timeout=60)  # fmt: skip
+            assert out.returncode == 0, (command, out.stderr)
+        out = subprocess.run([sys.executable, "-m", "ops", "--json", "streams"], cwd=ROOT, env=ops_env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert f'"length":{len(rewards)}' in out.stdout.replace(" ", "")
+        out = subprocess.run([sys.executable, "-m", "ops", "bench", "wire", "--redis-url", redis_cluster.url],
+                             cwd=ROOT, env=ops_env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 2 and "measure one Redis server" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
