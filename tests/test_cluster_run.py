@@ -156,3 +156,37 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+class SlotMaster:
+    """The chaos test's Redis (tests/streams/test_chaos.py `run_chaos`) on a cluster: the master that holds the
+    run's slot, SIGKILLed and started again on its port, nodes.conf and AOF (appendfsync always) while the
+    other masters stay up. Leaves the session's cluster whole."""
+
+    def __init__(self, cluster, port: int) -> None:
+        self.cluster, self.port = cluster, port
+        self.url = cluster.url
+
+    def start(self) -> SlotMaster:
+        if self.cluster.procs[self.port].poll() is not None:
+            self.cluster.restart(self.port)
+        return self
+
+    def kill(self) -> None:
+        self.cluster.kill(self.port)
+
+    def close(self) -> None:
+        self.start()
+
+
+@pytest.mark.timeout(150)
+async def test_chaos_accounting_on_the_cluster(redis_cluster, tmp_path):
+    """The chaos test's accounting on the cluster: consumer processes SIGKILLed at random, the run's master
+    SIGKILLed once mid-publish and restarted; nothing lost, nothing rewarded twice, rewards + dead letters ==
+    attempts. A smaller twin of tests/streams/test_chaos.py (same code, fewer attempts and kills)."""
+    from tests.streams.test_chaos import run_chaos  # noqa: PLC0415
+
+    port = redis_cluster.ports[1]
+    run = run_on(redis_cluster, port, stem="chaos-")
+    await run_chaos(None, tmp_path, server=SlotMaster(redis_cluster, port), run=run, n_unique=1500,
+                    min_consumer_kills=8)  # fmt: skip

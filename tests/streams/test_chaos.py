@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import redis as redis_sync
 from redis import exceptions as rx
 
+from streams.cluster import connect_sync
 from streams.codec import decode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis, find_redis_server
@@ -126,6 +126,7 @@ class Chaos:
     published_unique: int = 0
     producer_done: bool = False
     writing: bool = False  # the producer has room and is sending a batch's XADDs
+    min_consumer_kills: int = MIN_CONSUMER_KILLS
 
     def spawn(self) -> None:
         self.spawned += 1
@@ -234,7 +235,7 @@ async def inject(chaos: Chaos, server: EmbeddedRedis, n: int, deadline: float, *
 
     def enough() -> bool:
         return (
-            chaos.producer_done and chaos.redis_kills == 1 and chaos.consumer_kills >= MIN_CONSUMER_KILLS
+            chaos.producer_done and chaos.redis_kills == 1 and chaos.consumer_kills >= chaos.min_consumer_kills
             and (not pauses or chaos.consumer_pauses >= MIN_CONSUMER_PAUSES)
         )  # fmt: skip
 
@@ -284,20 +285,31 @@ async def wait_settled(chaos: Chaos, keys: Keys, deadline: float) -> None:
         await client.aclose()
 
 
-async def run_chaos(binary: str, log_dir: Path, *, pauses: bool = False) -> None:
+async def run_chaos(
+    binary: str | None,
+    log_dir: Path,
+    *,
+    pauses: bool = False,
+    server=None,
+    run: str = "chaos",
+    n_unique: int = N_UNIQUE,
+    min_consumer_kills: int = MIN_CONSUMER_KILLS,
+) -> None:
+    """`server`: the Redis to use and SIGKILL once, with `url`, `start()`, `kill()`, `close()` as
+    EmbeddedRedis has them (tests/test_cluster_run.py passes a cluster's master); default a private one."""
     seed = random.randrange(2**32)
     print(f"chaos seed {seed}, binary {binary}, pauses {pauses}")  # shown by pytest on failure
     rng = random.Random(seed)
-    keys = Keys("chaos")
-    attempts = make_attempts(N_UNIQUE, rng)
+    keys = Keys(run)
+    attempts = make_attempts(n_unique, rng)
     by_id = {a.attempt_id: a for a in attempts}
     poison = {a.attempt_id for a in attempts if a.proof == POISON}
-    server = EmbeddedRedis(binary=binary, appendfsync="always")
+    server = server or EmbeddedRedis(binary=binary, appendfsync="always")
     chaos = None
     started = time.monotonic()
     try:
         server.start()
-        chaos = Chaos(server.url, keys.run, log_dir, rng)
+        chaos = Chaos(server.url, keys.run, log_dir, rng, min_consumer_kills=min_consumer_kills)
         setup = connect(server.url)
         await ensure_group(setup, keys.attempts, VERIFIERS)
         await setup.aclose()
@@ -307,14 +319,14 @@ async def run_chaos(binary: str, log_dir: Path, *, pauses: bool = False) -> None
         chaos_deadline = started + CHAOS_DEADLINE_S
         async with asyncio.TaskGroup() as tg:  # one failing cancels the other
             tg.create_task(produce(chaos, keys, attempts))
-            tg.create_task(inject(chaos, server, N_UNIQUE, chaos_deadline, pauses=pauses))
+            tg.create_task(inject(chaos, server, n_unique, chaos_deadline, pauses=pauses))
         await wait_settled(chaos, keys, time.monotonic() + DRAIN_DEADLINE_S)
         await wait_ready(chaos, time.monotonic() + 10)
         codes = chaos.stop_all()
         duration = time.monotonic() - started
         assert all(c == 0 for c in codes.values()), f"consumers did not exit 0 on SIGTERM: {codes}"
 
-        r = redis_sync.Redis.from_url(server.url)
+        r = connect_sync(server.url)
         inputs = [(eid.decode(), decode(Attempt, f)) for eid, f in r.xrange(keys.attempts)]
         rewards = [decode(Reward, f) for _, f in r.xrange(keys.rewards)]
         letters = [decode(DeadLetter, f) for _, f in r.xrange(keys.dlq)]
