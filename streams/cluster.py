@@ -18,6 +18,11 @@ follows MOVED/ASK itself; what it does not do is handled here:
   transaction at EXEC (EXECABORT), so a moved slot can never half-apply a transaction: `transaction()`
   raises `SlotMoved`, a ConnectionError, which the roles' ride-out treats like an outage (retry from the
   state in Redis), after refreshing the client's slot table.
+- Outages. A cluster that cannot serve a slot answers CLUSTERDOWN, MASTERDOWN or TRYAGAIN; redis-py
+  retries those a few times (`cluster_error_retry_attempts`) and then raises them as ResponseErrors, which
+  no ride-out waits out. `ClusterClient` raises them as `ClusterUnavailable`, a ConnectionError.
+- Pipelines. `ClusterPipeline` has no `pipeline_execute_command` (streams/publisher.py stages its XADDs
+  with it) and looks a command up by its name as a str; `pipeline()` returns one that has it.
 - Seeds. The client drops a node that refused a connection from its startup nodes (`_execute_command`),
   and once it has dropped every one it can never find the cluster again; and when no seed answers,
   `NodesManager.initialize` raises a bare `RedisClusterException`, which no ride-out recognizes as an
