@@ -21,7 +21,15 @@ import pytest
 import redis as redis_sync
 from redis import exceptions as rx
 
-from streams.cluster import ClusterClient, SlotMoved, connect_sync, on_slot, parse_cluster_url, transaction
+from streams.cluster import (
+    ClusterClient,
+    ClusterUnavailable,
+    SlotMoved,
+    connect_sync,
+    on_slot,
+    parse_cluster_url,
+    transaction,
+)
 from streams.codec import decode
 from streams.connect import HiredisPackedConnection, connect, shown_url
 from streams.groups import group_states
@@ -288,3 +296,46 @@ def test_a_synchronous_client_and_the_health_check_on_a_cluster(redis_cluster):
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "healthy"
+
+
+async def test_a_cluster_that_is_down_is_an_outage_and_the_client_rides_it_out(redis_cluster):
+    """A master down past the node timeout: the others say CLUSTERDOWN for every slot, the run's too. The
+    client raises that as a ConnectionError (what the roles ride out), and works again once it is back."""
+    client = connect(redis_cluster.url)
+    try:
+        keys = Keys(run_on(redis_cluster, redis_cluster.ports[0], stem="down-"))
+        await client.set(keys.es_noise, "cpu")
+        victim = redis_cluster.ports[2]
+        redis_cluster.kill(victim)
+        try:
+            deadline = time.monotonic() + 30
+            while redis_cluster.state(redis_cluster.ports[0]) != "fail":
+                assert time.monotonic() < deadline, "the cluster did not mark the killed master as failing"
+                await asyncio.sleep(0.1)  # polls an observable condition
+            with pytest.raises(rx.ConnectionError) as caught:
+                await client.get(keys.es_noise)
+            assert isinstance(caught.value, ClusterUnavailable) and "cluster is down" in str(caught.value)
+        finally:
+            redis_cluster.restart(victim)
+        assert await client.get(keys.es_noise) == b"cpu"
+    finally:
+        await client.aclose()
+
+
+async def test_a_client_finds_a_restarted_one_master_cluster_again(tmp_path):
+    """Its only seed refused a connection, so redis-py dropped it from the startup nodes; the URL's seeds are
+    put back, and a cluster with no node answering is a ConnectionError, not a bare RedisClusterException."""
+    from tests.fixtures.cluster import LocalCluster  # noqa: PLC0415
+
+    with LocalCluster(tmp_path, masters=1) as one:
+        client = connect(one.url)
+        try:
+            await client.set("{ps:solo}:es_noise", "cpu")
+            one.kill(one.ports[0])
+            for _ in range(2):  # the first drops the node, the second finds no seed left (without the fix)
+                with pytest.raises(rx.ConnectionError):
+                    await client.get("{ps:solo}:es_noise")
+            one.restart(one.ports[0])
+            assert await client.get("{ps:solo}:es_noise") == b"cpu"
+        finally:
+            await client.aclose()
