@@ -107,11 +107,12 @@ class ClusterClient(RedisCluster):
     """`RedisCluster` with the hiredis packer, its seeds kept, and plain clients to its masters for
     transactions (module docstring)."""
 
-    def __init__(self, seeds: list[tuple[str, int]], connection_class: type, **kwargs) -> None:
+    def __init__(self, seeds: list[tuple[str, int]], connection_class: type | None, **kwargs) -> None:
         super().__init__(startup_nodes=[ClusterNode(h, p) for h, p in seeds], **kwargs)
-        self.connection_kwargs["connection_class"] = connection_class
-        for node in self.nodes_manager.startup_nodes.values():
-            node.connection_class = connection_class
+        if connection_class is not None:  # None: TLS, redis-py's SSLConnection (set by `ssl=True`)
+            self.connection_kwargs["connection_class"] = connection_class
+            for node in self.nodes_manager.startup_nodes.values():
+                node.connection_class = connection_class
         self._seeds = seeds
         self._masters: dict[str, Redis] = {}  # node name -> plain client, for transactions
 
@@ -153,10 +154,10 @@ class ClusterClient(RedisCluster):
         node = await self.node_of(key)
         client = self._masters.get(node.name)
         if client is None:
-            shared = {k: self.connection_kwargs[k] for k in _SHARED if self.connection_kwargs.get(k) is not None}
-            if self.connection_kwargs.get("connection_class") is not None and "ssl_cert_reqs" not in shared:
-                shared["connection_class"] = self.connection_kwargs["connection_class"]
-            pool = ConnectionPool(host=node.host, port=node.port, **shared)
+            kwargs = self.connection_kwargs
+            shared = {k: kwargs[k] for k in _SHARED if kwargs.get(k) is not None}
+            # The cluster's own class: the hiredis packer, or SSLConnection (with the ssl_* options above).
+            pool = ConnectionPool(host=node.host, port=node.port, connection_class=kwargs["connection_class"], **shared)
             client = self._masters[node.name] = Redis(connection_pool=pool)
         return client
 
@@ -192,10 +193,7 @@ def connect_cluster(url: str, connection_class: type, **kwargs) -> ClusterClient
     seeds, options = parse_cluster_url(url)
     if options.get("ssl"):
         connection_class = None  # redis-py picks its SSLConnection; the packer is for plain TCP only
-    client = ClusterClient(seeds, connection_class, **{**options, **kwargs})
-    if connection_class is None:
-        client.connection_kwargs.pop("connection_class", None)
-    return client
+    return ClusterClient(seeds, connection_class, **{**options, **kwargs})
 
 
 async def on_slot(client: Redis | ClusterClient, key: str) -> dict:

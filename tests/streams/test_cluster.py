@@ -20,7 +20,9 @@ import orjson
 import pytest
 import redis as redis_sync
 from redis import exceptions as rx
+from redis.asyncio.connection import SSLConnection
 
+from evals.runs import EvalError, find_run
 from streams.cluster import (
     ClusterClient,
     ClusterUnavailable,
@@ -37,6 +39,7 @@ from streams.keys import VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
 from streams.schema import Attempt, Reward
+from trainer.config import TrainerSettings
 from trainer.lease import TrainerLease, TrainerRunning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +75,10 @@ def test_a_cluster_url_parses_and_hides_its_password():
     for bad in ("redis+cluster://h1:7000/2", "redis+cluster://", "redis+cluster://h1"):
         with pytest.raises(ValueError):
             parse_cluster_url(bad)
+    # TLS keeps redis-py's SSLConnection (the packer is for plain TCP); nothing connects before a command.
+    tls = connect("rediss+cluster://h1:7000")
+    assert tls.connection_kwargs["connection_class"] is SSLConnection
+    assert {n.connection_class for n in tls.nodes_manager.startup_nodes.values()} == {SSLConnection}
 
 
 async def test_connect_gives_a_cluster_client_with_the_hiredis_packer_and_bytes(redis_cluster, cluster_client):
@@ -116,6 +123,10 @@ async def test_runs_spread_over_the_masters(redis_cluster, cluster_client):
     # A scan finds them on every master (SCAN goes to each primary: redis/cluster.py COMMAND_FLAGS).
     found = {k async for k in cluster_client.scan_iter(match="{ps:spread*}:trainer")}
     assert found == {Keys(run).trainer_state.encode() for run in runs}
+    # evals' run lookup scans so too: a run it does not hold is refused naming every run, on every master.
+    with pytest.raises(EvalError) as refused:
+        await find_run(cluster_client, TrainerSettings(run="absent"))
+    assert all(repr(run) in str(refused.value) for run in runs), str(refused.value)
 
 
 async def test_server_commands_reach_the_run_master(redis_cluster, cluster_client):
