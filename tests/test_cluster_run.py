@@ -109,6 +109,10 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
         _until(lambda: "j_complete=0 " not in health() and "j_complete=" in health(), 30, "a finished cron job",
                procs)  # fmt: skip
         assert " j_failed=0 " in health(), health()
+        # `arq workers.verifier --check` finds the run's master by itself and reads the health key there.
+        check = subprocess.run([ARQ, "workers.verifier", "--check"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
         procs["verifier"].send_signal(signal.SIGTERM)
         assert procs["verifier"].wait(60) == 0, log("verifier")
         procs["generator"].send_signal(signal.SIGTERM)
