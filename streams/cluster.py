@@ -242,6 +242,11 @@ class _ClusterTransaction:
         async def checked_execute(raise_on_error: bool = True):
             try:
                 return await execute(raise_on_error)
+            except (rx.ConnectionError, rx.TimeoutError):
+                # The master is gone: read the slot table again on the next command, as redis-py does after
+                # a node's connection error (`RedisCluster._execute_command`), to find a replica promoted.
+                await self.client.aclose()
+                raise
             except rx.ResponseError as e:
                 # A plain client parses MOVED/ASK as a ResponseError; EXECABORT follows: nothing applied.
                 text = str(e)
