@@ -184,8 +184,10 @@ def _cluster_redis_settings(url: str, prefix: str) -> RedisSettings:
 
     The master is asked for once, at the start. If the slot moves (resharding, a failover to a replica) the
     old address answers MOVED or nothing: arq's loop ends on the MOVED (a ResponseError; exit 1, said in
-    one line by `_unreachable_redis_in_one_line`) or rides out the dead address while `--check`, asked of
-    the new master, fails: either way the worker is restarted and finds the new master. The consumer tasks
+    one line by `_unreachable_redis_in_one_line`; arq's `close` fails on the same MOVED before on_shutdown, so
+    no drain: what the pool held is reclaimed after claim_idle_ms, as after a crash) or rides out the dead
+    address while `--check`, asked of the new master, fails: either way the worker is restarted and finds
+    the new master. tests/test_cluster_run.py reshards a live worker's slot away. The consumer tasks
     themselves are on a cluster client and follow the slot (streams/cluster.py)."""
     import arq.worker  # noqa: PLC0415 - its module global, read by finish_job at each call
 

@@ -194,3 +194,81 @@ async def test_chaos_accounting_on_the_cluster(redis_cluster, tmp_path):
     run = run_on(redis_cluster, port, stem="chaos-")
     await run_chaos(None, tmp_path, server=SlotMaster(redis_cluster, port), run=run, n_unique=1500,
                     min_consumer_kills=8)  # fmt: skip
+
+
+def migrate_slot(cluster, slot: int, source: int, target: int) -> None:
+    """Move `slot`, keys and all, from the master on `source` to the one on `target`, as a resharding does
+    (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE of its keys, SETSLOT NODE on every master)."""
+    ids = {}
+    for p in cluster.ports:
+        with redis_sync.Redis(port=p) as node:
+            ids[p] = node.execute_command("CLUSTER", "MYID").decode()
+    with redis_sync.Redis(port=target) as dst, redis_sync.Redis(port=source) as src:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *names)
+    for p in [target, source, *(q for q in cluster.ports if q not in (source, target))]:
+        with redis_sync.Redis(port=p) as node:
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+    _until(lambda: _agreed(cluster, slot, target), 10, "every master to agree on the slot's new owner")
+
+
+def _agreed(cluster, slot: int, port: int) -> bool:
+    for p in cluster.ports:
+        with redis_sync.Redis(port=p) as node:
+            for first, last, master, *_ in node.execute_command("CLUSTER", "SLOTS"):
+                if int(first) <= slot <= int(last) and int(master[1]) != port:
+                    return False
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_a_verifier_whose_slot_moves_exits_in_one_line_and_a_restart_serves_the_new_master(redis_cluster, tmp_path):
+    """arq's connection goes to the master of the run's slot, found at the start (workers.py). When the slot is
+    resharded away, arq's next command gets MOVED: the worker exits 1 saying so in one line (arq's close fails
+    on the same MOVED before on_shutdown, so no drain: what it held is reclaimed after claim_idle_ms, as after a
+    crash); started again, it connects to the new master and its cron jobs run there."""
+    source, target = redis_cluster.ports[0], redis_cluster.ports[2]
+    run = run_on(redis_cluster, source, stem="resharded-")
+    keys, slot = Keys(run), redis_cluster.keyslot(Keys(run).prefix)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")},
+           "PROOFSTREAM_REDIS_URL": redis_cluster.url, "PROOFSTREAM_RUN": run, "PROOFSTREAM_TASKS": '["countdown"]',
+           "PROOFSTREAM_SANDBOX": "process", "PROOFSTREAM_CONCURRENCY": "1", "PROOFSTREAM_SWEEP_EVERY_S": "2",
+           "PROOFSTREAM_LOG_LEVEL": "info"}  # fmt: skip
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name: str) -> None:
+        with open(tmp_path / f"{name}.log", "wb") as out:
+            procs[name] = subprocess.Popen([ARQ, "workers.verifier"], cwd=ROOT, env=env, stdout=out,
+                                           stderr=subprocess.STDOUT)  # fmt: skip
+
+    def health(port: int) -> str:
+        with redis_sync.Redis(port=port) as node:
+            return (node.get(f"{keys.prefix}:arq:health-check") or b"").decode()
+
+    try:
+        start("first")
+        _until(lambda: "j_complete=0 " not in health(source) and "j_complete=" in health(source), 60,
+               "the first worker's cron jobs", {"first": procs["first"]})  # fmt: skip
+        migrate_slot(redis_cluster, slot, source, target)
+        assert procs["first"].wait(60) == 1
+        said = (tmp_path / "first.log").read_text(errors="replace")
+        assert "the run's slot moved to another master of the cluster" in said and "Traceback" not in said, said
+
+        start("second")
+
+        def second_ran_jobs() -> bool:
+            said = (tmp_path / "second.log").read_text(errors="replace")
+            return "recording health" in said and " j_complete=0 " not in said.split("recording health")[-1]
+
+        _until(second_ran_jobs, 60, "the restarted worker's cron jobs", {"second": procs["second"]})
+        assert redis_cluster.port_of_slot(slot) == target and health(target)
+        assert _keys_on(source, f"*{keys.prefix}*") == []  # nothing of the run written to the old master
+        procs["second"].send_signal(signal.SIGTERM)
+        assert procs["second"].wait(60) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
