@@ -33,10 +33,8 @@ from streams.schema import Attempt, DeadLetter, PolicyUpdate, Reward
 from tests.streams.test_cluster import assert_run_on_its_slot, run_on
 from verifier_pool import process
 
-pytestmark = [
-    pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here"),
-    pytest.mark.slow,
-]
+pytestmark = pytest.mark.slow
+sandboxes = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
 
 ROOT = Path(__file__).resolve().parent.parent
 ARQ = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
@@ -57,6 +55,7 @@ def _keys_on(port: int, pattern: str) -> list[str]:
         return sorted(k.decode() for k in node.keys(pattern))
 
 
+@sandboxes
 @pytest.mark.timeout(600)
 def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
     with connect_sync(redis_cluster.url) as probe:
@@ -223,6 +222,7 @@ def _agreed(cluster, slot: int, port: int) -> bool:
     return True
 
 
+@sandboxes
 @pytest.mark.timeout(180)
 def test_a_verifier_whose_slot_moves_exits_in_one_line_and_a_restart_serves_the_new_master(redis_cluster, tmp_path):
     """arq's connection goes to the master of the run's slot, found at the start (workers.py). When the slot is
