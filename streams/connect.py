@@ -2,20 +2,32 @@
 
 redis-py's asyncio connection packs every command argument in Python (its sync twin already uses
 `hiredis.pack_command`); on the wire benchmark that packing was 64% of the runtime's time. Packing in C
-is the same RESP bytes, so the subclass below changes speed only.
+is the same RESP bytes, so the connection classes below change speed only.
+
+Two kinds of URL (a small dispatch on the scheme; `PROOFSTREAM_REDIS_URL` takes either):
+- `redis://[user:password@]host:port/db` (and `rediss://`, `unix://`): one server, as redis-py reads it.
+- `redis+sentinel://[user:password@]host1:port1,host2:port2/<service>[/<db>][?sentinel_password=...]`:
+  the sentinels and the service they monitor; the client talks to whichever server is the master and
+  follows a failover (streams/sentinel.py has the format and how the client follows).
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import hiredis
+import redis as redis_sync
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import DataError
 
+from streams import sentinel
 
-class HiredisPackedConnection(Connection):
+
+class HiredisPacker:
+    """`pack_command` in C, for any redis-py asyncio connection class (placed before it in the bases)."""
+
     def pack_command(self, *args) -> list[bytes]:
         # Same splitting of multi-word command names ("XINFO GROUPS") as redis-py's own packers.
         if isinstance(args[0], str):
@@ -28,14 +40,44 @@ class HiredisPackedConnection(Connection):
             raise DataError(str(e)) from e
 
 
+class HiredisPackedConnection(HiredisPacker, Connection):
+    pass
+
+
+class HiredisSentinelConnection(HiredisPacker, SentinelManagedConnection):
+    """The sentinel pool's connection (`SentinelConnectionPool` takes it as `connection_class`)."""
+
+
 def connect(url: str, **kwargs) -> Redis:
     """Async client for `url`, with the hiredis packer and bytes responses (the codec decodes)."""
+    if sentinel.is_sentinel(url):
+        return sentinel.master(url, connection_class=HiredisSentinelConnection, **kwargs)
     return Redis.from_url(url, connection_class=HiredisPackedConnection, **kwargs)
 
 
+def connect_sync(url: str, **kwargs) -> redis_sync.Redis:
+    """Blocking client for `url` (health checks, benchmarks' bookkeeping); redis-py's sync connection packs
+    with hiredis already."""
+    if sentinel.is_sentinel(url):
+        return sentinel.master_sync(url, **kwargs)
+    return redis_sync.Redis.from_url(url, **kwargs)
+
+
+_SECRET_OPTIONS = ("password", "sentinel_password")
+
+
 def shown_url(url: str) -> str:
-    """The URL without its password, for messages and reports."""
+    """The URL without its passwords (the user's, and a sentinel URL's `sentinel_password`), for messages
+    and reports."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    secret_options = any(k in _SECRET_OPTIONS for k, _ in query)
+    if not (at and ":" in userinfo) and not secret_options:
         return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    if at and ":" in userinfo:
+        parts = parts._replace(netloc=f"{userinfo.partition(':')[0]}:***@{hosts}")
+    if secret_options:
+        masked = [(k, "***" if k in _SECRET_OPTIONS else v) for k, v in query]
+        parts = parts._replace(query=urlencode(masked, safe="*"))
+    return parts.geturl()
