@@ -19,7 +19,9 @@ import hiredis
 import redis as redis_sync
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelManagedConnection
+from redis.backoff import NoBackoff
 from redis.exceptions import DataError
 
 from streams import sentinel
@@ -45,7 +47,26 @@ class HiredisPackedConnection(HiredisPacker, Connection):
 
 
 class HiredisSentinelConnection(HiredisPacker, SentinelManagedConnection):
-    """The sentinel pool's connection (`SentinelConnectionPool` takes it as `connection_class`)."""
+    """The sentinel pool's connection (`SentinelConnectionPool` takes it as `connection_class`).
+
+    One try per address. redis-py runs a connection's retry policy at three levels (redis/asyncio, 5.3.1): the
+    command (client.py `execute_command`), the sentinel connect that asks the sentinels for the master
+    (sentinel.py `SentinelManagedConnection.connect` -> `_connect_retry`), and the connect to the one address
+    they named (`connect_to` -> connection.py `AbstractConnection.connect`). With a counted `Retry` the
+    innermost gives up and the middle one asks again; with a policy that retries for as long as it takes
+    (streams.ride_out, arq's pool in workers.py) the innermost would knock at a dead master's address for
+    ever, and never ask the sentinels for the promoted one (seen in tests/test_failover.py: the worker's
+    health key never came back). So the address gets one try, and the policy retries the whole connect."""
+
+    async def connect_to(self, address) -> None:
+        policy, self.retry = self.retry, _ONE_TRY  # the callers above hold the policy itself, not this attribute
+        try:
+            await super().connect_to(address)
+        finally:
+            self.retry = policy
+
+
+_ONE_TRY = Retry(NoBackoff(), 0)
 
 
 def connect(url: str, **kwargs) -> Redis:

@@ -18,6 +18,7 @@ from streams import sentinel
 from streams.codec import decode, encode
 from streams.connect import HiredisPacker, HiredisSentinelConnection, connect, connect_sync, shown_url
 from streams.keys import VERIFIERS, Keys
+from streams.ride_out import UNAVAILABLE, RideOut
 from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
 from streams.settings import RoleSettings, SettingsError
@@ -137,6 +138,24 @@ async def test_a_client_follows_a_killed_master_to_the_promoted_replica(topology
         await client.aclose()
 
 
+async def test_a_client_that_rides_out_outages_finds_the_promoted_master(topology):
+    """arq's pool in workers.py retries for as long as it takes (streams.ride_out): a command sent while the
+    master is dead must end on the promoted replica, not knock at the dead address for ever."""
+    policy = RideOut(client="test")
+    policy.ride_out()
+    client = connect(topology.url(), retry=policy, retry_on_error=list(UNAVAILABLE))
+    try:
+        await client.set("k", b"1")
+        old = topology.master.port
+        topology.master.kill()
+        await asyncio.wait_for(client.set("k", b"2"), 30)  # sent into the outage; answered after the failover
+        assert (await _connection(client)).port == topology.replica.port
+        assert await client.get("k") == b"2"
+    finally:
+        await client.aclose()
+    assert topology.master_port() != old
+
+
 async def test_a_connection_to_a_demoted_master_reconnects_to_the_new_one(topology):
     """SENTINEL FAILOVER leaves the old master running, as a replica. The sentinels close its clients
     (sentinel.c `sentinelSendSlaveOf`: CLIENT KILL TYPE normal after the SLAVEOF); a connection that reaches
@@ -198,7 +217,7 @@ def _replica_rewards(t) -> list[bytes]:
 async def test_a_settled_batch_is_on_the_replica_when_the_settler_returns(topology):
     client = connect(topology.url())
     try:
-        settler = Settler(client)  # the default: wait for one replica when the master has one in sync
+        settler = Settler(client, wait_ms=10_000)  # replicas: one when the master has one in sync (default)
         entries = await _pending_attempts(client, 3)
         assert await settler.replication.wanted() == 1
         topology.replica.stop()  # SIGSTOP: the replica takes the stream but applies nothing
