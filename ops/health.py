@@ -30,6 +30,7 @@ import orjson
 import redis
 from redis.exceptions import RedisError
 
+from streams.connect import connect_sync
 from streams.keys import Keys
 
 
@@ -78,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         print("unhealthy: PROOFSTREAM_REDIS_URL is not set", file=sys.stderr)
         return 1
     keys = Keys(os.environ.get("PROOFSTREAM_RUN", "default"))
-    client = redis.Redis.from_url(url, socket_timeout=args.timeout_s, socket_connect_timeout=args.timeout_s)
+    try:  # redis:// or redis+sentinel:// (streams.connect)
+        client = connect_sync(url, socket_timeout=args.timeout_s, socket_connect_timeout=args.timeout_s)
+    except ValueError as e:
+        print(f"unhealthy: PROOFSTREAM_REDIS_URL cannot be used: {e}", file=sys.stderr)
+        return 1
     try:
         client.ping()
         problem = None

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from streams.codec import encode_flat
 from streams.keys import Keys
@@ -146,7 +146,10 @@ class Replication:
         now = time.monotonic()
         if now - self._checked_at >= _REFRESH_S:
             self._checked_at = now
-            self._wanted = min(1, in_sync(await self.redis.info("replication")))
+            try:
+                self._wanted = min(1, in_sync(await self.redis.info("replication")))
+            except ResponseError:  # INFO renamed or refused (some hosted Redis): no replica known, none waited for
+                self._wanted = 0
         return self._wanted
 
     def fell_short(self) -> None:

@@ -5,9 +5,9 @@ promote the replica; the same worker processes go on against it.
 
 Asserted: every attempt published is accounted for exactly once (rewards + dead letters == attempts, no
 attempt rewarded twice, by attempt id), with the verdict its answer deserves; the workers lived through it
-(arq's own pool too: its polling met the failover through the ride-out policy and logged it, and
-`arq workers.verifier --check`, which builds its pool from arq's sentinel RedisSettings, passes against the
-new master); SIGTERM then drains them and they exit 0.
+(arq's own pool too: its polling met the failover through the ride-out policy and logged it;
+`arq workers.verifier --check`, which builds its pool from arq's sentinel RedisSettings, and
+`python -m ops.health verifier` pass against the new master); SIGTERM then drains them and they exit 0.
 
 The test publishes attempts as a generator would while the workers judge them: batch after batch, each
 followed by WAIT for the replica; a batch the replica did not confirm is published again once the new master
@@ -18,6 +18,8 @@ its ack, and judged again on the new master."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -30,7 +32,7 @@ from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, Reward
 from streams.theorems import Theorem, register
 from tests.fixtures.sentinel import started
-from tests.test_workers_redis_restart import Workers, expected_verdicts, wait_for
+from tests.test_workers_redis_restart import ROOT, Workers, expected_verdicts, wait_for
 from verifier_pool import process
 
 pytestmark = [
@@ -173,6 +175,9 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         for i in range(N_WORKERS):  # arq's loop met the failover through its pool's ride-out policy and lived
             assert '"client":"arq"' in workers.log(i), workers.log(i)[-3000:]
         await wait_for(workers.health_checks_pass, 60, "arq --check to pass against the new master")
+        health = subprocess.run([sys.executable, "-m", "ops.health", "verifier"], env=workers.env, cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert health.returncode == 0 and "healthy" in health.stdout, health.stderr  # the sync client follows too
 
         statuses = workers.terminate_all(timeout_s=90)
         assert statuses == [0] * N_WORKERS, {i: workers.log(i)[-3000:] for i, s in enumerate(statuses) if s != 0}
