@@ -156,6 +156,7 @@ async def test_a_client_that_rides_out_outages_finds_the_promoted_master(topolog
     assert topology.master_port() != old
 
 
+@pytest.mark.slow  # a graceful failover takes the sentinels ~10 s
 async def test_a_connection_to_a_demoted_master_reconnects_to_the_new_one(topology):
     """SENTINEL FAILOVER leaves the old master running, as a replica. The sentinels close its clients
     (sentinel.c `sentinelSendSlaveOf`: CLIENT KILL TYPE normal after the SLAVEOF); a connection that reaches
