@@ -14,6 +14,16 @@ it reaches `on_shutdown`: exit 1, no drain. arq passes `RedisSettings.retry` and
 streams.ride_out's: no retry while arq starts (arq's own conn_retries decide), retry for as long as it
 takes once the worker is up, and for at most STOP_GRACE_S once it stops.
 
+Redis Sentinel. With a `redis+sentinel://` URL arq gets `RedisSettings(host=[sentinels], sentinel=True,
+sentinel_master=service)`, which its `--check` uses as is (`create_pool` asks the sentinels for the master).
+The worker itself gets its pool from here (`redis_pool`, a Worker parameter): arq's `create_pool` builds a
+sentinel client from `Sentinel(sentinels=..., ssl=...)` and db/username/password only, dropping `retry` and
+`retry_on_error` (arq 0.28 connections.py), so its pool would give up at the first command of a failover and
+end the worker. Ours is streams.sentinel's client of the master with the same ride-out policy, whose
+connections ask the sentinels again on every reconnect; arq's patience at the start (conn_retries) becomes
+the policy's `start_within`. Its limit: `--check` cannot pass a `sentinel_password` (arq's `Sentinel` gets
+no sentinel_kwargs); `python -m ops.health verifier` can.
+
 Shutdown. After the start, SIGTERM and SIGINT come here rather than to arq's handler, which would cancel the
 main loop and leave the drain to `Worker.close`, behind a Redis call. Here the pool drains first (bounded:
 VerifierService.stop), then arq's own `handle_sig` stops the loop and `close` follows. If Redis is still down
@@ -34,15 +44,15 @@ import sys
 
 import structlog
 from arq import cron
-from arq.connections import RedisSettings
+from arq.connections import ArqRedis, RedisSettings
 from arq.version import VERSION as ARQ_VERSION
 from arq.worker import Worker
 from redis.exceptions import RedisError, ResponseError
 
 from consumers.service import VerifierService
-from streams import logs
+from streams import logs, sentinel
 from streams.cluster import is_cluster_url, slot_master_url
-from streams.connect import shown_url
+from streams.connect import HiredisSentinelConnection, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE, RideOut
 from streams.settings import SettingsError
@@ -202,14 +212,41 @@ def _cluster_redis_settings(url: str, prefix: str) -> RedisSettings:
     return RedisSettings.from_dsn(master)
 
 
+def _redis_settings(url: str) -> RedisSettings:
+    """arq's settings for `url`, with the ride-out policy (which its sentinel branch ignores: module docstring).
+    A cluster URL names the master of the run's slot (`_cluster_redis_settings`)."""
+    if is_cluster_url(url):
+        return dataclasses.replace(_cluster_redis_settings(url, _PREFIX), retry=_RETRY,
+                                   retry_on_error=list(UNAVAILABLE))  # fmt: skip
+    if not sentinel.is_sentinel(url):
+        return dataclasses.replace(RedisSettings.from_dsn(url), retry=_RETRY, retry_on_error=list(UNAVAILABLE))
+    parsed = sentinel.parse(url)
+    return RedisSettings(host=parsed.sentinels, sentinel=True, sentinel_master=parsed.service, database=parsed.db,
+                         username=parsed.username, password=parsed.password, retry=_RETRY,
+                         retry_on_error=list(UNAVAILABLE))  # fmt: skip
+
+
+def _sentinel_pool(url: str, settings: RedisSettings, queue_name: str) -> ArqRedis | None:
+    """For a sentinel URL, the worker's pool (module docstring); None lets arq build its own."""
+    if not settings.sentinel:
+        return None
+    _RETRY.start_within(settings.conn_retries * (settings.conn_retry_delay + settings.conn_timeout))
+    pool = sentinel.master(url, connection_class=HiredisSentinelConnection, redis_class=ArqRedis,
+                           socket_connect_timeout=settings.conn_timeout, retry=_RETRY,
+                           retry_on_error=list(UNAVAILABLE))  # fmt: skip
+    pool.default_queue_name = queue_name  # as create_pool sets it from the Worker's queue_name
+    return pool
+
+
 _PREFIX = Keys(_SETTINGS.run).prefix  # the run's hash tag, `{ps:R}`
+_REDIS_SETTINGS = _redis_settings(_SETTINGS.redis_url)
+_QUEUE = f"{_PREFIX}:arq"  # per run, so `--check` reads this run's health key
 
 
 class verifier:  # noqa: N801 - the name users type: `arq workers.verifier`
-    redis_settings = dataclasses.replace(
-        _cluster_redis_settings(_SETTINGS.redis_url, _PREFIX) if is_cluster_url(_SETTINGS.redis_url)
-        else RedisSettings.from_dsn(_SETTINGS.redis_url), retry=_RETRY, retry_on_error=list(UNAVAILABLE))  # fmt: skip
-    queue_name = f"{_PREFIX}:arq"  # per run, so `--check` reads this run's health key
+    redis_settings = _REDIS_SETTINGS
+    redis_pool = _sentinel_pool(_SETTINGS.redis_url, _REDIS_SETTINGS, _QUEUE)
+    queue_name = _QUEUE
     on_startup = _startup
     on_shutdown = _shutdown
     cron_jobs = [

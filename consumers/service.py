@@ -56,6 +56,8 @@ class VerifierService:
             block_ms=1000,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
+            settle_replicas=settings.settle_replicas,
+            settle_wait_ms=settings.settle_wait_ms,
         )
         self.stop_event = asyncio.Event()
         self.consumers: list[Consumer] = []
@@ -191,6 +193,7 @@ class VerifierService:
             "published": sum(c.stats.published for c in self.consumers),
             "dead_letters": sum(c.stats.dead for c in self.consumers),
             "transient_failures": sum(c.stats.transient_failures for c in self.consumers),
+            "settle_unreplicated": sum(c.stats.settle_unreplicated for c in self.consumers),
             "utilization": round(busy_s / wall_s, 4),
             "sandbox_starts": sum(s.starts for s in sandboxes),
             "sandbox_timeouts": sum(s.timeouts for s in sandboxes),

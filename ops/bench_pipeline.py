@@ -51,7 +51,7 @@ import orjson
 import redis as redis_sync
 
 from streams import logs
-from streams.connect import connect
+from streams.connect import connect, connect_sync
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from tasks.countdown import countdown_problems
@@ -91,7 +91,7 @@ class Roles(LocalPipeline):
 
     def wait_ready(self, generators: int) -> None:
         """Until every generator and the verifier pool have reported themselves to Redis."""
-        keys, r = Keys(self.settings.run), redis_sync.Redis.from_url(self.settings.redis_url)
+        keys, r = Keys(self.settings.run), connect_sync(self.settings.redis_url)
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             while r.hlen(keys.generator_stats) < generators or r.hlen(keys.verifier_stats) < 1:
@@ -274,7 +274,7 @@ def bench(url: str, args: argparse.Namespace) -> dict:
 
 def _stream_times(url: str, run: str) -> dict[str, list]:
     """For the trace: when each entry of the run's streams was added (ms, from its id) and what it was about."""
-    r, keys, out = redis_sync.Redis.from_url(url), Keys(run), {}
+    r, keys, out = connect_sync(url), Keys(run), {}
     try:
         for name, field in (("work", b"work_id"), ("attempts", b"attempt_id"), ("rewards", b"attempt_id"),
                             ("policy", b"policy_version")):  # fmt: skip
@@ -288,7 +288,7 @@ def _stream_times(url: str, run: str) -> dict[str, list]:
 
 def _delete_run(url: str, run: str) -> None:
     """The run's keys, so a bench against a shared Redis leaves nothing behind."""
-    r = redis_sync.Redis.from_url(url)
+    r = connect_sync(url)
     try:
         names = list(r.scan_iter(match=f"{Keys(run).prefix}:*", count=1000))  # braces are not glob characters
         for i in range(0, len(names), 500):

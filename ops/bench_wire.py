@@ -8,29 +8,35 @@ sends pre-encoded bytes and skips our codec, dataclasses, handler call, stats an
 is the share of the wire's speed our runtime keeps. Our consumer's handler is called once per entry, as
 the verifier's is; `--handler batch` gives it the runtime's batch handler instead (one call per batch),
 which any role may use. Last line of output: one JSON object.
+
+`--replica` measures what the settle's WAIT costs (streams/settle.py, "Replicas"): the private server gets a
+replica (a second private redis-server, made one with REPLICAOF), and the rounds alternate our consumer
+waiting for it after every settle (`settle_replicas` 1) and not waiting (0), on the same two servers;
+`ratio` is then the no-wait time over the wait time, the share of the speed WAIT keeps.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
 
 import orjson
-import redis as redis_sync
 from redis.asyncio import Redis
 
 from streams.codec import encode
-from streams.connect import connect
+from streams.connect import connect, connect_sync
 from streams.embedded import EmbeddedRedis
 from streams.keys import VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
 from streams.schema import Attempt, Reward
-from streams.settle import _SETTLE_LUA
+from streams.settle import _SETTLE_LUA, in_sync
 
 PROOF = "theorem t : 1 + 1 = 2 := by\n  norm_num"
 
@@ -77,9 +83,10 @@ async def _no_op_batch(ds: list[Delivery[Attempt]]) -> list[list[Reward]]:
                     policy_version=d.message.policy_version, verdict="proved", reward=1.0)] for d in ds]  # fmt: skip
 
 
-def _ours_consumer_with(**handler):
+def _ours_consumer_with(settle_replicas: int | None = None, **handler):
     async def consume(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
-        settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000)
+        settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000,
+                                    settle_replicas=settle_replicas, settle_wait_ms=5_000)  # fmt: skip
         consumer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="bench", output=Reward,
                             settings=settings, **handler)  # fmt: skip
         await consumer.run(stop)
@@ -125,6 +132,9 @@ SIDES = {
     "ours": (_ours_inputs, _ours_producer, _ours_consumer_with(handler=_no_op)),
     "ours-batch": (_ours_inputs, _ours_producer, _ours_consumer_with(batch_handler=_no_op_batch)),
     "raw": (_raw_inputs, _raw_producer, _raw_consumer),
+    # --replica: the settle followed by WAIT for one replica, or never waiting
+    "ours-wait": (_ours_inputs, _ours_producer, _ours_consumer_with(settle_replicas=1, handler=_no_op)),
+    "ours-no-wait": (_ours_inputs, _ours_producer, _ours_consumer_with(settle_replicas=0, handler=_no_op)),
 }
 
 
@@ -195,7 +205,7 @@ def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> 
     for r in range(rounds):  # interleaved so drift in the machine's load hits both sides alike
         raw_s.append(one_round(url, "raw", f"bench-raw-{r}", n, batch))
         ours_s.append(one_round(url, ours, f"bench-ours-{r}", n, batch))
-    redis = redis_sync.Redis.from_url(url)
+    redis = connect_sync(url)
     version = redis.info("server")["redis_version"]
     redis.flushdb()
     redis.close()
@@ -216,8 +226,68 @@ def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> 
     }
 
 
+def bench_wait(url: str, n: int, batch: int, rounds: int) -> dict:
+    """Our consumer with WAIT for one replica after every settle against the same without, alternated."""
+    load_before = os.getloadavg()[0]
+    one_round(url, "ours-wait", "bench-warmup", min(n, 2000), batch)
+    wait_s, no_wait_s = [], []
+    for r in range(rounds):
+        no_wait_s.append(one_round(url, "ours-no-wait", f"bench-no-wait-{r}", n, batch))
+        wait_s.append(one_round(url, "ours-wait", f"bench-wait-{r}", n, batch))
+    redis = connect_sync(url)
+    version, replicas = redis.info("server")["redis_version"], in_sync(redis.info("replication"))
+    redis.flushdb()
+    redis.close()
+    w, b = statistics.median(wait_s), statistics.median(no_wait_s)
+    return {
+        "bench": "wire-wait",
+        "n": n,
+        "batch": batch,
+        "rounds": rounds,
+        "attempts_per_s": round(n / w),
+        "no_wait_per_s": round(n / b),
+        "ratio": round(b / w, 3),
+        "wait_s": [round(x, 3) for x in wait_s],
+        "no_wait_s": [round(x, 3) for x in no_wait_s],
+        "replicas_in_sync": replicas,
+        "redis_version": version,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_before": round(load_before, 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        "topology": "producer process -> consumer process (settle + WAIT 1) -> reader; master + 1 replica, local",
+    }
+
+
+@contextlib.contextmanager
+def _with_replica(master: EmbeddedRedis):
+    """A second private server, made a replica of `master` (REPLICAOF), in sync when this yields."""
+    with EmbeddedRedis(appendfsync="everysec") as replica:
+        client = connect_sync(replica.url)
+        client.replicaof("127.0.0.1", master.port)
+        client.close()
+        watcher, deadline = connect_sync(master.url), time.monotonic() + 60
+        while not in_sync(watcher.info("replication")):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bench's replica did not come in sync within 60 s")
+            time.sleep(0.05)  # polls the master's view of its replica
+        watcher.close()
+        yield replica
+
+
 def main(args: argparse.Namespace) -> int:
     redis_url, as_json = getattr(args, "redis_url", None), getattr(args, "json", False)
+    if args.replica:
+        if redis_url:
+            print("bench wire: --replica starts its own master and replica; leave --redis-url out", file=sys.stderr)
+            return 2
+        with EmbeddedRedis(appendfsync="everysec") as server, _with_replica(server):
+            result = bench_wait(server.url, args.n, args.batch, args.rounds)
+        if not as_json:
+            print(f"wire with WAIT for a replica: {result['attempts_per_s']:,} attempts/s, without "
+                  f"{result['no_wait_per_s']:,}/s, ratio {result['ratio']} (n={args.n}, batch={args.batch})",
+                  file=sys.stderr)  # fmt: skip
+        print(orjson.dumps(result).decode())
+        return 0
     if redis_url:
         result = bench(redis_url, args.n, args.batch, args.rounds, args.handler)
     else:
@@ -238,6 +308,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
     p.add_argument("--handler", choices=("entry", "batch"), default="entry",
                    help="our consumer's handler: called per entry (as the verifier's), or per batch")  # fmt: skip
+    p.add_argument("--replica", action="store_true",
+                   help="start a replica too and compare our consumer with and without WAIT for it")  # fmt: skip
     # SUPPRESS: `python -m ops --redis-url X bench wire` must keep the X given before the command.
     p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")

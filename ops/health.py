@@ -30,7 +30,7 @@ import orjson
 import redis
 from redis.exceptions import RedisError
 
-from streams.cluster import connect_sync
+from streams.connect import connect_sync
 from streams.keys import Keys
 
 
@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print("unhealthy: PROOFSTREAM_REDIS_URL is not set", file=sys.stderr)
         return 1
     keys = Keys(os.environ.get("PROOFSTREAM_RUN", "default"))
-    try:
+    try:  # redis://, redis+sentinel:// or redis+cluster:// (streams.connect)
         client = connect_sync(url, socket_timeout=args.timeout_s, socket_connect_timeout=args.timeout_s)
     except ValueError as e:  # a scheme or a query redis-py does not know
-        print(f"unhealthy: PROOFSTREAM_REDIS_URL: {e}", file=sys.stderr)
+        print(f"unhealthy: PROOFSTREAM_REDIS_URL cannot be used: {e}", file=sys.stderr)
         return 1
     except RedisError as e:  # a cluster client asks its nodes for the slots as it starts
         print(f"unhealthy: the run's Redis does not answer: {e}", file=sys.stderr)

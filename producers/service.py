@@ -82,6 +82,8 @@ class GeneratorService:
                 block_ms=1000,
                 claim_idle_ms=settings.claim_idle_ms,
                 max_deliveries=settings.max_deliveries,
+                settle_replicas=settings.settle_replicas,
+                settle_wait_ms=settings.settle_wait_ms,
             ),
             gate=self._room,
         )

@@ -205,10 +205,9 @@ async def on_slot(client: Redis | ClusterClient, key: str) -> dict:
     return {}
 
 
-def connect_sync(url: str, **kwargs) -> redis.Redis | redis.cluster.RedisCluster:
-    """A synchronous client for `url`, a single Redis or a cluster (`kwargs` as for `redis.Redis`)."""
-    if not is_cluster_url(url):
-        return redis.Redis.from_url(url, **kwargs)
+def connect_cluster_sync(url: str, **kwargs) -> redis.cluster.RedisCluster:
+    """A synchronous cluster client for a `redis+cluster://` URL (`kwargs` as for `redis.Redis`); use
+    streams.connect.connect_sync, which takes every kind of URL."""
     seeds, options = parse_cluster_url(url)
     nodes = [redis.cluster.ClusterNode(h, p) for h, p in seeds]
     return redis.cluster.RedisCluster(startup_nodes=nodes, **{**options, **kwargs})

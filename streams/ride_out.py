@@ -56,6 +56,10 @@ class RideOut(Retry):
     def __deepcopy__(self, memo: dict) -> RideOut:
         return self  # one state for the pool and every connection (module docstring)
 
+    def start_within(self, patience_s: float) -> None:
+        """Starting with a client arq did not build (workers.py, a sentinel URL): its patience, ours to give."""
+        self.give_up_at = time.monotonic() + patience_s
+
     def ride_out(self) -> None:
         self.give_up_at = math.inf
 

@@ -95,6 +95,10 @@ class ConsumerSettings:
     retry_delay_ms: int = 1_000  # a transiently failed entry becomes claimable again after this
     dedup_ttl_s: int = 7 * 24 * 3600  # idempotency markers outlive any redelivery of their input
     flush_ms: int = 50  # settle outcomes at least this often while a slow batch is in hand
+    # WAIT after each settle (streams/settle.py, "Replicas"): None waits for one replica when the master has
+    # one in sync, 0 never waits; `settle_wait_ms` bounds each wait.
+    settle_replicas: int | None = None
+    settle_wait_ms: int = 500
 
     def __post_init__(self) -> None:
         if self.claim_refresh_ms is None:  # a frozen dataclass sets its derived default this way
@@ -110,6 +114,8 @@ class ConsumerSettings:
             )
         if self.batch_size < 1 or self.max_deliveries < 1:
             raise ValueError("batch_size and max_deliveries must be at least 1")
+        if (self.settle_replicas or 0) < 0 or self.settle_wait_ms < 1:  # WAIT's timeout 0 would wait forever
+            raise ValueError("settle_replicas must be at least 0 (or None) and settle_wait_ms at least 1")
 
 
 @dataclass
@@ -124,6 +130,7 @@ class Stats:
     claims_lost: int = 0  # entries in hand that another consumer reclaimed (this one stalled past the deadline)
     outages: int = 0  # times the loop found Redis unavailable and waited for it
     handed_back: int = 0  # entries still ours after an outage, handed back so they are taken again at once
+    settle_unreplicated: int = 0  # settles whose WAIT got fewer replicas than asked: on the master only
 
 
 class Consumer(Generic[M]):
@@ -182,7 +189,8 @@ class Consumer(Generic[M]):
         # attempts' backpressure) holds back here instead of holding entries it cannot yet publish for.
         self.gate = gate
         self.stats = Stats()
-        self._settle = Settler(redis)
+        self._settle = Settler(redis, self.settings.settle_replicas, self.settings.settle_wait_ms)
+        self._unreplicated_logged = 0.0
         self._claims = Claims(redis, self.source, group, name)
         self._held: list = []  # the batch in hand, (entry id, fields, deliveries) each: what `run` refreshes
         self._gone: set[bytes] = set()  # of the batch in hand, those no longer ours: settled, released, taken
@@ -488,7 +496,18 @@ class Consumer(Generic[M]):
         self.stats.published += settled.published
         self.stats.duplicates += settled.duplicates
         self.stats.dead += settled.dead
+        if settled.unreplicated:
+            self._unreplicated(settled)
         return settled
+
+    def _unreplicated(self, settled: Settled) -> None:
+        """Counted every time, logged at most every 10 s: a replica that is away makes every batch short."""
+        self.stats.settle_unreplicated += 1
+        now = time.monotonic()
+        if now - self._unreplicated_logged >= 10:
+            self._unreplicated_logged = now
+            log.warning("settle_unreplicated", consumer=self.name, stream=self.source, published=settled.published,
+                        total=self.stats.settle_unreplicated, wait_ms=self.settings.settle_wait_ms)  # fmt: skip
 
     async def _hand_back_mine(self) -> None:
         """After an outage: what is still pending under our name (a batch whose settle failed when Redis

@@ -18,7 +18,9 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from streams import sentinel
 
 ENV_PREFIX = "PROOFSTREAM_"
 CONFIG_ENV = "PROOFSTREAM_CONFIG"
@@ -60,8 +62,21 @@ class RoleSettings(BaseModel):
     section: ClassVar[str] = ""
 
     run: str = "default"  # the run id; all of a run's keys share its hash tag
-    redis_url: str | None = None  # None: start a private redis-server (the embedded default)
+    # None: start a private redis-server (the embedded default). redis:// for one server, redis+sentinel://
+    # for the master of a Sentinel service (streams/connect.py).
+    redis_url: str | None = None
     log_level: str = "info"
+    settle_replicas: int | None = Field(None, ge=0, description=(
+        "replicas a settle (and the trainer's checkpoint) waits for with WAIT; default: 1 when the master "
+        "has a replica in sync, else 0; 0: never wait"))  # fmt: skip
+    settle_wait_ms: int = Field(500, ge=1, description="how long one WAIT may take (ms)")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url and sentinel.is_sentinel(url):
+            sentinel.parse(url)  # a ValueError naming what is wrong: the message of the settings error
+        return url
 
     @classmethod
     def load(cls, *, config_path: str | Path | None = None, flags: dict[str, Any] | None = None,

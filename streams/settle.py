@@ -10,15 +10,43 @@ this: it cannot make the XADD conditional on the SET.
 The SET comes first on purpose: under `maxmemory` with `noeviction`, Redis refuses a script at its first
 write and lets a script that has already written run to its end, so a script either does nothing or does
 all of its input's effects. One script call settles a whole batch, which is what makes the wire fast.
+
+Replicas (Redis Sentinel, or any master with replicas). Replication is asynchronous: a master that dies can
+take its last writes with it, and the replica promoted in its place has every write up to some point and
+none after (one replication stream, applied in order; a script's effects travel as one MULTI/EXEC). So a
+failover loses a settle whole, result, marker and ack together, never half of one: the input is pending
+again on the new master and is judged again; nothing is lost, nothing is published twice. What the failover
+costs is the work redone, and a reader that saw the lost result before the failover (the trainer) holds a
+reward the new master does not have; the trainer rebuilds its state from Redis after any outage, and a
+reward's second coming counts once (by attempt id), so that costs time too, not a count.
+
+`WAIT` bounds that cost: `Settler` sends the script and `WAIT <replicas> <wait_ms>` in one pipeline (one
+round trip, one connection: WAIT counts the replicas that have this connection's writes, redis-py's pipeline
+holds one connection for its `execute`), and returns only when a replica has the batch or the timeout passed.
+A settled batch is then one that survives a failover, and a failover loses at most the batches whose WAIT
+was under way. How many replicas: `replicas` (RoleSettings.settle_replicas); None means one when the master
+has a replica that is online and acked within the last `_LAG_S` seconds (INFO replication, read again every
+`_REFRESH_S` and after a WAIT that fell short), else none: a lone Redis pays nothing, and a replica that
+stopped answering stops costing a timeout per batch within a few seconds. 0 never waits.
+
+A WAIT that falls short (fewer replicas within `wait_ms`): the batch is on the master and stays settled;
+`Settled.unreplicated` says so, the consumer counts it (`settle_unreplicated`) and logs, and goes on. Not
+retried: waiting longer would stop the pipeline for as long as the replica is away, for a guarantee the
+paragraph above gives anyway (a lost settle is redone, never doubled). Never undone or re-sent: the write
+is there and is the effect. Who wants writes refused without a replica sets Redis's own
+`min-replicas-to-write`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
 
+from streams.cluster import ClusterClient
 from streams.codec import encode_flat
 from streams.keys import Keys
 from streams.schema import DeadLetter, Message
@@ -98,17 +126,88 @@ class Settled:
     published: int = 0
     duplicates: int = 0
     dead: int = 0
+    unreplicated: bool = False  # WAIT returned fewer replicas than asked for: on the master only (docstring)
+
+
+_LAG_S = 2  # a replica acks every second (REPLCONF ACK): one silent longer than this is not waited for
+_REFRESH_S = 5.0
+
+
+class Replication:
+    """How many replicas a write waits for, and the WAIT itself (module docstring, "Replicas")."""
+
+    def __init__(self, redis: Redis, replicas: int | None = None, wait_ms: int = 500) -> None:
+        if isinstance(redis, ClusterClient):
+            # WAIT counts the replicas that have one connection's writes; a cluster client spreads its commands
+            # over pooled connections per node, so there is no connection to WAIT on (docs/WIRE.md).
+            if replicas:
+                raise ValueError(f"settle_replicas={replicas} needs a single Redis or Sentinel: on a Redis "
+                                 "Cluster no WAIT is sent (set it to 0 or leave it unset)")  # fmt: skip
+            replicas = 0
+        self.redis, self.replicas, self.wait_ms = redis, replicas, wait_ms
+        self._wanted = 0 if replicas is None else replicas
+        self._checked_at = -_REFRESH_S  # auto: read INFO at the first write
+
+    async def wanted(self) -> int:
+        if self.replicas is not None:
+            return self.replicas
+        now = time.monotonic()
+        if now - self._checked_at >= _REFRESH_S:
+            self._checked_at = now
+            try:
+                self._wanted = min(1, in_sync(await self.redis.info("replication")))
+            except ResponseError:  # INFO renamed or refused (some hosted Redis): no replica known, none waited for
+                self._wanted = 0
+        return self._wanted
+
+    def fell_short(self) -> None:
+        """A WAIT got fewer replicas than asked: in auto mode, count them again at the next write."""
+        self._checked_at = -_REFRESH_S
+
+
+def in_sync(info: dict) -> int:
+    """Replicas of `info` (INFO replication of a master) that are online and acked within `_LAG_S` seconds.
+    redis-py parses each `slaveN:ip=...,state=online,offset=...,lag=0` line into a dict."""
+    replicas = (v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict))
+    return sum(1 for r in replicas if r.get("state") == "online" and int(r.get("lag", _LAG_S + 1)) <= _LAG_S)
 
 
 class Settler:
     """Holds the registered script; `redis-py` re-loads it after NOSCRIPT (e.g. a restarted Redis)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, replicas: int | None = None, wait_ms: int = 500) -> None:
         self._script = redis.register_script(_SETTLE_LUA)
+        self._redis = redis
+        self.replication = Replication(redis, replicas, wait_ms)
 
     async def __call__(self, s: Settlement) -> Settled:
         if not s._argv:
             return Settled()
         keys = [s.source, s.output, s.keys.dlq, *s._markers]
-        published, duplicates, dead = await self._script(keys=keys, args=[s.group, s.ttl_s, *s._argv])
-        return Settled(published, duplicates, dead)
+        args = [s.group, s.ttl_s, *s._argv]
+        replicas = await self.replication.wanted()
+        if not replicas:
+            published, duplicates, dead = await self._script(keys=keys, args=args)
+            return Settled(published, duplicates, dead)
+        (published, duplicates, dead), acked = await self._settle_and_wait(keys, args, replicas)
+        if acked < replicas:
+            self.replication.fell_short()
+        return Settled(published, duplicates, dead, unreplicated=acked < replicas)
+
+    async def _settle_and_wait(self, keys: list, args: list, replicas: int) -> tuple[list, int]:
+        """EVALSHA + WAIT in one pipeline; after NOSCRIPT (a new master, a restarted Redis), load and go again.
+        The WAIT of a failed EVALSHA waited for nothing new: harmless."""
+        script = self._script
+        for _ in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.wait(replicas, self.replication.wait_ms)
+                settled, acked = await pipe.execute(raise_on_error=False)
+            if not isinstance(settled, NoScriptError):
+                break
+            await self._redis.script_load(script.script)
+        if isinstance(settled, Exception):
+            raise settled
+        if isinstance(acked, Exception):
+            raise acked
+        return settled, acked

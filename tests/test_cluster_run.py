@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from streams.cluster import connect_sync
 from streams.codec import decode
+from streams.connect import connect_sync
 from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, PolicyUpdate, Reward
 from tests.streams.test_cluster import assert_run_on_its_slot, run_on

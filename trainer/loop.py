@@ -60,6 +60,7 @@ from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
 from streams.schema import DeadLetter, Reward, SchemaError, WorkOrder
+from streams.settle import Replication
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
 from trainer.metrics import MetricsSink, update_records
@@ -132,6 +133,7 @@ class Run:
         self._window_started = time.monotonic()
         self._window_rewards = 0
         self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
+        self._replication = Replication(redis, settings.settle_replicas, settings.settle_wait_ms)
 
     # -- checkpoint ------------------------------------------------------------------------------------
 
@@ -218,17 +220,49 @@ class Run:
         self.counts["metrics_backfilled"] += self.sink.catch_up()
 
     async def checkpoint(self, *extra: tuple[str, dict[bytes, bytes]]) -> None:
-        """Write the state (plus `extra` stream entries) in one MULTI, then ack the rewards it holds."""
-        async with transaction(self.redis, self.keys.trainer_state) as pipe:  # one Redis or the run's slot
-            for stream, fields in extra:
-                pipe.xadd(stream, fields)
-            pipe.hset(self.keys.trainer_state, STATE_FIELD, orjson.dumps(self.state()))
-            await pipe.execute()
+        """Write the state (plus `extra` stream entries) in one MULTI, then ack the rewards it holds.
+
+        With a replica (streams.settle's `Replication`: the settle's rule and settings), the MULTI is followed
+        by WAIT on the same connection, in one round trip, so that what comes after (the acks, the version's
+        line in metrics.jsonl, the next orders) comes after a checkpoint that survives a failover. A WAIT that
+        falls short is counted (`checkpoint_unreplicated`) and the run goes on: if the master then dies before
+        the replica has it, the trainer sees the outage, rebuilds from the new master's state (`fresh_run` in
+        trainer/__main__.py) and redoes the lost version, whose line metrics.jsonl may then hold twice."""
+        replicas = await self._replication.wanted()
+        state = orjson.dumps(self.state())
+        if not replicas:
+            async with transaction(self.redis, self.keys.trainer_state) as pipe:  # one Redis or the run's slot
+                for stream, fields in extra:
+                    pipe.xadd(stream, fields)
+                pipe.hset(self.keys.trainer_state, STATE_FIELD, state)
+                await pipe.execute()
+        else:
+            await self._checkpoint_and_wait(extra, state, replicas)
         for stream, ids in self._unacked.items():
             if ids:
                 await self.redis.xack(stream, TRAINER, *ids)
                 ids.clear()
         self._last_checkpoint = time.monotonic()
+
+    async def _checkpoint_and_wait(self, extra: tuple, state: bytes, replicas: int) -> None:
+        """MULTI ... EXEC, WAIT as one pipeline without redis-py's own transaction (which allows nothing after
+        its EXEC): one connection for both, as WAIT needs (it counts the replicas that have this connection's
+        writes). A queueing error aborts the EXEC (EXECABORT, raised); an error inside EXEC is raised too."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.execute_command("MULTI")
+            for stream, fields in extra:
+                pipe.xadd(stream, fields)
+            pipe.hset(self.keys.trainer_state, STATE_FIELD, state)
+            pipe.execute_command("EXEC")
+            pipe.wait(replicas, self._replication.wait_ms)
+            *_, applied, acked = await pipe.execute()
+        for result in applied:
+            if isinstance(result, Exception):
+                raise result
+        if acked < replicas:
+            self._replication.fell_short()
+            self.counts["checkpoint_unreplicated"] += 1
+            log.warning("checkpoint_unreplicated", version=self.version, replicas=acked, wanted=replicas)
 
     async def trim_history(self) -> None:
         """Trim the rewards and work orders every group has acked, keeping the last `history_s` seconds."""

@@ -18,3 +18,12 @@ def test_bench_wire_sends_every_attempt_through_both_sides(system_redis_server, 
     result = orjson.loads(done.stdout.strip().splitlines()[-1])
     assert result["handler"] == handler and result["n"] == 600
     assert result["attempts_per_s"] > 0 and result["baseline_per_s"] > 0 and result["ratio"] > 0
+
+
+def test_bench_wire_with_a_replica_compares_waiting_for_it_with_not_waiting():
+    argv = [sys.executable, "-m", "ops", "bench", "wire", "--replica", "--json", "--n", "600", "--batch", "100",
+            "--rounds", "1"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=True)
+    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "wire-wait" and result["replicas_in_sync"] == 1
+    assert result["attempts_per_s"] > 0 and result["no_wait_per_s"] > 0 and result["ratio"] > 0

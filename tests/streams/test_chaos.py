@@ -51,9 +51,8 @@ from pathlib import Path
 import pytest
 from redis import exceptions as rx
 
-from streams.cluster import connect_sync
 from streams.codec import decode
-from streams.connect import connect
+from streams.connect import connect, connect_sync
 from streams.embedded import EmbeddedRedis, find_redis_server
 from streams.groups import group_states
 from streams.keys import VERIFIERS, Keys

@@ -27,18 +27,18 @@ from streams.cluster import (
     ClusterClient,
     ClusterUnavailable,
     SlotMoved,
-    connect_sync,
     on_slot,
     parse_cluster_url,
     transaction,
 )
 from streams.codec import decode
-from streams.connect import HiredisPackedConnection, connect, shown_url
+from streams.connect import HiredisPackedConnection, connect, connect_sync, shown_url
 from streams.groups import group_states
 from streams.keys import VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
 from streams.schema import Attempt, Reward
+from streams.settle import Replication
 from trainer.config import TrainerSettings
 from trainer.lease import TrainerLease, TrainerRunning
 
@@ -201,6 +201,15 @@ def assert_run_on_its_slot(cluster, keys: Keys) -> None:
             assert {cluster.keyslot(n.decode()) for n in names} == {slot}
         else:
             assert names == []
+
+
+async def test_no_wait_for_replicas_on_a_cluster(cluster_client):
+    """WAIT counts one connection's writes and a cluster client has none of its own: auto mode waits for
+    nobody (even if some node reports replicas), an explicit count is refused at once, naming the setting."""
+    assert await Replication(cluster_client).wanted() == 0
+    assert await Replication(cluster_client, 0).wanted() == 0
+    with pytest.raises(ValueError, match="settle_replicas=1"):
+        Replication(cluster_client, 1)
 
 
 async def test_the_trainer_lease_script_on_the_cluster(redis_cluster, cluster_client):

@@ -1,0 +1,194 @@
+"""A Sentinel failover mid-run (issue 18, item 2), for real: `arq workers.verifier` processes (process
+sandboxes, the Countdown checker) on a `redis+sentinel://` URL, a master, a replica and three sentinels on
+127.0.0.1 (tests/fixtures/sentinel.py). The master is SIGKILLed while the workers are judging; the sentinels
+promote the replica; the same worker processes go on against it.
+
+Asserted: every attempt published is accounted for exactly once (rewards + dead letters == attempts, no
+attempt rewarded twice, by attempt id), with the verdict its answer deserves; the workers lived through it
+(arq's own pool too: its polling met the failover through the ride-out policy and logged it;
+`arq workers.verifier --check`, which builds its pool from arq's sentinel RedisSettings, and
+`python -m ops.health verifier` pass against the new master); SIGTERM then drains them and they exit 0.
+
+The test publishes attempts as a generator would while the workers judge them: batch after batch, each
+followed by WAIT for the replica; a batch the replica did not confirm is published again once the new master
+is there (a generator's lost settle leaves its work order pending, and it publishes the same attempt ids
+again). The rewards are the workers' own business: whatever the old master had not handed on is lost with
+its ack, and judged again on the new master."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from redis import exceptions as rx
+
+from streams.codec import decode, encode
+from streams.connect import connect
+from streams.keys import Keys
+from streams.schema import Attempt, DeadLetter, Reward
+from streams.theorems import Theorem, register
+from tests.fixtures.sentinel import started
+from tests.test_workers_redis_restart import ROOT, Workers, expected_verdicts, wait_for
+from verifier_pool import process
+
+pytestmark = [
+    pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here"),
+    pytest.mark.slow,
+]
+
+RUN = "failover"
+N_WORKERS = 2
+BEFORE = 1500  # published while the workers run; the kill comes mid-way
+BATCH = 25
+AFTER = 60  # published once the new master is there
+KILL_AT = 200  # rewards on the master when it is killed
+
+
+@pytest.fixture
+def topology(tmp_path):
+    yield from started(tmp_path)
+
+
+def countdown(name: str, n: int) -> tuple[list[Theorem], list[Attempt]]:
+    """`n` Countdown attempts on theorems of their own (no verdict comes from the cache), half right."""
+    theorems = [Theorem(f"{name}-{i}", "countdown", numbers=[2, 3, 5], target=11) for i in range(n)]
+    attempts = [Attempt(attempt_id=f"{name}-a{i}", work_id=name, theorem_id=t.theorem_id, policy_version=0,
+                        sample_index=i, proof="<answer>2*3+5</answer>" if i % 2 else "<answer>2+3+5</answer>",
+                        task="countdown") for i, t in enumerate(theorems)]  # fmt: skip
+    return theorems, attempts
+
+
+class Producer:
+    """Publishes attempts in small batches as a generator does: each batch's XADDs, then WAIT for the replica
+    on the same connection. A batch the replica did not confirm (the master died first, or there is no
+    replica any more) is published again at the end: the verifiers' done markers absorb the repeats."""
+
+    def __init__(self, url: str, keys: Keys) -> None:
+        self.url, self.keys = url, keys
+        self.unconfirmed: list[list[Attempt]] = []
+        self.published = 0
+        self.errors = 0
+        self.wait = True  # off once the master is killed: the new one has no replica, and no second failover comes
+
+    async def run(self, attempts: list[Attempt]) -> None:
+        redis = connect(self.url, single_connection_client=True)  # WAIT counts this connection's writes
+        try:
+            for i in range(0, len(attempts), BATCH):
+                batch = attempts[i : i + BATCH]
+                await self._until_written(redis, batch)
+                self.published += len(batch)
+                await asyncio.sleep(0.02)  # a generator's pace: the kill must find work in flight
+        finally:
+            await redis.aclose()
+
+    async def _until_written(self, redis, batch: list[Attempt]) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                for a in batch:
+                    await redis.xadd(self.keys.attempts, encode(a))
+                if self.wait and await redis.wait(1, 500) < 1:
+                    self.unconfirmed.append(batch)
+                return
+            except (rx.ConnectionError, rx.TimeoutError):
+                self.errors += 1
+                self.unconfirmed.append(batch)  # some of it may be on the old master only
+                assert time.monotonic() < deadline, "could not publish through the failover"
+                await asyncio.sleep(0.1)  # the sentinels have not promoted the replica yet
+
+    async def republish_unconfirmed(self) -> None:
+        redis = connect(self.url, single_connection_client=True)
+        try:
+            for batch in self.unconfirmed:
+                for a in batch:
+                    await redis.xadd(self.keys.attempts, encode(a))
+        finally:
+            await redis.aclose()
+
+
+async def register_all(url: str, keys: Keys, theorems: list[Theorem]) -> None:
+    redis = connect(url, single_connection_client=True)
+    try:
+        await register(redis, keys, theorems)
+        assert await redis.wait(1, 5000) == 1  # on the replica: they must outlive the master
+    finally:
+        await redis.aclose()
+
+
+async def outcomes(url: str, keys: Keys) -> tuple[Counter, dict[str, str], set[str]]:
+    """Rewards per attempt id, each one's verdict, and the attempt ids in the dead letters (None-safe while
+    the failover is under way: empty)."""
+    redis = connect(url)
+    try:
+        rewards = [decode(Reward, f) for _, f in await redis.xrange(keys.rewards)]
+        letters = [decode(DeadLetter, f) for _, f in await redis.xrange(keys.dlq)]
+    except (rx.ConnectionError, rx.TimeoutError):
+        return Counter(), {}, set()
+    finally:
+        await redis.aclose()
+    dead = {letter.original.get(b"attempt_id", b"").decode() for letter in letters}
+    return Counter(r.attempt_id for r in rewards), {r.attempt_id: r.verdict for r in rewards}, dead
+
+
+@pytest.mark.timeout(240)
+async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_exactly_once(topology, tmp_path):
+    url, keys = topology.url(), Keys(RUN)
+    theorems, before = countdown("before", BEFORE)
+    theorems_after, after = countdown("after", AFTER)
+    await register_all(url, keys, theorems + theorems_after)
+    workers = Workers(url, RUN, tmp_path, N_WORKERS)
+    producer = Producer(url, keys)
+    try:
+        await wait_for(workers.all_logged("verifier_pool_started"), 120, "every worker to start its sandboxes")
+        producing = asyncio.create_task(producer.run(before))
+        master = topology.master.client
+        await wait_for(lambda: asyncio.to_thread(lambda: master.xlen(keys.rewards) >= KILL_AT), 60,
+                       f"{KILL_AT} rewards")  # fmt: skip
+        old = topology.master.port
+        topology.master.kill()
+        producer.wait = False  # a batch under way now fails on the dead master and counts as unconfirmed
+        published_at_kill = producer.published
+        assert published_at_kill < BEFORE, "the producer was done before the kill: not a failover mid-run"
+        await asyncio.to_thread(topology.wait_failover, old)
+        await producing
+        await producer.republish_unconfirmed()
+        await producer.run(after)
+        everything = [a.attempt_id for a in before + after]
+
+        async def accounted() -> bool:
+            counts, _, dead = await outcomes(url, keys)
+            return set(counts) | dead >= set(everything)
+
+        await wait_for(accounted, 120, "every attempt rewarded or dead-lettered on the new master")
+        assert not workers.dead(), workers.dead()
+
+        counts, verdicts, dead = await outcomes(url, keys)
+        assert [a for a, n in counts.items() if n > 1] == [], "an attempt rewarded twice"
+        assert not set(counts) & dead, "an attempt both rewarded and dead-lettered"
+        assert len(counts) + len(dead) == len(everything) and set(counts) | dead == set(everything)
+        assert dead == set(), dead  # nothing here is poison, and a failover is no reason for a dead letter
+        assert verdicts == expected_verdicts(everything)
+        for i in range(N_WORKERS):  # arq's loop met the failover through its pool's ride-out policy and lived
+            assert '"client":"arq"' in workers.log(i), workers.log(i)[-3000:]
+        await wait_for(workers.health_checks_pass, 60, "arq --check to pass against the new master")
+        health = subprocess.run([sys.executable, "-m", "ops.health", "verifier"], env=workers.env, cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert health.returncode == 0 and "healthy" in health.stdout, health.stderr  # the sync client follows too
+
+        statuses = workers.terminate_all(timeout_s=90)
+        assert statuses == [0] * N_WORKERS, {i: workers.log(i)[-3000:] for i, s in enumerate(statuses) if s != 0}
+        for i in range(N_WORKERS):
+            log = workers.log(i)
+            assert '"verifier_pool_stopped"' in log, log[-3000:]
+            assert "Traceback" not in log, log[-3000:]
+        print(f"failover: killed the master with {published_at_kill} of {BEFORE} attempts published; "
+              f"{producer.errors} publish errors, {len(producer.unconfirmed)} batches published again; "
+              f"{len(everything)} attempts judged once each")  # fmt: skip
+    finally:
+        workers.kill_all()
+        for i in range(N_WORKERS):  # shown by pytest only when the test failed
+            print(f"--- worker {i} (exit {workers.procs[i].returncode}) ---\n{workers.log(i)[-3000:]}")
