@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sharded(settings: TrainerSettings, rank0: Callable[[], int]) -> int:
     """Under torchrun (trainer/sharded.py): rank 0 is the trainer as `_main` runs it, with a sharded model;
-    the other ranks follow its calls. An exception on rank 0 leaves without telling the others: they fail on
-    the dead peer (or torchrun's agent stops them), and the job exits nonzero."""
+    the other ranks follow its calls until rank 0 tells them to stop. After a failed collective (a rank died)
+    rank 0 exits without telling them: they fail on the dead peer, or torchrun's agent stops them, and the
+    job exits nonzero."""
     if settings.algo != "grpo":
         print("trainer: torchrun shards the GRPO trainer only; run --algo es as one process", file=sys.stderr)
         return 2

@@ -44,12 +44,14 @@ reaches the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -185,9 +187,10 @@ class Leader:
     def __init__(self, mesh: DeviceMesh, keepalive_s: float) -> None:
         self.mesh = mesh
         self.trainer: ShardedGRPOTrainer | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._last = time.monotonic()
         self._closed = threading.Event()
+        self._broken = False  # a collective failed (a peer died): the others cannot be told anything more
         self._keepalive_s = keepalive_s
         threading.Thread(target=self._keepalive, name="sharded-keepalive", daemon=True).start()
 
@@ -196,25 +199,30 @@ class Leader:
             raise AttributeError(name)
         return getattr(self.trainer, name)
 
-    def _announce(self, *call: Any) -> None:
-        dist.broadcast_object_list([call], src=0)
-        self._last = time.monotonic()
+    @contextlib.contextmanager
+    def _collective(self, *call: Any) -> Iterator[None]:
+        """Announce `call` to the other ranks and run the body (rank 0's part of it), one call at a time."""
+        with self._lock:
+            try:
+                dist.broadcast_object_list([call], src=0)
+                self._last = time.monotonic()
+                yield
+            except BaseException:
+                self._broken = True
+                raise
 
     def trainer_for(self, model_path: Path, cfg: GRPOConfig, out_dir: Path) -> Leader:
-        with self._lock:
-            self.trainer = None  # the old model's memory goes before the new one is loaded
-            self._announce("init", cfg, str(out_dir))
+        self.trainer = None  # the old model's memory goes before the new one is loaded
+        with self._collective("init", cfg, str(out_dir)):
             self.trainer = ShardedGRPOTrainer(model_path, cfg, out_dir, self.mesh)
         return self
 
     def step(self, groups: list) -> dict[str, Any]:
-        with self._lock:
-            self._announce("step", [[tuple(s) for s in g] for g in groups])
+        with self._collective("step", [[tuple(s) for s in g] for g in groups]):
             return self.trainer.step(groups)
 
     def save(self, version: int) -> tuple[Path, str]:
-        with self._lock:
-            self._announce("save")
+        with self._collective("save"):
             full = self.trainer.full_state()
         return self.trainer.save(version, full)
 
@@ -224,8 +232,7 @@ class Leader:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir()
-        with self._lock:
-            self._announce("checkpoint", str(tmp))
+        with self._collective("checkpoint", str(tmp)):
             self.trainer.write_sharded(tmp)
         files.fsync_dir(tmp)
         faults.point("grpo.sharded_checkpoint_written")  # every shard on disk, not yet in place
@@ -240,21 +247,28 @@ class Leader:
         return final
 
     def resume(self, path: str | os.PathLike) -> None:
-        with self._lock:
-            self._announce("resume", str(path))
+        with self._collective("resume", str(path)):
             self.trainer.resume(path)
 
     def close(self) -> None:
-        """Tell the other ranks to exit (rank 0 is done, or never got as far as a trainer)."""
+        """Tell the other ranks to exit; not after a failed collective (a dead peer): torchrun's agent stops
+        the survivors then, as rank 0 exits nonzero."""
         with self._lock:
             self._closed.set()
-            self._announce("stop")
+            if not self._broken:
+                with self._collective("stop"):
+                    pass
 
     def _keepalive(self) -> None:
         while not self._closed.wait(self._keepalive_s / 4):
-            with self._lock:
-                if not self._closed.is_set() and time.monotonic() - self._last >= self._keepalive_s:
-                    self._announce("noop")
+            with self._lock:  # decided under the lock: never a no-op after the stop
+                if (
+                    not self._closed.is_set()
+                    and not self._broken
+                    and time.monotonic() - self._last >= self._keepalive_s
+                ):
+                    with self._collective("noop"):
+                        pass
 
 
 _leader: Leader | None = None
