@@ -8,6 +8,11 @@ the checkpoint `OUT/v000001.dcp` (a temporary folder renamed by rank 0 once ever
 Leader does). Then a second trainer, loaded afresh from the base model, resumes from that checkpoint and
 steps on `batch(2)` (version 2's policy folder under OUT/resumed). Rank 0 writes each step's metrics to
 `OUT/metrics.jsonl`.
+
+    ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS     rank 0 a Leader idle for SECONDS, then stop
+    ... -m tests.trainer.sharded_job --stall TIMEOUT_S SECONDS    rank 0 silent for SECONDS, no Leader
+
+with a process-group timeout of TIMEOUT_S: the others wait in `follow` throughout (no model is loaded).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -77,5 +83,21 @@ def main(model: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def wait(mode: str, timeout_s: str, seconds: str) -> int:
+    mesh = sharded.start("cpu", timeout_s=float(timeout_s))
+    if dist.get_rank() != 0:
+        code = sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
+    else:
+        lead = sharded.become_leader(mesh, float(timeout_s)) if mode == "--idle" else None
+        time.sleep(float(seconds))  # rank 0 waiting for rollouts, outside any collective
+        if lead:
+            lead.close()
+        code = 0
+    dist.destroy_process_group()
+    return code
+
+
 if __name__ == "__main__":
+    if sys.argv[1].startswith("--"):
+        raise SystemExit(wait(*sys.argv[1:4]))
     main(*sys.argv[1:3])

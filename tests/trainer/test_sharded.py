@@ -135,3 +135,22 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_process_with_the_same_state(jo
     metrics = trainer.step(batch(2))
     assert metrics["grad_norm"] == pytest.approx(reference["metrics"][1]["grad_norm"], rel=1e-4)
     assert_weights_close(trainer.model.state_dict(), reference["weights"][1], reference["base"])
+
+
+@pytest.mark.timeout(120)
+def test_the_other_ranks_outwait_a_leader_idle_for_longer_than_the_timeout():
+    """Rank 0 waits for rollouts outside any collective for 3 x the process-group timeout: its keepalive
+    no-ops keep the others' wait in `follow` from timing out, and the job ends cleanly when it says stop."""
+    started = time.monotonic()
+    done = torchrun("-m", "tests.trainer.sharded_job", "--idle", "4", "12", timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - started >= 12
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_waiting_on_a_silent_rank_0_fails_at_the_timeout_instead_of_hanging():
+    started = time.monotonic()
+    done = torchrun("-m", "tests.trainer.sharded_job", "--stall", "4", "600", timeout=100)
+    assert done.returncode != 0
+    assert "Timed out waiting 4000ms" in done.stderr, done.stderr[-3000:]  # gloo's error, in rank 1's traceback
+    assert time.monotonic() - started < 60  # torchrun then stopped rank 0 (asleep for 600 s)
