@@ -4,9 +4,11 @@ job resumes from the last DCP checkpoint without losing or doubling a sample (is
 The pipeline is real but for the model work: a real Redis, the real `python -m trainer --algo grpo` under
 `torchrun --standalone --nproc-per-node 2 --max-restarts 0`, and tests/fixtures/fake_roles.py as the
 generator + verifier (the real consumer runtime; G attempts a theorem with their tokens and logprobs, then
-their rewards). The model is the tiny random Llama of tests/trainer/test_grpo.py: what is tested here is the
-accounting across a dead rank, and a 135M step over gloo costs ~10 s a pass on this machine (the step itself
-is compared on the real model in tests/trainer/test_sharded.py).
+their rewards), which like the real generator skips an order it has settled (tests/trainer/sharded_roles.py):
+the restarted trainer's samples of the killed step can only come from its pending list. The model is the tiny
+random Llama of tests/trainer/test_grpo.py: what is tested here is the accounting across a dead rank, and a
+135M step over gloo costs ~10 s a pass on this machine (the step itself is compared on the real model in
+tests/trainer/test_sharded.py).
 
 Rank 1 kills itself (`streams.faults`, point `grpo.sharded_pass.rank1`) in its pass of the second step,
 while rank 0 waits on it in a collective. Then: torchrun exits nonzero within a bound, with no process of
@@ -33,7 +35,7 @@ import redis as redis_sync
 from streams.codec import decode
 from streams.faults import ENV
 from streams.keys import TRAINER, Keys
-from streams.schema import PolicyUpdate, Reward
+from streams.schema import Attempt, PolicyUpdate, Reward
 from tests.trainer.test_grpo import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +65,8 @@ def _torchrun(url: str, run: str, run_dir: Path, model: Path, kill_at: str | Non
             "--task", "countdown", "--model", str(model), "--iterations", str(VERSIONS), "--batch", str(BATCH),
             "--group-size", str(GROUP), "--quorum", "1", "--max-staleness", "0", "--eval-every", "0",
             "--problems", "12", "--held-out", "2", "--max-new-tokens", "4", "--train-device", "cpu",
-            "--run-dir", str(run_dir), "--dist-timeout-s", str(DIST_TIMEOUT_S), "--log-level", "warning"]  # fmt: skip
+            "--run-dir", str(run_dir), "--dist-timeout-s", str(DIST_TIMEOUT_S), "--order-timeout-s", "60",
+            "--log-level", "warning"]  # fmt: skip
     # the run by its variable: torchrun's own argparse takes `--run` for an ambiguous prefix of its `--run-path`
     env = {**{k: v for k, v in os.environ.items() if k != ENV}, "PROOFSTREAM_RUN": run}
     if kill_at:
@@ -88,7 +91,7 @@ def test_a_rank_killed_mid_step_stops_the_job_and_the_restart_loses_or_doubles_n
     run, run_dir = "grpo-sharded", tmp_path / "run"
     keys = Keys(run)
     r = redis_sync.Redis.from_url(one_redis_url)
-    roles = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_roles", one_redis_url, run, "0"], cwd=ROOT)
+    roles = subprocess.Popen([sys.executable, "-m", "tests.trainer.sharded_roles", one_redis_url, run], cwd=ROOT)
     try:
         code, err, took = _torchrun(one_redis_url, run, run_dir, model, "grpo.sharded_pass.rank1:2")
         assert code != 0, err[-3000:]
@@ -116,13 +119,19 @@ def test_a_rank_killed_mid_step_stops_the_job_and_the_restart_loses_or_doubles_n
     # the lockstep's groups, version by version: none lost with the dead rank, none used twice
     used = [sorted(m["groups_used"]) for m in steps]
     assert used == [[f"grpo-v{v}-g{i}" for i in range(BATCH)] for v in range(VERSIONS)]
-    # every used group's G samples, counted from the rewards stream, not from the trainer
+    # every used group's G samples, counted from the streams, not from the trainer: generated once, rewarded once
     rewards = [decode(Reward, f) for _, f in r.xrange(keys.rewards)]
+    attempts = [decode(Attempt, f) for _, f in r.xrange(keys.attempts)]
     for m in steps:
         for group in m["groups_used"]:
-            attempts = {x.attempt_id for x in rewards if x.work_id == group}
-            assert len(attempts) == GROUP, (group, attempts)
+            assert sorted(x.attempt_id for x in rewards if x.work_id == group) == [
+                f"{group}:0:{k}" for k in range(GROUP)
+            ]
+            assert sorted(x.attempt_id for x in attempts if x.work_id == group) == [
+                f"{group}:0:{k}" for k in range(GROUP)
+            ]
         assert m["attempts"] == BATCH * GROUP
+    assert len(rewards) == len(attempts) == VERSIONS * BATCH * GROUP
     assert [m["samples"] for m in steps] == [BATCH * GROUP * v for v in range(1, VERSIONS + 1)]
     state = orjson.loads(r.hget(keys.trainer_state, "state"))
     assert state["counts"]["samples"] == VERSIONS * BATCH * GROUP and state["counts"]["resumes"] == 1
