@@ -9,10 +9,11 @@ Leader does). Then a second trainer, loaded afresh from the base model, resumes 
 steps on `batch(2)` (version 2's policy folder under OUT/resumed). Rank 0 writes each step's metrics to
 `OUT/metrics.jsonl`.
 
-    ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS     rank 0 a Leader idle for SECONDS, then stop
-    ... -m tests.trainer.sharded_job --stall TIMEOUT_S SECONDS    rank 0 silent for SECONDS, no Leader
+    ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS MARKER
 
-with a process-group timeout of TIMEOUT_S: the others wait in `follow` throughout (no model is loaded).
+with a process-group timeout of TIMEOUT_S: rank 0 is a Leader idle for SECONDS (its keepalive on), then
+touches MARKER and goes silent (its keepalive off, no stop), while the others wait in `follow` throughout (no
+model is loaded).
 """
 
 from __future__ import annotations
@@ -54,16 +55,17 @@ def batch(n: int) -> list[list[GRPOSample]]:
     return groups
 
 
-def step(trainer: sharded.ShardedGRPOTrainer, n: int, out: Path) -> Path:
-    """One step on batch(n), its policy folder, its checkpoint; returns the checkpoint."""
+def step(trainer: sharded.ShardedGRPOTrainer, n: int, out: Path, checkpoint: bool = True) -> Path:
+    """One step on batch(n), its policy folder, its checkpoint (unless not asked); returns the checkpoint."""
     metrics = trainer.step(batch(n))
     full = trainer.full_state()
     tmp, final = out / f".tmp-v{trainer.version:06d}.dcp", out / f"v{trainer.version:06d}.dcp"
     if dist.get_rank() == 0:
         trainer.save(trainer.version, full)
         tmp.mkdir(parents=True)
-    dist.barrier()
-    trainer.write_sharded(tmp)
+    if checkpoint:
+        dist.barrier()
+        trainer.write_sharded(tmp)
     if dist.get_rank() == 0:
         os.rename(tmp, final)
         with open(out / "metrics.jsonl", "a") as handle:
@@ -79,25 +81,23 @@ def main(model: str, out: str) -> None:
     del trainer
     resumed = sharded.ShardedGRPOTrainer(model, CFG, Path(out) / "resumed", mesh)
     resumed.resume(checkpoint)
-    step(resumed, 2, Path(out) / "resumed")
+    step(resumed, 2, Path(out) / "resumed", checkpoint=False)
     dist.destroy_process_group()
 
 
-def wait(mode: str, timeout_s: str, seconds: str) -> int:
+def wait(timeout_s: str, seconds: str, marker: str) -> int:
     mesh = sharded.start("cpu", timeout_s=float(timeout_s))
     if dist.get_rank() != 0:
-        code = sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
-    else:
-        lead = sharded.become_leader(mesh, float(timeout_s)) if mode == "--idle" else None
-        time.sleep(float(seconds))  # rank 0 waiting for rollouts, outside any collective
-        if lead:
-            lead.close()
-        code = 0
-    dist.destroy_process_group()
-    return code
+        return sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
+    lead = sharded.become_leader(mesh, float(timeout_s))
+    time.sleep(float(seconds))  # rank 0 waiting for rollouts, outside any collective
+    lead._closed.set()  # the keepalive stops: rank 0 as if stuck, with the others waiting on it
+    Path(marker).touch()
+    time.sleep(600)
+    return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1].startswith("--"):
-        raise SystemExit(wait(*sys.argv[1:4]))
+    if sys.argv[1] == "--idle":
+        raise SystemExit(wait(*sys.argv[2:5]))
     main(*sys.argv[1:3])
