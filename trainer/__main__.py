@@ -3,7 +3,9 @@
 With no Redis configured, the whole pipeline runs on this machine (a private Redis, one generator, one
 verifier worker, all stopped at the end). With a Redis URL, only the trainer runs, against roles running
 elsewhere. The run directory (default `runs/<run>`) receives metrics.jsonl, report.json, the plots and
-the children's logs; the same run id resumes from its checkpoint.
+the children's logs; the same run id resumes from its checkpoint. Under torchrun (`PROOFSTREAM_RUN=R torchrun
+--nproc-per-node N -m trainer --algo grpo ...`) the GRPO trainer is sharded across the job's ranks
+(trainer/sharded.py).
 """
 
 from __future__ import annotations

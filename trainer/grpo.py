@@ -44,7 +44,6 @@ from streams.codec import decode, encode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
 from streams.schema import Attempt, PolicyUpdate, SchemaError
-from trainer import sharded
 from trainer.config import TrainerSettings
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
@@ -99,13 +98,18 @@ class GRPORun(Run):
     def __init__(self, settings, redis, train, held_out, sink, progress=None, *, model_path: Path) -> None:
         super().__init__(settings, redis, train, held_out, sink, progress)
         self.cfg = grpo_config(settings)
-        if (lead := sharded.leader()) is not None:  # rank 0 under torchrun (trainer/sharded.py)
-            self.trainer = lead.trainer_for(model_path, self.cfg, sink.run_dir)
+        self.checkpoint_suffix = ".pt"
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # rank 0 under torchrun (trainer/__main__.py started the process group); imported only here, so a
+            # single process never loads torch.distributed.checkpoint (about a second)
+            from trainer import sharded
+
+            self.trainer = sharded.leader().trainer_for(model_path, self.cfg, sink.run_dir)
+            self.checkpoint_suffix = sharded.CHECKPOINT_SUFFIX
         else:
             self.trainer = GRPOTrainer(
                 model_path, self.cfg, out_dir=sink.run_dir, device=training_device(settings.train_device)
             )
-        self.checkpoint_suffix = ".pt" if lead is None else sharded.CHECKPOINT_SUFFIX
         self.checkpoint_file = ""
         model = self.trainer.model
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
