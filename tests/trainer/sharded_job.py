@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -86,6 +87,13 @@ def main(model: str, out: str) -> None:
 
 
 def wait(timeout_s: str, seconds: str, marker: str) -> int:
+    # Both ranks meet on torchrun's store (long timeout) first: on a loaded machine one may start seconds
+    # after the other, and joining the process group counts against its short timeout.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=120))  # fmt: skip
+    store.set(f"sharded_job_ready_{rank}", "1")
+    store.wait([f"sharded_job_ready_{r}" for r in range(world)])
     mesh = sharded.start("cpu", timeout_s=float(timeout_s))
     if dist.get_rank() != 0:
         return sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
