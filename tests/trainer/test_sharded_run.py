@@ -11,12 +11,15 @@ random Llama of tests/trainer/test_grpo.py: what is tested here is the accountin
 tests/trainer/test_sharded.py).
 
 Rank 1 kills itself (`streams.faults`, point `grpo.sharded_pass.rank1`) in its pass of the second step,
-while rank 0 waits on it in a collective. Then: torchrun exits nonzero within a bound, with no process of
-the job left; the run's state in Redis names version 1's DCP checkpoint; the restarted job resumes at version
-1 and finishes. Counted independently of the trainer's own counters: the policy stream has every version once;
-the groups each version's metrics say it used are the lockstep's (`grpo-v<V-1>-g<i>`, none cut, none twice);
-the rewards stream holds exactly G distinct attempts for each used group; and nothing is left pending in the
-trainer's groups (every attempt and reward read was acked, after the checkpoint that holds it).
+while rank 0 waits on it in a collective: torchrun exits nonzero within a bound, with no process of the job
+left, and the run's state in Redis names version 1's DCP checkpoint. The next job's rank 0 kills itself once
+every rank has written version 2's checkpoint into its temporary folder, before renaming it into place: the
+state still names version 1. The third job resumes at version 1 and finishes. Counted independently of the
+trainer's own counters: the policy stream has every version once; the groups each version's metrics say it
+used are the lockstep's (`grpo-v<V-1>-g<i>`, none cut, none twice); the attempts and rewards streams hold
+exactly G attempts for each used group, generated once and rewarded once; nothing is left pending in the
+trainer's groups (every attempt and reward read was acked, after the checkpoint that holds it); the
+temporary folder is gone.
 """
 
 from __future__ import annotations
@@ -104,6 +107,16 @@ def test_a_rank_killed_mid_step_stops_the_job_and_the_restart_loses_or_doubles_n
         assert state["version"] == 1 and state["checkpoint"].endswith("checkpoints/v000001.dcp"), state
         assert Path(state["checkpoint"], ".metadata").is_file()
 
+        # rank 0 killed with every rank's shards of version 2 written, before it renames them into place: the
+        # state still names version 1, and the half-done save is never taken for a checkpoint
+        code, err, _ = _torchrun(one_redis_url, run, run_dir, model, "grpo.sharded_checkpoint_written:1")
+        assert code != 0 and f"trainer: resuming run '{run}' at version 1 of {VERSIONS}" in err, err[-3000:]
+        assert _job_processes(run) == []
+        state = orjson.loads(r.hget(keys.trainer_state, "state"))
+        assert state["version"] == 1 and state["checkpoint"].endswith("checkpoints/v000001.dcp"), state
+        [partial] = [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".tmp-v000002.dcp")]
+        assert (partial / ".metadata").is_file()  # complete but never renamed: not a checkpoint of the run
+
         code, err, _ = _torchrun(one_redis_url, run, run_dir, model, None)
         assert code == 0, err[-3000:]
         assert f"trainer: resuming run '{run}' at version 1 of {VERSIONS}" in err
@@ -134,10 +147,10 @@ def test_a_rank_killed_mid_step_stops_the_job_and_the_restart_loses_or_doubles_n
     assert len(rewards) == len(attempts) == VERSIONS * BATCH * GROUP
     assert [m["samples"] for m in steps] == [BATCH * GROUP * v for v in range(1, VERSIONS + 1)]
     state = orjson.loads(r.hget(keys.trainer_state, "state"))
-    assert state["counts"]["samples"] == VERSIONS * BATCH * GROUP and state["counts"]["resumes"] == 1
+    assert state["counts"]["samples"] == VERSIONS * BATCH * GROUP and state["counts"]["resumes"] == 2
     assert not any(k.startswith("cut_") for k in state["counts"]), state["counts"]
     for stream in (keys.attempts, keys.rewards):  # everything the trainer read was acked, none left behind
         assert r.xpending(stream, TRAINER)["pending"] == 0, stream
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == [f"v{v:06d}.dcp" for v in (VERSIONS - 1, VERSIONS)]  # the last two, no temp folder
+    assert checkpoints == [f"v{v:06d}.dcp" for v in (VERSIONS - 1, VERSIONS)]  # the last two; the temp one removed
     r.close()
