@@ -3,7 +3,9 @@
 With no Redis configured, the whole pipeline runs on this machine (a private Redis, one generator, one
 verifier worker, all stopped at the end). With a Redis URL, only the trainer runs, against roles running
 elsewhere. The run directory (default `runs/<run>`) receives metrics.jsonl, report.json, the plots and
-the children's logs; the same run id resumes from its checkpoint.
+the children's logs; the same run id resumes from its checkpoint. Under torchrun (`PROOFSTREAM_RUN=R torchrun
+--nproc-per-node N -m trainer --algo grpo ...`) the GRPO trainer is sharded across the job's ranks
+(trainer/sharded.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -37,6 +40,14 @@ from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.loop import FINISHED_BEFORE, RunFinished
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
 from weights.model import resolve_model
+
+SHARDED_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun for each rank it starts
+
+
+def sharded_launch() -> bool:
+    """Started by torchrun: the GRPO trainer shards its model across the job's ranks (trainer/sharded.py)."""
+    return all(name in os.environ for name in SHARDED_ENV)
+
 
 log = structlog.get_logger("trainer")
 
@@ -167,6 +178,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: {e}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level)
+    if sharded_launch():
+        return _sharded(settings, lambda: _main(settings, args))
+    return _main(settings, args)
+
+
+def _sharded(settings: TrainerSettings, rank0: Callable[[], int]) -> int:
+    """Under torchrun (trainer/sharded.py): rank 0 is the trainer as `_main` runs it, with a sharded model;
+    the other ranks follow its calls until rank 0 tells them to stop. After a failed collective (a rank died)
+    rank 0 exits without telling them: they fail on the dead peer, or torchrun's agent stops them, and the
+    job exits nonzero."""
+    if settings.algo != "grpo":
+        print("trainer: torchrun shards the GRPO trainer only; run --algo es as one process", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    from trainer import sharded
+    from trainer.grpo import training_device
+
+    mesh = sharded.start(training_device(settings.train_device), settings.dist_timeout_s)
+    if sharded.rank() == 0:
+        lead = sharded.become_leader(mesh, settings.dist_timeout_s)
+        code = rank0()
+        lead.close()
+    else:
+        code = sharded.follow(mesh, resolve_model(settings.model))
+    dist.destroy_process_group()
+    return code
+
+
+def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
     if settings.task == "lean" and not settings.redis_url and (problem := lean_backend_problem(settings)):
         print(f"trainer: {problem}", file=sys.stderr)
         return 2

@@ -84,6 +84,10 @@ class TrainerSettings(RoleSettings):
     train_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="the GRPO trainer's; auto: cuda when available"
     )
+    dist_timeout_s: float = Field(
+        1800.0, gt=0, description="under torchrun: how long a rank waits in a collective for a dead or stuck peer "
+        "before it fails (torch.distributed's process-group timeout)",
+    )  # fmt: skip
 
     # the local pipeline (no redis_url): children the trainer starts
     engine: Literal["auto", "hf", "vllm"] = "auto"

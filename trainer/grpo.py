@@ -13,7 +13,8 @@ the trainer reads `{ps:R}:attempts` in its own group `trainer` (so trimming keep
 and keeps each attempt's prompt ids, token ids and behaviour logprobs until its group is used. A group is
 ready when its G rewards and G attempts are in. The step (trainer/grpo_trainer.py) skips groups whose rewards are
 all equal; when it changes the weights, the new version is saved as a safetensors folder, the trainer's
-weights + optimizer + step go to `checkpoints/v<version>.pt`, and then the policy entry (path + digest),
+weights + optimizer + step go to `checkpoints/v<version>.pt` (sharded under torchrun: a `.dcp` folder,
+trainer/sharded.py), and then the policy entry (path + digest),
 the state and the metrics are written in one MULTI. Attempts are acked only once their group's step is
 checkpointed, so a trainer killed mid-step finds them again in its pending list and redoes the step.
 
@@ -97,9 +98,18 @@ class GRPORun(Run):
     def __init__(self, settings, redis, train, held_out, sink, progress=None, *, model_path: Path) -> None:
         super().__init__(settings, redis, train, held_out, sink, progress)
         self.cfg = grpo_config(settings)
-        self.trainer = GRPOTrainer(
-            model_path, self.cfg, out_dir=sink.run_dir, device=training_device(settings.train_device)
-        )
+        self.checkpoint_suffix = ".pt"
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # rank 0 under torchrun (trainer/__main__.py started the process group); imported only here, so a
+            # single process never loads torch.distributed.checkpoint (about a second)
+            from trainer import sharded
+
+            self.trainer = sharded.leader().trainer_for(model_path, self.cfg, sink.run_dir)
+            self.checkpoint_suffix = sharded.CHECKPOINT_SUFFIX
+        else:
+            self.trainer = GRPOTrainer(
+                model_path, self.cfg, out_dir=sink.run_dir, device=training_device(settings.train_device)
+            )
         self.checkpoint_file = ""
         model = self.trainer.model
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -225,7 +235,7 @@ class GRPORun(Run):
         extra = []
         if step["updated"]:
             folder, digest = await asyncio.to_thread(self.trainer.save, self.trainer.version)
-            path = self.sink.run_dir / "checkpoints" / f"v{self.trainer.version:06d}.pt"
+            path = self.sink.run_dir / "checkpoints" / f"v{self.trainer.version:06d}{self.checkpoint_suffix}"
             path.parent.mkdir(exist_ok=True)
             await asyncio.to_thread(self.trainer.checkpoint, path)
             self.checkpoint_file = str(path)
@@ -274,9 +284,12 @@ class GRPORun(Run):
 
     def _prune_checkpoints(self) -> None:
         folder = self.sink.run_dir / "checkpoints"
-        files = sorted(folder.glob("v*.pt")) if folder.is_dir() else []
-        for old in files[:-KEEP_CHECKPOINTS]:
-            old.unlink(missing_ok=True)
+        kept = sorted(folder.glob(f"v*{self.checkpoint_suffix}")) if folder.is_dir() else []
+        for old in kept[:-KEEP_CHECKPOINTS]:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
     def _prune_policies(self) -> None:
         """Delete the folders of versions no order in flight names. An order for an older version is either

@@ -5,6 +5,7 @@ trainer/grpo_loss.py's; the run that feeds it groups and announces what it saves
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -42,6 +43,8 @@ _TOKENIZER_PATTERNS = (
     "*.model",
 )
 CHECKPOINT_FORMAT = "proofstream-grpo/1"
+SHARDED_FORMAT = "proofstream-grpo-dcp/1"  # a folder: torch.distributed.checkpoint's files + SHARDED_META
+SHARDED_META = "trainer.json"
 
 
 class GRPOTrainer:
@@ -60,12 +63,12 @@ class GRPOTrainer:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+        self.model = self._place(AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype))
         self.model.eval()  # no dropout: the forward with gradient matches the no-grad proximal/behaviour ones
         self.model.config.use_cache = False
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device)
+            self.ref_model = self._place(AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype))
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -77,6 +80,10 @@ class GRPOTrainer:
         self.version = 0
         self.updates = 0  # optimizer steps taken
         self.skipped_groups = 0  # groups with all-equal rewards, over the trainer's life
+
+    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The loaded model where it trains: on `device` (trainer/sharded.py shards it across ranks instead)."""
+        return model.to(self.device)
 
     # -- one batch ------------------------------------------------------------------------------------
 
@@ -121,8 +128,7 @@ class GRPOTrainer:
         tokens = sum(len(samples[i].token_ids) for i in kept)
         normalizer = float(len(samples) * cfg.max_tokens) if cfg.advantage == "dr_grpo" else float(tokens)
         order = sorted(kept, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].token_ids))
-        chunks = [c.tolist() for c in torch.tensor(order).tensor_split(min(cfg.grad_accum, len(order)))]
-        chunks = [c for c in chunks if c]
+        chunks = self._chunks(order)
 
         prox = self._no_grad_logprobs(self.model, samples, chunks) if cfg.epochs > 1 else None
         ref = self._no_grad_logprobs(self.ref_model, samples, chunks) if self.ref_model is not None else None
@@ -133,28 +139,13 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             epoch_totals: dict[str, float] = {}
             for chunk in chunks:
-                new = sequence_logprobs(
-                    self.model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
-                )
-                logp_new, mask = pad_right(new)
-                beh, _ = pad_right([torch.as_tensor(samples[i].logprobs, dtype=torch.float32) for i in chunk])
-                loss, stats = grpo_loss(
-                    logp_new,
-                    beh.to(logp_new.device),
-                    torch.tensor([advs[i] for i in chunk], dtype=torch.float32, device=logp_new.device),
-                    mask,
-                    cfg,
-                    ref_logp=pad_right([ref[i] for i in chunk])[0] if ref is not None else None,
-                    logp_prox=pad_right([prox[i] for i in chunk])[0] if prox is not None else None,
-                    off_policy=torch.tensor([off[i] for i in chunk], device=logp_new.device),
-                    normalizer=normalizer,
-                )
-                loss.backward()
+                stats = self._backward(chunk, samples, advs, off, normalizer, ref, prox)
                 for k, v in stats.items():
                     epoch_totals[k] = epoch_totals.get(k, 0.0) + v
+            epoch_totals = self._batch_totals(epoch_totals)
             params = [p for p in self.model.parameters() if p.grad is not None]
             limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
+            grad_norms.append(self._clip_grad_norm(params, limit))
             self.optimizer.step()
             self.updates += 1
             if not totals:
@@ -185,6 +176,39 @@ class GRPOTrainer:
         )
         return metrics
 
+    def _chunks(self, order: list[int]) -> list[list[int]]:
+        """The micro-batches of one optimizer step: `cfg.grad_accum` runs of the length-sorted sequences."""
+        chunks = [c.tolist() for c in torch.tensor(order).tensor_split(min(self.cfg.grad_accum, len(order)))]
+        return [c for c in chunks if c]
+
+    def _backward(self, chunk, samples, advs, off, normalizer, ref, prox) -> dict[str, float]:
+        """Forward and backward of one micro-batch; its loss statistics (sums over its tokens)."""
+        new = sequence_logprobs(
+            self.model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
+        )
+        logp_new, mask = pad_right(new)
+        beh, _ = pad_right([torch.as_tensor(samples[i].logprobs, dtype=torch.float32) for i in chunk])
+        loss, stats = grpo_loss(
+            logp_new,
+            beh.to(logp_new.device),
+            torch.tensor([advs[i] for i in chunk], dtype=torch.float32, device=logp_new.device),
+            mask,
+            self.cfg,
+            ref_logp=pad_right([ref[i] for i in chunk])[0] if ref is not None else None,
+            logp_prox=pad_right([prox[i] for i in chunk])[0] if prox is not None else None,
+            off_policy=torch.tensor([off[i] for i in chunk], device=logp_new.device),
+            normalizer=normalizer,
+        )
+        loss.backward()
+        return stats
+
+    def _batch_totals(self, totals: dict[str, float]) -> dict[str, float]:
+        """The statistics of the whole batch from this process's micro-batches: here they are the whole batch."""
+        return totals
+
+    def _clip_grad_norm(self, params: list[torch.Tensor], limit: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
     @torch.no_grad()
     def _no_grad_logprobs(self, model: Any, samples: list[GRPOSample], chunks: list[list[int]]) -> dict:
         out = {}
@@ -197,20 +221,21 @@ class GRPOTrainer:
 
     # -- publishing ----------------------------------------------------------------------------------
 
-    def save(self, version: int) -> tuple[Path, str]:
+    def save(self, version: int, state_dict: dict[str, torch.Tensor] | None = None) -> tuple[Path, str]:
         """``out_dir/policy/v{version:06d}``: safetensors weights (save_pretrained) + the base's tokenizer files.
 
         Written in a temporary folder (files fsynced) and renamed into place, so the folder either is complete
         or absent. If the folder already exists (a trainer resumed from before it was written): with the same
         digest it is kept; otherwise it is replaced (generators check the digest before loading anyway).
-        Returns the folder and its `weights.model.weights_digest`.
+        Returns the folder and its `weights.model.weights_digest`. `state_dict`: the weights to write (None: the
+        model's own; a sharded trainer passes the full weights it gathered).
         """
         policy = self.out_dir / "policy"
         policy.mkdir(parents=True, exist_ok=True)
         final = policy / f"v{version:06d}"
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version:06d}-", dir=policy))
         try:
-            self.model.save_pretrained(str(tmp))
+            self.model.save_pretrained(str(tmp), state_dict=state_dict)
             for pattern in _TOKENIZER_PATTERNS:
                 for src in self.model_path.glob(pattern):
                     if src.is_file() and not (tmp / src.name).exists():
@@ -256,7 +281,11 @@ class GRPOTrainer:
         return path
 
     def resume(self, path: str | os.PathLike) -> None:
-        """Restore exactly what `checkpoint` wrote: the next `step` continues bit-identically (same device)."""
+        """Restore exactly what `checkpoint` wrote: the next `step` continues bit-identically (same device).
+        A folder is a sharded trainer's checkpoint (`write_sharded`): loaded onto this process, resharded."""
+        if Path(path).is_dir():
+            self.read_sharded(path)
+            return
         state = torch.load(str(path), map_location=self.device, weights_only=True)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path} is not a GRPO checkpoint ({state.get('format')!r})")
@@ -266,3 +295,56 @@ class GRPOTrainer:
         self.updates = int(state["updates"])
         self.skipped_groups = int(state["skipped_groups"])
         torch.set_rng_state(state["rng"].cpu())
+
+    # -- the sharded checkpoint (torch.distributed.checkpoint) ---------------------------------------
+
+    def write_sharded(self, folder: str | os.PathLike) -> None:
+        """Every rank's shards of the weights and AdamW state into `folder` with torch.distributed.checkpoint
+        (a collective: every rank calls it), then, from rank 0, `trainer.json` (format, version, counters).
+
+        DCP stores each tensor by its name with the part of it every rank held (`.metadata` + one
+        `__<rank>_0.distcp` file a rank, each fsynced: FileSystemWriter(sync_files=True)); `read_sharded` loads
+        it onto any number of ranks, one process without torch.distributed included. `dcp.save` returns on every
+        rank only after the coordinator has written `.metadata` (state_dict_saver._save_state_dict: the "write"
+        step is an all_reduce whose reduce writes it, then a broadcast), so the caller may rename the folder
+        into place once this returns. The RNG state is not kept: a step draws no random numbers (eval mode).
+        """
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            meta = {
+                "format": SHARDED_FORMAT,
+                "version": self.version,
+                "updates": self.updates,
+                "skipped_groups": self.skipped_groups,
+                "cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()},
+                "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            }
+            files.write_bytes(Path(folder) / SHARDED_META, json.dumps(meta, indent=1).encode())
+
+    def read_sharded(self, folder: str | os.PathLike) -> None:
+        """Load what `write_sharded` wrote, whatever the number of ranks that wrote it (DCP reads each rank's
+        part of every tensor from the shards that hold it). A collective when torch.distributed is initialized;
+        in a single process `dcp.load` reads without a process group (state_dict_loader.load: no_dist when
+        torch.distributed is not initialized)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = Path(folder)
+        meta_file = folder / SHARDED_META
+        meta = json.loads(meta_file.read_bytes()) if meta_file.is_file() else {}
+        if meta.get("format") != SHARDED_FORMAT:
+            raise ValueError(f"{folder} is not a sharded GRPO checkpoint ({meta.get('format')!r})")
+        # get_state_dict gives tensors of this process's layout to load into (it initializes AdamW's state by a
+        # step with zero gradients at lr 0 first: state_dict._init_optim_state); dcp.load fills them in place.
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.version = int(meta["version"])
+        self.updates = int(meta["updates"])
+        self.skipped_groups = int(meta["skipped_groups"])

@@ -1,0 +1,111 @@
+"""One rank of a sharded trainer job for tests/trainer/test_sharded.py, run by torchrun on 2 CPU ranks (gloo):
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.trainer.sharded_job MODEL OUT
+
+Every rank calls the ShardedGRPOTrainer's collectives itself (the calls trainer/sharded.py's Leader and
+`follow` make on each rank): one step on `batch(1)`, the policy folder of version 1 (rank 0 writes it) and
+the checkpoint `OUT/v000001.dcp` (a temporary folder renamed by rank 0 once every rank has written, as the
+Leader does). Then a second trainer, loaded afresh from the base model, resumes from that checkpoint and
+steps on `batch(2)` (version 2's policy folder under OUT/resumed). Rank 0 writes each step's metrics to
+`OUT/metrics.jsonl`.
+
+    ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS MARKER
+
+with a process-group timeout of TIMEOUT_S: rank 0 is a Leader idle for SECONDS (its keepalive on), then
+touches MARKER and goes silent (its keepalive off, no stop), while the others wait in `follow` throughout (no
+model is loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer import sharded
+from trainer.grpo_loss import GRPOConfig, GRPOSample
+
+# grad_accum 2: one pass a rank for batch(1)'s 3 sequences (2 on rank 0, 1 on rank 1); batch(2) trains one
+# sequence, so rank 1 runs an idle pass
+CFG = GRPOConfig(group_size=2, lr=1e-6, grad_accum=2)
+
+
+def batch(n: int) -> list[list[GRPOSample]]:
+    """Groups of two samples in SmolLM2's vocabulary with rewards that carry signal and completions of
+    different lengths (the split is over the length-sorted batch); an empty completion is not trained.
+    batch(1): 3 sequences trained; batch(2): 1."""
+
+    def ids(seed: int, length: int) -> list[int]:
+        return [(97 * seed + 31 * j + 1000 * n) % 49000 + 10 for j in range(length)]
+
+    empty = {(1, 1)} if n == 1 else {(0, 1)}
+    groups = []
+    for g in range(2 if n == 1 else 1):
+        pair = []
+        for k in range(2):
+            completion = [] if (g, k) in empty else ids(10 * g + k, 3 + 2 * g + k)
+            pair.append(GRPOSample(prompt_ids=ids(g, 4 + g), token_ids=completion, logprobs=[-2.5] * len(completion),
+                                   reward=float(k == (g % 2)), policy_version=0))  # fmt: skip
+        groups.append(pair)
+    return groups
+
+
+def step(trainer: sharded.ShardedGRPOTrainer, n: int, out: Path, checkpoint: bool = True) -> Path:
+    """One step on batch(n), its policy folder, its checkpoint (unless not asked); returns the checkpoint."""
+    metrics = trainer.step(batch(n))
+    full = trainer.full_state()
+    tmp, final = out / f".tmp-v{trainer.version:06d}.dcp", out / f"v{trainer.version:06d}.dcp"
+    if dist.get_rank() == 0:
+        trainer.save(trainer.version, full)
+        tmp.mkdir(parents=True)
+    if checkpoint:
+        dist.barrier()
+        trainer.write_sharded(tmp)
+    if dist.get_rank() == 0:
+        os.rename(tmp, final)
+        with open(out / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps({**metrics, "world": dist.get_world_size()}) + "\n")
+    return final
+
+
+def main(model: str, out: str) -> None:
+    torch.set_num_threads(1)
+    mesh = sharded.start("cpu", timeout_s=120)
+    trainer = sharded.ShardedGRPOTrainer(model, CFG, Path(out), mesh)
+    checkpoint = step(trainer, 1, Path(out))
+    del trainer
+    resumed = sharded.ShardedGRPOTrainer(model, CFG, Path(out) / "resumed", mesh)
+    resumed.resume(checkpoint)
+    step(resumed, 2, Path(out) / "resumed", checkpoint=False)
+    dist.destroy_process_group()
+
+
+def wait(timeout_s: str, seconds: str, marker: str) -> int:
+    # Both ranks meet on torchrun's store (long timeout) first: on a loaded machine one may start seconds
+    # after the other, and joining the process group counts against its short timeout.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=120))  # fmt: skip
+    store.set(f"sharded_job_ready_{rank}", "1")
+    store.wait([f"sharded_job_ready_{r}" for r in range(world)])
+    mesh = sharded.start("cpu", timeout_s=float(timeout_s))
+    if dist.get_rank() != 0:
+        return sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
+    lead = sharded.become_leader(mesh, float(timeout_s))
+    time.sleep(float(seconds))  # rank 0 waiting for rollouts, outside any collective
+    lead._closed.set()  # the keepalive stops: rank 0 as if stuck, with the others waiting on it
+    Path(marker).touch()
+    time.sleep(600)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--idle":
+        raise SystemExit(wait(*sys.argv[2:5]))
+    main(*sys.argv[1:3])
