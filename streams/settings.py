@@ -28,6 +28,13 @@ CONFIG_ENV = "PROOFSTREAM_CONFIG"
 SECTIONS = ("trainer", "generator", "verifier", "ops")
 
 
+# Second spellings of a flag. `--run-id`: under torchrun (`torchrun ... -m trainer --run-id R`) the whole
+# command line goes through torchrun's own argparse first, which refuses `--run` as an ambiguous prefix of its
+# `--run-path` (Python 3.11 argparse matches prefixes of every optional-looking word, even those meant for the
+# script; tests/trainer/test_sharded.py runs every trainer flag through torch.distributed.run's parser).
+_ALIASES = {"run": ("--run-id",)}
+
+
 class SettingsError(ValueError):
     """A configuration the role cannot run with; the message says which key and what to do."""
 
@@ -138,7 +145,9 @@ class RoleSettings(BaseModel):
                 parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
                                     default=argparse.SUPPRESS, help=_help(info))  # fmt: skip
             else:
-                parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=_help(info))
+                parser.add_argument(
+                    flag, *_ALIASES.get(name, ()), dest=name, default=argparse.SUPPRESS, help=_help(info)
+                )
         parser.add_argument("--config", dest="config", default=None, help="TOML file (also $PROOFSTREAM_CONFIG)")
 
     @classmethod

@@ -149,3 +149,33 @@ def test_the_other_ranks_outwait_an_idle_rank_0_and_fail_at_the_timeout_once_it_
     assert done.returncode != 0
     assert "Timed out waiting 5000ms" in done.stderr, done.stderr[-3000:]  # gloo's error, in rank 1's traceback
     assert time.monotonic() - started < 80
+
+
+def test_every_trainer_flag_passes_through_torchruns_own_parser(monkeypatch):
+    """torchrun parses the whole command line before the trainer sees it, and Python 3.11's argparse refuses
+    a word that is a prefix of two of torchrun's options (`--run` of `--run-path`/`--run_path`). Every trainer
+    flag, and the run's `--run-id` spelling, must reach the trainer: checked with torch.distributed.run's own
+    parser, then with the trainer's."""
+    import argparse  # noqa: PLC0415
+
+    from torch.distributed.run import get_args_parser  # noqa: PLC0415
+
+    from trainer.config import TrainerSettings  # noqa: PLC0415
+
+    ours = argparse.ArgumentParser()
+    TrainerSettings.add_arguments(ours)
+    flags = [o for a in ours._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+    torchrun = get_args_parser()
+    refused = []
+    for flag in flags:
+        try:
+            parsed = torchrun.parse_args(["--nproc-per-node", "2", "-m", "trainer", flag, "x"])
+        except SystemExit:
+            refused.append(flag)
+            continue
+        assert parsed.training_script_args == [flag, "x"]
+    assert refused == ["--run"], refused  # the one refused; its other spelling is among the flags that pass
+    assert "--run-id" in flags
+    monkeypatch.delenv("PROOFSTREAM_RUN", raising=False)
+    args = ours.parse_args(["--run-id", "r7", "--algo", "grpo"])
+    assert TrainerSettings.from_args(args).run == "r7"
