@@ -1,8 +1,8 @@
 """The GRPO trainer sharded across processes with torch FSDP (`fully_shard`, FSDP2), under torchrun.
 
-    torchrun --nproc-per-node 2 -m trainer --algo grpo --redis-url redis://host:6379/0 --run R
+    torchrun --nproc-per-node 2 -m trainer --algo grpo --redis-url redis://host:6379/0 --run-id R
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint host0:29500 --rdzv-id R \\
-        -m trainer --algo grpo --redis-url ... --run R        # on each host
+        -m trainer --algo grpo --redis-url ... --run-id R     # on each host
 
 Every rank holds 1/N of the policy's weights, gradients and AdamW state (one `fully_shard` per decoder layer
 and one for the rest, over a 1-D device mesh: gloo on the CPU, NCCL on GPUs, `train_device` as for one
