@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -179,3 +180,31 @@ def test_every_trainer_flag_passes_through_torchruns_own_parser(monkeypatch):
     monkeypatch.delenv("PROOFSTREAM_RUN", raising=False)
     args = ours.parse_args(["--run-id", "r7", "--algo", "grpo"])
     assert TrainerSettings.from_args(args).run == "r7"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_step_as_one_host_does(job, model, tmp_path):
+    """Several hosts: one torchrun agent per host, found by torchrun's c10d rendezvous (`--nnodes 2
+    --rdzv-backend c10d --rdzv-endpoint host0:port`). Two agents on 127.0.0.1, one rank each, sharing the
+    output folder as hosts share the run directory, must give the one-host job's steps exactly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-hosts",
+           "-m", "tests.trainer.sharded_job", str(model), str(tmp_path / "out")]  # fmt: skip
+    agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for _ in range(2)]  # fmt: skip
+    outputs = [agent.communicate(timeout=500)[0] for agent in agents]
+    assert [a.returncode for a in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    got = [
+        json.loads(line)
+        for p in ("", "resumed")
+        for line in (tmp_path / "out" / p / "metrics.jsonl").read_text().splitlines()
+    ]
+    _, one_host = job
+    assert [m["world"] for m in got] == [2, 2]
+    for g, want in zip(got, one_host, strict=True):
+        for key in ("loss", "pg_loss", "grad_norm", "sequences", "tokens"):
+            assert g[key] == want[key], key  # same ranks, same shards, same arithmetic: bit for bit
