@@ -22,7 +22,8 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.backoff import NoBackoff
-from redis.exceptions import DataError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, ResponseError
 
 from streams import sentinel
 from streams.cluster import connect_cluster, connect_cluster_sync, is_cluster_url
@@ -43,11 +44,41 @@ class HiredisPacker:
             raise DataError(str(e)) from e
 
 
-class HiredisPackedConnection(HiredisPacker, Connection):
+class NoReplicasError(RedisConnectionError):
+    """A master refused a write for want of replicas (`min-replicas-to-write`): an outage, not a bug."""
+
+
+class NoReplicasIsAnOutage:
+    """NOREPLICAS becomes a ConnectionError, after a disconnect, for any redis-py asyncio connection class
+    (placed before it in the bases).
+
+    A master with `min-replicas-to-write N` answers every write `-NOREPLICAS` while fewer than N replicas are
+    in sync: it lost its replica, or it is an old master that was paused or cut off while the sentinels
+    promoted its replica, and came back still believing it is the master (a sentinel waits 8 s before it
+    demotes it: sentinel.c `sentinelRefreshInstanceInfo`, SENTINEL_PUBLISH_PERIOD*4). redis-py 5.3.1 has no
+    class for that error (redis/_parsers/base.py `EXCEPTION_CLASSES`): a plain ResponseError, which the roles
+    take for a bug; arq's loop and every consumer of `arq workers.verifier` ended on it (tests/test_failover.py,
+    `pause-min-replicas`). Nothing was written (Redis refuses a script at its first write and a transaction
+    whole, so a settle or a checkpoint is refused entire), so it is safe to retry, and the roles ride it out as
+    they ride out a restart. The disconnect is what redis-py does for READONLY (redis/asyncio/sentinel.py
+    `SentinelManagedConnection.read_response`): a sentinel connection's next connect asks the sentinels again
+    and finds the promoted master instead of writing on to the old one."""
+
+    async def read_response(self, *args, **kwargs):
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as e:
+            if not str(e).startswith("NOREPLICAS"):
+                raise
+            await self.disconnect()
+            raise NoReplicasError(str(e)) from e
+
+
+class HiredisPackedConnection(HiredisPacker, NoReplicasIsAnOutage, Connection):
     pass
 
 
-class HiredisSentinelConnection(HiredisPacker, SentinelManagedConnection):
+class HiredisSentinelConnection(HiredisPacker, NoReplicasIsAnOutage, SentinelManagedConnection):
     """The sentinel pool's connection (`SentinelConnectionPool` takes it as `connection_class`).
 
     One try per address. redis-py runs a connection's retry policy at three levels (redis/asyncio, 5.3.1): the

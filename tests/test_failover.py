@@ -1,7 +1,9 @@
 """A Sentinel failover mid-run (issue 18, item 2), for real: `arq workers.verifier` processes (process
 sandboxes, the Countdown checker) on a `redis+sentinel://` URL, a master, a replica and three sentinels on
-127.0.0.1 (tests/fixtures/sentinel.py). The master is SIGKILLed while the workers are judging; the sentinels
-promote the replica; the same worker processes go on against it.
+127.0.0.1 (tests/fixtures/sentinel.py). The master is SIGKILLed while the workers are judging, or paused
+(SIGSTOP) and let go on (SIGCONT) once the sentinels have promoted the replica: the split brain, where the old
+master takes writes until it is demoted, with and without `min-replicas-to-write 1` on it (with it, it refuses
+them: streams.connect `NoReplicasIsAnOutage`). The same worker processes go on against the new master.
 
 Asserted: every attempt published is accounted for exactly once (rewards + dead letters == attempts, no
 attempt rewarded twice, by attempt id), with the verdict its answer deserves; the workers lived through it
@@ -49,8 +51,8 @@ KILL_AT = 200  # rewards on the master when it is killed
 
 
 @pytest.fixture
-def topology(tmp_path):
-    yield from started(tmp_path)
+def topology(tmp_path, request):
+    yield from started(tmp_path, getattr(request, "param", ()))
 
 
 def countdown(name: str, n: int) -> tuple[list[Theorem], list[Attempt]]:
@@ -135,12 +137,22 @@ async def outcomes(url: str, keys: Keys) -> tuple[Counter, dict[str, str], set[s
 
 
 @pytest.mark.timeout(240)
-async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_exactly_once(topology, tmp_path):
+@pytest.mark.parametrize(("fault", "topology"), [("kill", ()), ("pause", ()),
+                                                 ("pause", ("--min-replicas-to-write", "1"))],
+                         ids=["kill", "pause", "pause-min-replicas"], indirect=["topology"])  # fmt: skip
+async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_exactly_once(topology, tmp_path, fault):
+    """`kill`: SIGKILL, a crash. `pause`: SIGSTOP until the sentinels have promoted the replica, then SIGCONT:
+    the old master comes back believing it is the master (a sentinel waits 8 s before it demotes a master that
+    reappears, sentinel.c `sentinelRefreshInstanceInfo`: SENTINEL_PUBLISH_PERIOD*4), and the connections made
+    to it before the pause write there; its writes are thrown away when it resyncs as the new master's replica.
+    The split-brain case: the same totals must hold. `pause-min-replicas`: the old master has
+    `min-replicas-to-write 1` and refuses those writes (NOREPLICAS), which the workers must ride out."""
     url, keys = topology.url(), Keys(RUN)
     theorems, before = countdown("before", BEFORE)
     theorems_after, after = countdown("after", AFTER)
     await register_all(url, keys, theorems + theorems_after)
     workers = Workers(url, RUN, tmp_path, N_WORKERS)
+    pids = [p.pid for p in workers.procs]
     producer = Producer(url, keys)
     try:
         await wait_for(workers.all_logged("verifier_pool_started"), 120, "every worker to start its sandboxes")
@@ -149,11 +161,18 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         await wait_for(lambda: asyncio.to_thread(lambda: master.xlen(keys.rewards) >= KILL_AT), 60,
                        f"{KILL_AT} rewards")  # fmt: skip
         old = topology.master.port
-        topology.master.kill()
-        producer.wait = False  # a batch under way now fails on the dead master and counts as unconfirmed
-        published_at_kill = producer.published
-        assert published_at_kill < BEFORE, "the producer was done before the kill: not a failover mid-run"
+        faulted_at = time.monotonic()
+        if fault == "kill":
+            topology.master.kill()
+            producer.wait = False  # a batch under way now fails on the dead master and counts as unconfirmed
+        else:
+            topology.master.stop()  # the producer keeps its WAIT: the old master will answer it with 0 replicas
+        published_at_fault = producer.published
+        assert published_at_fault < BEFORE, "the producer was done before the fault: not a failover mid-run"
         await asyncio.to_thread(topology.wait_failover, old)
+        failover_s = time.monotonic() - faulted_at
+        if fault == "pause":
+            split = await asyncio.to_thread(topology.resume_demoted, topology.master, (keys.rewards, keys.attempts))
         await producing
         await producer.republish_unconfirmed()
         await producer.run(after)
@@ -165,6 +184,7 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
 
         await wait_for(accounted, 120, "every attempt rewarded or dead-lettered on the new master")
         assert not workers.dead(), workers.dead()
+        assert [p.pid for p in workers.procs] == pids and all(p.poll() is None for p in workers.procs)
 
         counts, verdicts, dead = await outcomes(url, keys)
         assert [a for a, n in counts.items() if n > 1] == [], "an attempt rewarded twice"
@@ -173,7 +193,7 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         assert dead == set(), dead  # nothing here is poison, and a failover is no reason for a dead letter
         assert verdicts == expected_verdicts(everything)
         for i in range(N_WORKERS):  # arq's loop met the failover through its pool's ride-out policy and lived
-            assert '"client":"arq"' in workers.log(i), workers.log(i)[-3000:]
+            assert fault == "pause" or '"client":"arq"' in workers.log(i), workers.log(i)[-3000:]
         await wait_for(workers.health_checks_pass, 60, "arq --check to pass against the new master")
         health = subprocess.run([sys.executable, "-m", "ops.health", "verifier"], env=workers.env, cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -185,9 +205,12 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
             log = workers.log(i)
             assert '"verifier_pool_stopped"' in log, log[-3000:]
             assert "Traceback" not in log, log[-3000:]
-        print(f"failover: killed the master with {published_at_kill} of {BEFORE} attempts published; "
-              f"{producer.errors} publish errors, {len(producer.unconfirmed)} batches published again; "
-              f"{len(everything)} attempts judged once each")  # fmt: skip
+        print(f"failover ({fault}): {failover_s:.1f} s to the new master, with {published_at_fault} of {BEFORE} "
+              f"attempts published; {producer.errors} publish errors, {len(producer.unconfirmed)} batches "
+              f"published again; {len(everything)} attempts judged once each")  # fmt: skip
+        if fault == "pause":
+            print(f"split brain: the old master was a master {split[0]:.1f} s after SIGCONT and took "
+                  f"{split[1][0]} rewards and {split[1][1]} attempts that its demotion threw away")  # fmt: skip
     finally:
         workers.kill_all()
         for i in range(N_WORKERS):  # shown by pytest only when the test failed

@@ -16,7 +16,7 @@ from redis import exceptions as rx
 
 from streams import sentinel
 from streams.codec import decode, encode
-from streams.connect import HiredisPacker, HiredisSentinelConnection, connect, connect_sync, shown_url
+from streams.connect import HiredisPacker, HiredisSentinelConnection, NoReplicasError, connect, connect_sync, shown_url
 from streams.keys import VERIFIERS, Keys
 from streams.ride_out import UNAVAILABLE, RideOut
 from streams.runtime import Consumer, ConsumerSettings, ensure_group
@@ -232,6 +232,31 @@ async def test_a_settled_batch_is_on_the_replica_when_the_settler_returns(topolo
         assert (settled.published, settled.unreplicated) == (3, False)
         # Read from the replica itself, at once: the WAIT is what made it hold the batch by now.
         assert sorted(_replica_rewards(topology)) == [b"a0", b"a1", b"a2"]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("through", ["sentinel", "redis"])
+async def test_a_write_refused_for_want_of_replicas_is_an_outage_that_wrote_nothing(topology, through):
+    """`min-replicas-to-write` above the replicas in sync: Redis answers NOREPLICAS, which redis-py 5.3.1 gives
+    as a plain ResponseError (no class in redis/_parsers/base.py). Our connections make it a ConnectionError the
+    roles ride out, and drop the connection (a sentinel one asks the sentinels again); the settle script was
+    refused at its first write, so nothing of it is there and the batch is still pending, to settle again."""
+    url = topology.url() if through == "sentinel" else f"redis://127.0.0.1:{topology.master.port}/0"
+    client = connect(url)
+    try:
+        settler = Settler(client, replicas=0)
+        entries = await _pending_attempts(client, 3)
+        topology.master.client.config_set("min-replicas-to-write", 2)  # one replica there: too few
+        conn = await _connection(client)
+        with pytest.raises(NoReplicasError, match="NOREPLICAS") as refused:
+            await settler(_settlement(entries))
+        assert isinstance(refused.value, UNAVAILABLE)
+        assert not conn.is_connected  # dropped: the next command connects (and asks the sentinels) again
+        assert await client.xlen(KEYS.rewards) == 0
+        assert len(await client.xpending_range(KEYS.attempts, VERIFIERS, "-", "+", 10)) == 3
+        topology.master.client.config_set("min-replicas-to-write", 0)
+        assert (await settler(_settlement(entries))).published == 3
     finally:
         await client.aclose()
 
