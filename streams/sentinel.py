@@ -29,6 +29,7 @@ import redis as redis_sync
 import redis.sentinel as sentinel_sync
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 SCHEME = "redis+sentinel"
 DEFAULT_PORT = 26379
@@ -118,9 +119,27 @@ def _options(query: str) -> dict[str, Any]:
     return out
 
 
+class MasterReplaced(RedisConnectionError):
+    """This client wrote to a server the sentinels no longer name as the master (`deposed`): an outage."""
+
+
 class _ClosingPool(SentinelConnectionPool):
     """Closes the clients of the sentinels with the pool: `Sentinel` opens one per sentinel and nothing else
-    closes them (redis/asyncio/sentinel.py), so a closed client would leave their sockets to the GC."""
+    closes them (redis/asyncio/sentinel.py), so a closed client would leave their sockets to the GC.
+
+    Also drops, when it comes back, a connection to an address other than the master the pool last heard of
+    from the sentinels (`master_address`), as redis-py's blocking pool does (redis/connection.py
+    `ConnectionPool.release` -> `owns_connection`) and its asyncio pool of 5.3.1 does not: `get_master_address`
+    disconnects the idle connections only. `stale_released` counts them, for `deposed`."""
+
+    stale_released = 0
+    stale_seen = 0
+
+    async def release(self, connection) -> None:
+        if connection.is_connected and self.master_address not in (None, (connection.host, connection.port)):
+            self.stale_released += 1
+            await connection.disconnect()
+        await super().release(connection)
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)
@@ -129,6 +148,27 @@ class _ClosingPool(SentinelConnectionPool):
         if inuse_connections:
             for client in self.sentinel_manager.sentinels:
                 await client.aclose()
+
+
+async def deposed(redis: Redis) -> bool:
+    """Whether `redis` (a client of `master`) may have written to a server that is no longer the master: the
+    sentinels name another one than its connections were made to. Asks the sentinels; any other client: False.
+
+    The split brain it catches: a master paused (SIGSTOP, a VM frozen) or cut off long enough for the sentinels
+    to promote its replica comes back still a master, and the connections made to it before go on writing
+    there, unrefused (no READONLY) until a sentinel demotes it, 8 s at least (sentinel.c
+    `sentinelRefreshInstanceInfo`: SENTINEL_PUBLISH_PERIOD*4 of it reporting itself a master); those writes are
+    thrown away by its resync. redis-py asks the sentinels only when it connects. So a role that sees its
+    master lose its replica (streams.settle's `Replication`) asks here; on True the connections to the old
+    address are dropped (`get_master_address` drops the idle ones, `_ClosingPool.release` the others), and
+    the next command finds the new master."""
+    pool = getattr(redis, "connection_pool", None)  # a cluster client has none
+    if not isinstance(pool, _ClosingPool):
+        return False
+    before = pool.master_address
+    await pool.get_master_address()  # Sentinel.discover_master; a new address disconnects the idle connections
+    stale, pool.stale_seen = pool.stale_released > pool.stale_seen, pool.stale_released
+    return pool.master_address != before or stale
 
 
 def master(url: str, *, connection_class: type, redis_class: type[Redis] = Redis, **kwargs: Any) -> Redis:

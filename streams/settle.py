@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
+from streams import sentinel
 from streams.cluster import ClusterClient
 from streams.codec import encode_flat
 from streams.keys import Keys
@@ -147,6 +148,7 @@ class Replication:
         self.redis, self.replicas, self.wait_ms = redis, replicas, wait_ms
         self._wanted = 0 if replicas is None else replicas
         self._checked_at = -_REFRESH_S  # auto: read INFO at the first write
+        self._lost_replica = False  # since the last `deposed`: a WAIT fell short, or the replica left INFO
 
     async def wanted(self) -> int:
         if self.replicas is not None:
@@ -155,14 +157,26 @@ class Replication:
         if now - self._checked_at >= _REFRESH_S:
             self._checked_at = now
             try:
-                self._wanted = min(1, in_sync(await self.redis.info("replication")))
+                wanted = min(1, in_sync(await self.redis.info("replication")))
             except ResponseError:  # INFO renamed or refused (some hosted Redis): no replica known, none waited for
-                self._wanted = 0
+                wanted = 0
+            self._lost_replica |= wanted < self._wanted
+            self._wanted = wanted
         return self._wanted
 
     def fell_short(self) -> None:
         """A WAIT got fewer replicas than asked: in auto mode, count them again at the next write."""
         self._checked_at = -_REFRESH_S
+        self._lost_replica = True
+
+    async def deposed(self) -> bool:
+        """After the master seemed to lose its replica: whether the sentinels have promoted it, so that this
+        client's last writes went to a deposed master and will be thrown away (streams.sentinel `deposed`).
+        False without a loss (no question asked) and on any client but a sentinel one."""
+        if not self._lost_replica:
+            return False
+        self._lost_replica = False
+        return await sentinel.deposed(self.redis)
 
 
 def in_sync(info: dict) -> int:

@@ -60,6 +60,7 @@ from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
 from streams.schema import DeadLetter, Reward, SchemaError, WorkOrder
+from streams.sentinel import MasterReplaced
 from streams.settle import Replication
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
@@ -238,6 +239,10 @@ class Run:
                 await pipe.execute()
         else:
             await self._checkpoint_and_wait(extra, state, replicas)
+        if await self._replication.deposed():
+            # Split brain: a paused old master took this checkpoint and will lose it when it is demoted. Going on
+            # would build versions (the run's end too) on it; as an outage, the run is rebuilt from the new one.
+            raise MasterReplaced(f"checkpoint of version {self.version} went to a replaced master")
         for stream, ids in self._unacked.items():
             if ids:
                 await self.redis.xack(stream, TRAINER, *ids)
