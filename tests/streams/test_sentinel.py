@@ -236,6 +236,31 @@ async def test_a_settled_batch_is_on_the_replica_when_the_settler_returns(topolo
         await client.aclose()
 
 
+async def test_a_master_paused_through_a_failover_takes_writes_until_deposed_says_so(topology):
+    """The split brain, at the client: a master SIGSTOPped until the sentinels promote its replica comes back
+    (SIGCONT) still a master, and redis-py's connection made to it before writes there, unrefused (it asks the
+    sentinels only when it connects). `sentinel.deposed` asks them: True, the connection is dropped, and the
+    next write goes to the promoted replica."""
+    client = connect(topology.url())
+    try:
+        await client.set("k", b"before")
+        assert not await sentinel.deposed(client)  # the sentinels name the master this client is on
+        old = topology.master
+        old.stop()
+        await asyncio.to_thread(topology.wait_failover, old.port)
+        old.cont()
+        await client.set("k", b"split")  # the same connection: to the old master, which still takes writes
+        assert old.client.info("replication")["role"] == "master" and old.client.get("k") == b"split"
+        assert topology.replica.client.get("k") == b"before"
+        assert await sentinel.deposed(client)
+        await client.set("k", b"after")
+        assert (await _connection(client)).port == topology.replica.port
+        assert topology.replica.client.get("k") == b"after"
+        assert not await sentinel.deposed(client)  # asked again: nothing new
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.parametrize("through", ["sentinel", "redis"])
 async def test_a_write_refused_for_want_of_replicas_is_an_outage_that_wrote_nothing(topology, through):
     """`min-replicas-to-write` above the replicas in sync: Redis answers NOREPLICAS, which redis-py 5.3.1 gives
