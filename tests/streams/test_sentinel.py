@@ -236,6 +236,7 @@ async def test_a_settled_batch_is_on_the_replica_when_the_settler_returns(topolo
         await client.aclose()
 
 
+@pytest.mark.slow  # a failover: ~3 s
 async def test_a_master_paused_through_a_failover_takes_writes_until_deposed_says_so(topology):
     """The split brain, at the client: a master SIGSTOPped until the sentinels promote its replica comes back
     (SIGCONT) still a master, and redis-py's connection made to it before writes there, unrefused (it asks the
