@@ -198,17 +198,27 @@ async def _read_all(url: str, stream: str, n: int) -> None:
     await redis.aclose()
 
 
-def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
-    ours = "ours" if handler == "entry" else "ours-batch"
-    one_round(url, ours, "bench-warmup", min(n, 2000), batch)
-    ours_s, raw_s = [], []
-    for r in range(rounds):  # interleaved so drift in the machine's load hits both sides alike
-        raw_s.append(one_round(url, "raw", f"bench-raw-{r}", n, batch))
-        ours_s.append(one_round(url, ours, f"bench-ours-{r}", n, batch))
+def _alternated(url: str, warmup: str, sides: tuple[str, str], n: int, batch: int, rounds: int):
+    """A warm-up round of `warmup`, then `rounds` rounds of each of the two `sides`, interleaved so drift in
+    the machine's load hits both alike; each side's round times, and the server's version and replicas in
+    sync, read before the bench's keys are flushed."""
+    one_round(url, warmup, "bench-warmup", min(n, 2000), batch)
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(rounds):
+        for side, took in zip(sides, times, strict=True):
+            took.append(one_round(url, side, f"bench-{side}-{r}", n, batch))
     redis = connect_sync(url)
-    version = redis.info("server")["redis_version"]
+    server = {"redis_version": redis.info("server")["redis_version"],
+              "replicas_in_sync": in_sync(redis.info("replication"))}  # fmt: skip
     redis.flushdb()
     redis.close()
+    return *times, server
+
+
+def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
+    ours = "ours" if handler == "entry" else "ours-batch"
+    raw_s, ours_s, server = _alternated(url, ours, ("raw", ours), n, batch, rounds)
+    version = server["redis_version"]
     o, b = statistics.median(ours_s), statistics.median(raw_s)
     return {
         "bench": "wire",
@@ -229,15 +239,8 @@ def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> 
 def bench_wait(url: str, n: int, batch: int, rounds: int) -> dict:
     """Our consumer with WAIT for one replica after every settle against the same without, alternated."""
     load_before = os.getloadavg()[0]
-    one_round(url, "ours-wait", "bench-warmup", min(n, 2000), batch)
-    wait_s, no_wait_s = [], []
-    for r in range(rounds):
-        no_wait_s.append(one_round(url, "ours-no-wait", f"bench-no-wait-{r}", n, batch))
-        wait_s.append(one_round(url, "ours-wait", f"bench-wait-{r}", n, batch))
-    redis = connect_sync(url)
-    version, replicas = redis.info("server")["redis_version"], in_sync(redis.info("replication"))
-    redis.flushdb()
-    redis.close()
+    no_wait_s, wait_s, server = _alternated(url, "ours-wait", ("ours-no-wait", "ours-wait"), n, batch, rounds)
+    version, replicas = server["redis_version"], server["replicas_in_sync"]
     w, b = statistics.median(wait_s), statistics.median(no_wait_s)
     return {
         "bench": "wire-wait",
