@@ -93,6 +93,16 @@ class Workers:
                 statuses.append(None)
         return statuses
 
+    def stop_drained(self, timeout_s: float) -> None:
+        """SIGTERM every worker; each must exit 0 within `timeout_s`, having drained its pool, without a
+        traceback."""
+        statuses = self.terminate_all(timeout_s)
+        assert statuses == [0] * len(self.procs), {i: self.log(i)[-3000:] for i, s in enumerate(statuses) if s != 0}
+        for i in range(len(self.procs)):
+            log = self.log(i)
+            assert '"verifier_pool_stopped"' in log, log[-3000:]
+            assert "Traceback" not in log, log[-3000:]
+
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -186,12 +196,7 @@ async def ride_out_one_restart(server: EmbeddedRedis, workers: Workers, batches:
     assert got == expected_verdicts(before + in_flight + after)
     await wait_for(workers.health_checks_pass, 60, "arq --check to pass after the restart")
 
-    statuses = workers.terminate_all(timeout_s=90)
-    assert statuses == [0] * N_WORKERS, {i: workers.log(i)[-3000:] for i, s in enumerate(statuses) if s != 0}
-    for i in range(N_WORKERS):
-        log = workers.log(i)
-        assert '"verifier_pool_stopped"' in log, log[-3000:]
-        assert "Traceback" not in log, log[-3000:]
+    workers.stop_drained(timeout_s=90)
 
 
 @pytest.mark.timeout(400)
@@ -213,11 +218,6 @@ async def test_workers_drain_and_exit_0_when_redis_is_still_down_at_sigterm(serv
     server.kill()
     await wait_for(workers.all_logged("redis_unavailable"), 30, "every worker to notice the outage")
     started = time.monotonic()
-    statuses = workers.terminate_all(timeout_s=90)
+    workers.stop_drained(timeout_s=90)
     took_s = time.monotonic() - started
-    assert statuses == [0] * N_WORKERS, {i: workers.log(i)[-3000:] for i, s in enumerate(statuses) if s != 0}
-    for i in range(N_WORKERS):
-        log = workers.log(i)
-        assert '"verifier_pool_stopped"' in log, log[-3000:]
-        assert "Traceback" not in log, log[-3000:]
     print(f"stopped {N_WORKERS} workers with Redis down in {took_s:.1f} s")
