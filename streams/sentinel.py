@@ -47,16 +47,18 @@ class SentinelURL:
     password: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
+    def _socket(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The URL's timeouts, overridden by those a caller gives (ops' --timeout-s): for both kinds of node."""
+        return {k: given.get(k, self.options.get(k)) for k in _FLOAT_OPTIONS if k in given or k in self.options}
+
     def connection_kwargs(self) -> dict[str, Any]:
         """For the data nodes' connections."""
-        socket = {k: v for k, v in self.options.items() if k in _FLOAT_OPTIONS}
-        return {"db": self.db, "username": self.username, "password": self.password, **socket}
+        return {"db": self.db, "username": self.username, "password": self.password, **self._socket({})}
 
-    def sentinel_kwargs(self) -> dict[str, Any]:
+    def sentinel_kwargs(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """For the connections to the sentinels: the socket options, and their own credentials."""
-        socket = {k: v for k, v in self.options.items() if k in _FLOAT_OPTIONS}
         return {"username": self.options.get("sentinel_username"),
-                "password": self.options.get("sentinel_password"), **socket}  # fmt: skip
+                "password": self.options.get("sentinel_password"), **self._socket(given or {})}  # fmt: skip
 
 
 def is_sentinel(url: str) -> bool:
@@ -178,11 +180,7 @@ def master(url: str, *, connection_class: type, redis_class: type[Redis] = Redis
     clients closed with it."""
     parsed = parse(url)
     client_kwargs = {k: kwargs.pop(k) for k in _CLIENT_ONLY if k in kwargs}
-    sentinel_kwargs = parsed.sentinel_kwargs()
-    for key in _FLOAT_OPTIONS:  # a timeout given by the caller (ops' --timeout-s) holds for the sentinels too
-        if key in kwargs:
-            sentinel_kwargs[key] = kwargs[key]
-    manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)
+    manager = Sentinel(parsed.sentinels, sentinel_kwargs=parsed.sentinel_kwargs(kwargs))
     pool = _ClosingPool(parsed.service, manager, connection_class=connection_class, is_master=True,
                         **{**parsed.connection_kwargs(), **kwargs})  # fmt: skip
     client = redis_class(connection_pool=pool, **client_kwargs)
@@ -193,9 +191,5 @@ def master(url: str, *, connection_class: type, redis_class: type[Redis] = Redis
 def master_sync(url: str, **kwargs: Any) -> redis_sync.Redis:
     """A blocking client of the service's master (redis.sentinel, the same rules as the async one)."""
     parsed = parse(url)
-    sentinel_kwargs = parsed.sentinel_kwargs()
-    for key in _FLOAT_OPTIONS:
-        if key in kwargs:
-            sentinel_kwargs[key] = kwargs[key]
-    manager = sentinel_sync.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)
+    manager = sentinel_sync.Sentinel(parsed.sentinels, sentinel_kwargs=parsed.sentinel_kwargs(kwargs))
     return manager.master_for(parsed.service, **{**parsed.connection_kwargs(), **kwargs})
