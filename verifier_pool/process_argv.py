@@ -206,6 +206,9 @@ def private_root(config: ProcessSandboxConfig) -> PrivateRoot:
             binds.append((top, top))
     binds += [(path, path) for path in _ETC_FILES if os.path.exists(path)]
     binds += [(path, path) for path in _bind_paths(config)]
+    # Parents before what lies inside them: a bind made later over a parent hides the earlier one below it
+    # (unshare's read-only remount of the hidden mount point then fails; bwrap hides it silently).
+    binds.sort(key=lambda bind: bind[1].rstrip("/").count("/"))
     return PrivateRoot(tuple(binds), tuple(symlinks))
 
 

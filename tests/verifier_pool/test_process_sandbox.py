@@ -244,6 +244,20 @@ async def test_filesystem_is_read_only_except_a_private_tmp(make_sandbox, tmp_pa
     assert _probe_result(await second.request({"cmd": f"FIXTURE:read={host_file}"}, 5)).startswith("probe read: failed")
 
 
+async def test_a_bound_path_inside_the_workdir_is_bound_after_it(make_sandbox):
+    """ro_paths name the fixtures before the workdir that holds them (the Lean and Countdown sandboxes bind a
+    package inside the checkout they run in). Bound in that order the workdir's bind hid the fixtures' mount:
+    unshare then could not remount it read-only and every start failed (bwrap hid it silently)."""
+    workdir = str(FIXTURES.parent)
+    sandbox = await make_sandbox(workdir=workdir)
+    assert await sandbox.request({"cmd": "import Mathlib"}, 5) == {"env": 0}
+    for path in (str(FIXTURES / "x"), str(FIXTURES.parent / "x")):
+        assert _probe_result(await sandbox.request({"cmd": f"FIXTURE:write={path}"}, 5)).startswith(
+            "probe write: failed"
+        ), path
+    assert process.private_root(_config("bwrap", workdir=workdir)).binds[-1] == (str(FIXTURES), str(FIXTURES))
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="needs root and /usr/bin/python3"
 )
