@@ -84,6 +84,11 @@ class TrainerSettings(RoleSettings):
     train_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="the GRPO trainer's; auto: cuda when available"
     )
+    train_precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32", description="the GRPO step's: bf16-mixed computes the forward and backward passes in bfloat16 "
+        "(autocast; weights, gradients and AdamW stay fp32): faster where the hardware has bf16 (a GPU, a CPU with "
+        "AVX512-BF16 or AMX; python -m ops bench grpo)",
+    )  # fmt: skip
     dist_timeout_s: float = Field(
         1800.0, gt=0, description="under torchrun: how long a rank waits in a collective for a dead or stuck peer "
         "before it fails (torch.distributed's process-group timeout)",

@@ -71,7 +71,8 @@ def grpo_config(settings: TrainerSettings) -> GRPOConfig:
     """The run's GRPO settings; the rest (clip bounds, importance-weight cap, ...) are GRPOConfig's defaults."""
     accum = max(settings.grad_accum, grad_accum_for(settings.batch, settings.group_size))
     return GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
-                      advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum)  # fmt: skip
+                      advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum,
+                      precision=settings.train_precision)  # fmt: skip
 
 
 def training_device(setting: str) -> str:

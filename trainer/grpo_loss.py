@@ -58,6 +58,9 @@ from typing import Any, NamedTuple
 import torch
 
 ADVANTAGE_MODES = ("grpo", "dr_grpo")
+# fp32: every forward and backward in float32. bf16-mixed: the forwards and backwards of the step under
+# torch.autocast to bfloat16 (matrix products in bf16), weights, gradients, AdamW and the log-softmax in fp32.
+PRECISIONS = ("fp32", "bf16-mixed")
 
 
 @dataclass
@@ -78,11 +81,14 @@ class GRPOConfig:
     max_tokens: int = 1024  # Dr. GRPO's constant length normalizer: the generation budget (max_new_tokens)
     kl_coef: float = 0.0  # 0: off; > 0: k3 KL to the frozen reference (the model at model_path)
     max_grad_norm: float = 1.0  # <= 0: no clipping (the norm is still reported)
+    precision: str = "fp32"  # PRECISIONS: how the step computes (the weights and optimizer stay fp32 either way)
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)
         if self.advantage not in ADVANTAGE_MODES:
             raise ValueError(f"advantage must be one of {ADVANTAGE_MODES}, not {self.advantage!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: advantages are relative within a group")
         if self.grad_accum < 1 or self.epochs < 1 or self.max_tokens < 1:

@@ -181,11 +181,18 @@ class GRPOTrainer:
         chunks = [c.tolist() for c in torch.tensor(order).tensor_split(min(self.cfg.grad_accum, len(order)))]
         return [c for c in chunks if c]
 
+    def computing(self) -> torch.autocast:
+        """The context of the step's forward passes: autocast to bfloat16 with `cfg.precision` "bf16-mixed"
+        (`python -m ops bench grpo` measures what it saves), plain fp32 otherwise. The backward follows the
+        forward's dtypes; gradients land on the fp32 weights."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16-mixed")
+
     def _backward(self, chunk, samples, advs, off, normalizer, ref, prox) -> dict[str, float]:
         """Forward and backward of one micro-batch; its loss statistics (sums over its tokens)."""
-        new = sequence_logprobs(
-            self.model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
-        )
+        with self.computing():
+            new = sequence_logprobs(
+                self.model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
+            )
         logp_new, mask = pad_right(new)
         beh, _ = pad_right([torch.as_tensor(samples[i].logprobs, dtype=torch.float32) for i in chunk])
         loss, stats = grpo_loss(
@@ -213,9 +220,10 @@ class GRPOTrainer:
     def _no_grad_logprobs(self, model: Any, samples: list[GRPOSample], chunks: list[list[int]]) -> dict:
         out = {}
         for chunk in chunks:
-            rows = sequence_logprobs(
-                model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
-            )
+            with self.computing():
+                rows = sequence_logprobs(
+                    model, [samples[i].prompt_ids for i in chunk], [samples[i].token_ids for i in chunk]
+                )
             out.update(zip(chunk, rows, strict=True))
         return out
 

@@ -130,7 +130,9 @@ class ShardedGRPOTrainer(GRPOTrainer):
         if chunk:
             return super()._backward(chunk, samples, advs, off, normalizer, ref, prox)
         # no sequence left for this rank: the pass's all-gathers and reduce-scatter still need it
-        (sequence_logprobs(self.model, [[0]], [[0]])[0].sum() * 0.0).backward()
+        with self.computing():
+            zero = sequence_logprobs(self.model, [[0]], [[0]])[0].sum() * 0.0
+        zero.backward()
         return {}
 
     @torch.no_grad()
