@@ -32,8 +32,8 @@ from trainer import sharded
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 
 # grad_accum 2: one pass a rank for batch(1)'s 3 sequences (2 on rank 0, 1 on rank 1); batch(2) trains one
-# sequence, so rank 1 runs an idle pass
-CFG = GRPOConfig(group_size=2, lr=1e-6, grad_accum=2)
+# sequence, so rank 1 runs an idle pass. SHARDED_JOB_PRECISION: the job's (the tests' reference: fp32).
+CFG = GRPOConfig(group_size=2, lr=1e-6, grad_accum=2, precision=os.environ.get("SHARDED_JOB_PRECISION", "fp32"))
 
 
 def batch(n: int) -> list[list[GRPOSample]]:
