@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from streams.groups import group_states
 from streams.keys import GENERATORS, VERIFIERS, Keys
 
 DLQ_SCAN = 1_000  # the newest dead letters counted by reason in each version's metrics (the total is XLEN)
+MLFLOW_RETRY_S = 60.0  # after MLflow failed mid-run, its next try waits this long (metrics.jsonl has it all)
 log = structlog.get_logger("trainer.metrics")
 
 
@@ -46,20 +49,49 @@ def tracked(record: dict[str, Any]) -> tuple[dict[str, float], int]:
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, mlflow: MLflowRun | None = None) -> None:
+    """metrics.jsonl, the record of the run, and the trackers fed from it. MLflow failing mid-run (its server
+    away, its store refusing) never stops or fails the training: the sink says so once, tries again at most
+    every `retry_s`, and then logs what MLflow missed from metrics.jsonl (`catch_up`); at the end it tries
+    once more, and a resume catches up too."""
+
+    def __init__(self, run_dir: Path, mlflow: MLflowRun | None = None, retry_s: float = MLFLOW_RETRY_S) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self._trackers = [t for t in (_tensorboard(run_dir), mlflow) if t is not None]
+        self._tensorboard = _tensorboard(run_dir)
         self.mlflow = mlflow
+        self.retry_s = retry_s
+        self.mlflow_behind = False  # records of metrics.jsonl MLflow has not been given
+        self._retry_at = 0.0
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
-        if self._trackers:
-            numbers, step = tracked(record)
-            for log_metrics in self._trackers:
-                log_metrics(numbers, step)
+        numbers, step = tracked(record)
+        if self._tensorboard is not None:
+            self._tensorboard(numbers, step)
+        if self.mlflow is not None:
+            self._to_mlflow(lambda mlflow: mlflow(numbers, step), caught_up_by_the_record=True)
+
+    def _to_mlflow(self, call, caught_up_by_the_record: bool = False) -> bool:
+        """`call(self.mlflow)`, after what MLflow missed (which holds the record just written, so its call is
+        then not made again); whether MLflow has everything now."""
+        if self.mlflow_behind and time.monotonic() < self._retry_at:
+            return False
+        try:
+            if self.mlflow_behind:
+                self.mlflow.catch_up(self.records())
+                self.mlflow_behind = False
+                if caught_up_by_the_record:
+                    return True
+            call(self.mlflow)
+            return True
+        except Exception as e:  # noqa: BLE001 - MLflow's client raises what its store or HTTP stack raises
+            if not self.mlflow_behind:
+                log.warning("mlflow_unavailable", uri=self.mlflow.uri, error=f"{type(e).__name__}: {e}"[:500],
+                            retry_s=self.retry_s, record=str(self.path))  # fmt: skip
+            self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
+            return False
 
     def catch_up(self) -> int:
         """Log to MLflow the records of metrics.jsonl its run lacks (a trainer killed between the two writes),
@@ -67,9 +99,12 @@ class MetricsSink:
         return 0 if self.mlflow is None else self.mlflow.catch_up(self.records())
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
-        """The end of this trainer's part of the run: the artifacts go to MLflow, and its run is ended."""
+        """The end of this trainer's part of the run: the artifacts go to MLflow, and its run is ended. MLflow
+        still away: said, and left to a resume (or `python -m trainer` again on the finished run's folder)."""
         if self.mlflow is not None:
-            self.mlflow.finish(artifacts, interrupted)
+            self._retry_at = 0.0  # one last try now
+            if not self._to_mlflow(lambda mlflow: mlflow.finish(artifacts, interrupted)):
+                log.warning("mlflow_not_finished", uri=self.mlflow.uri, record=str(self.path))
 
     def records(self) -> list[dict[str, Any]]:
         return read_records(self.path)
@@ -209,6 +244,9 @@ class MLflowRun:
                 f"mlflow_uri is set but MLflow is not installed: pip install '.[mlflow]' ({e})"
             ) from e
         self._metric = Metric
+        self.uri = uri
+        if uri.startswith(("http://", "https://")):
+            _answers(uri)
         self.client = MlflowClient(tracking_uri=uri)
         record = run_dir / RECORD
         doc = orjson.loads(record.read_bytes()) if record.exists() else {}
@@ -255,6 +293,22 @@ class MLflowRun:
             if path.exists():
                 self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, status="KILLED" if interrupted else "FINISHED")
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+def _answers(uri: str) -> None:
+    """A tracking server that answers at all (any HTTP status: /health, or auth in front of it); else
+    MLflowUnavailable at once. MLflow's own client would retry for minutes first (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+    7 with backoff, in 3.x)."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as e:  # URLError, refused, timeout, reset; a malformed URL
+        raise MLflowUnavailable(f"MLflow at {uri} does not answer ({e}); check mlflow_uri or start the server") from e
 
 
 def _param(value: Any) -> str:

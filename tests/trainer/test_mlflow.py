@@ -4,13 +4,15 @@ eval/, the report and plots as artifacts beside the store, and a restarted train
 
 from __future__ import annotations
 
+import socket
+import sqlite3
 from pathlib import Path
 
 import orjson
 import pytest
 
 from trainer.config import TrainerSettings
-from trainer.metrics import RECORD, MetricsSink, MLflowRun
+from trainer.metrics import RECORD, MetricsSink, MLflowRun, MLflowUnavailable, read_records
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -80,3 +82,55 @@ def test_a_restart_logs_what_a_killed_trainer_wrote_to_the_jsonl_but_not_to_mlfl
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     assert _history(client, first.run_id, "reward_mean") == [(1, 0.1), (2, 0.2)]
     assert _history(client, first.run_id, "eval/held_out_reward") == [(2, 0.3)]
+
+
+def test_a_store_that_fails_mid_run_fails_no_write_and_gets_what_it_missed_once_back(tmp_path):
+    """MLflow refusing mid-run (here its real SQLite store, locked by another writer: "database is locked")
+    must not stop the training: every write lands in metrics.jsonl and returns; once the store takes writes
+    again, the versions it missed are logged from there, each once, and the run is ended."""
+    run_dir, db = tmp_path / "run", tmp_path / "m.db"
+    uri = f"sqlite:///{db}"
+    sink = MetricsSink(run_dir, MLflowRun(run_dir, uri, "e", {"run": "r"}), retry_s=0)
+    sink.write({"version": 1, "reward_mean": 0.1})
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # no one else reads or writes until it ends
+    try:
+        sink.write({"version": 2, "reward_mean": 0.2})  # MLflow's store waits ~20 s for the lock, then refuses
+        assert sink.mlflow_behind
+    finally:
+        blocker.rollback()
+        blocker.close()
+    sink.write({"eval": True, "version": 2, "held_out_reward": 0.3})  # catches up version 2, then this
+    assert not sink.mlflow_behind
+    sink.write({"version": 3, "reward_mean": 0.4})
+    sink.finish([], interrupted=False)
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run_id = sink.mlflow.run_id
+    assert _history(client, run_id, "reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.4)]
+    assert _history(client, run_id, "eval/held_out_reward") == [(2, 0.3)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [r["version"] for r in read_records(run_dir / "metrics.jsonl")] == [1, 2, 2, 3]
+
+
+def test_a_store_still_away_at_the_end_leaves_the_run_to_a_resume(tmp_path):
+    run_dir, db = tmp_path / "run", tmp_path / "m.db"
+    sink = MetricsSink(run_dir, MLflowRun(run_dir, f"sqlite:///{db}", "e", {"run": "r"}), retry_s=3600)
+    sink.write({"version": 1, "reward_mean": 0.1})
+    blocker = sqlite3.connect(db, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        sink.finish([], interrupted=False)  # said, not raised
+        assert sink.mlflow_behind
+    finally:
+        blocker.rollback()
+        blocker.close()
+    again = MetricsSink(run_dir, MLflowRun(run_dir, f"sqlite:///{db}", "e", {"run": "r"}))
+    assert again.mlflow.resumed and again.catch_up() == 0  # version 1 went in before the lock
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_at_once(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(MLflowUnavailable, match=f"MLflow at http://127.0.0.1:{port} does not answer"):
+        MLflowRun(tmp_path / "run", f"http://127.0.0.1:{port}", "e", {"run": "r"})
