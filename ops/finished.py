@@ -4,8 +4,9 @@ A local run (`python -m trainer` without `--redis-url`) keeps its Redis data in 
 stops that server when it ends, so the URL it printed leads nowhere afterwards. `FinishedRun` copies the
 data files to a temporary folder, starts a private redis-server on the copy (the binary that wrote them,
 streams.embedded), and removes both on exit: whatever `ops` does (`dlq purge` included) never touches the
-run directory. A run directory whose run is still going (its `.lock`, trainer.local) is refused with how
-to reach the live server instead.
+run directory. A copy's folder names the pid that made it: one left by an `ops` killed with SIGKILL (its
+server dies with it) is removed by the next `FinishedRun`. A run directory whose run is still going (its
+`.lock`, trainer.local) is refused with how to reach the live server instead.
 """
 
 from __future__ import annotations
@@ -22,8 +23,26 @@ import redis
 from streams.embedded import EmbeddedRedis, RedisDataMismatch, RedisNotFound
 
 DATA = "redis"
+COPY_PREFIX = "proofstream-finished-"  # + "<pid>-" + mkdtemp's letters, in the temporary folder
 LOCK = ".lock"  # trainer.local.DATA_LOCK: held by a live local pipeline (ops imports no role)
 _SKIP = {LOCK, "redis.log"}
+
+
+def remove_orphaned_copies() -> list[Path]:
+    """Remove the copies whose `ops` process is gone (a pid that does not exist); the ones removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{COPY_PREFIX}*-*"):
+        pid = folder.name[len(COPY_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue  # an older name without the pid: whose it is cannot be told
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except PermissionError:
+            pass  # alive, another user's
+    return removed
 
 
 class NotARunDir(ValueError):
@@ -47,7 +66,8 @@ class FinishedRun:
                 f"{self.run_dir} holds no Redis data ({data}): not the directory of a local run (a run "
                 "started with --redis-url keeps its data in that Redis: point ops there with --redis-url)"
             )
-        self._copy = Path(tempfile.mkdtemp(prefix="proofstream-finished-"))
+        remove_orphaned_copies()
+        self._copy = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-"))
         try:
             self._copy_data(data, self._copy / DATA)
             self._server = EmbeddedRedis(data_dir=self._copy / DATA).start()

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import redis as redis_sync
 
-from ops.finished import FinishedRun
+from ops.finished import COPY_PREFIX, FinishedRun
 from streams.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +100,24 @@ def test_the_run_id_comes_from_report_json_when_there_is_one(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"settings": {"run": "from-report"}}))
     with FinishedRun(tmp_path) as run:
         assert run.run_id == "from-report" and run.url.startswith("redis://127.0.0.1:")
+
+
+def test_a_copy_left_by_an_open_killed_with_sigkill_is_removed_by_the_next(tmp_path):
+    _finished_run(tmp_path, "exp-9", rewards=2)
+    proc = subprocess.Popen([sys.executable, "-m", "ops", "open", "--json", "--run-dir", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert json.loads(proc.stdout.readline())["run"] == "exp-9"
+        copies = list(Path(tempfile.gettempdir()).glob(f"{COPY_PREFIX}{proc.pid}-*"))
+        assert len(copies) == 1 and (copies[0] / "redis").is_dir()
+    finally:
+        proc.kill()  # SIGKILL: no cleanup of its own
+        proc.wait(timeout=30)
+    assert copies[0].exists()
+    mine = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-"))  # a live process's copy stays
+    try:
+        with FinishedRun(tmp_path) as run:
+            assert run.run_id == "exp-9"
+        assert not copies[0].exists() and mine.exists()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
