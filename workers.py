@@ -21,8 +21,9 @@ sentinel client from `Sentinel(sentinels=..., ssl=...)` and db/username/password
 `retry_on_error` (arq 0.28 connections.py), so its pool would give up at the first command of a failover and
 end the worker. Ours is streams.sentinel's client of the master with the same ride-out policy, whose
 connections ask the sentinels again on every reconnect; arq's patience at the start (conn_retries) becomes
-the policy's `start_within`. Its limit: `--check` cannot pass a `sentinel_password` (arq's `Sentinel` gets
-no sentinel_kwargs); `python -m ops.health verifier` can.
+the policy's `start_within`. arq's `Sentinel` gets no sentinel_kwargs, so it cannot AUTH to sentinels that
+have a password: with a `sentinel_password` in the URL, `--check` gets the master's address instead, asked of
+the sentinels here when the module is imported (each `--check` is a new process: the master of that moment).
 
 Shutdown. After the start, SIGTERM and SIGINT come here rather than to arq's handler, which would cancel the
 main loop and leave the drain to `Worker.close`, behind a Redis call. Here the pool drains first (bounded:
@@ -221,14 +222,20 @@ def _redis_settings(url: str) -> RedisSettings:
     if not sentinel.is_sentinel(url):
         return dataclasses.replace(RedisSettings.from_dsn(url), retry=_RETRY, retry_on_error=list(UNAVAILABLE))
     parsed = sentinel.parse(url)
-    return RedisSettings(host=parsed.sentinels, sentinel=True, sentinel_master=parsed.service, database=parsed.db,
-                         username=parsed.username, password=parsed.password, retry=_RETRY,
-                         retry_on_error=list(UNAVAILABLE))  # fmt: skip
+    common = {"database": parsed.db, "username": parsed.username, "password": parsed.password, "retry": _RETRY,
+              "retry_on_error": list(UNAVAILABLE)}  # fmt: skip
+    if parsed.options.get("sentinel_password"):  # arq cannot AUTH to these sentinels (module docstring)
+        try:
+            host, port = sentinel.master_address_sync(url, RedisSettings.conn_timeout)
+            return RedisSettings(host=host, port=port, **common)
+        except RedisError:
+            pass  # no sentinel answers now: arq's own branch fails `--check` as it would
+    return RedisSettings(host=parsed.sentinels, sentinel=True, sentinel_master=parsed.service, **common)
 
 
 def _sentinel_pool(url: str, settings: RedisSettings, queue_name: str) -> ArqRedis | None:
     """For a sentinel URL, the worker's pool (module docstring); None lets arq build its own."""
-    if not settings.sentinel:
+    if not sentinel.is_sentinel(url):
         return None
     _RETRY.start_within(settings.conn_retries * (settings.conn_retry_delay + settings.conn_timeout))
     pool = sentinel.master(url, connection_class=HiredisSentinelConnection, redis_class=ArqRedis,

@@ -188,6 +188,19 @@ def master(url: str, *, connection_class: type, redis_class: type[Redis] = Redis
     return client
 
 
+def master_address_sync(url: str, timeout_s: float) -> tuple[str, int]:
+    """The master's address as the sentinels name it now (blocking; each sentinel asked at most `timeout_s`);
+    redis.sentinel's MasterNotFoundError (a ConnectionError) when none does."""
+    parsed = parse(url)
+    timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    manager = sentinel_sync.Sentinel(parsed.sentinels, sentinel_kwargs=parsed.sentinel_kwargs(timeouts))
+    try:
+        return manager.discover_master(parsed.service)
+    finally:
+        for client in manager.sentinels:
+            client.close()
+
+
 def master_sync(url: str, **kwargs: Any) -> redis_sync.Redis:
     """A blocking client of the service's master (redis.sentinel, the same rules as the async one)."""
     parsed = parse(url)

@@ -33,8 +33,8 @@ from streams.connect import connect
 from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, Reward
 from streams.theorems import Theorem, register
-from tests.fixtures.sentinel import started
-from tests.test_workers_redis_restart import ROOT, Workers, expected_verdicts, wait_for
+from tests.fixtures.sentinel import Topology, started
+from tests.test_workers_redis_restart import ARQ, ROOT, Workers, expected_verdicts, wait_for
 from verifier_pool import process
 
 pytestmark = [
@@ -210,3 +210,22 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         workers.kill_all()
         for i in range(N_WORKERS):  # shown by pytest only when the test failed
             print(f"--- worker {i} (exit {workers.procs[i].returncode}) ---\n{workers.log(i)[-3000:]}")
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_and_arq_check_behind_sentinels_with_a_password(tmp_path):
+    """arq's own sentinel client cannot AUTH to sentinels (0.28's `create_pool` gives `Sentinel` no
+    sentinel_kwargs): with a `sentinel_password` in the URL, `--check` is given the master's address instead,
+    and the worker its pool from streams.sentinel as always. A real worker starts, `--check` sees its health
+    key, the worker drains on SIGTERM; the sentinels really refuse a client without their password."""
+    topology = Topology(tmp_path / "sentinel", sentinels=1, sentinel_password="s3cret")
+    workers = Workers(topology.url(sentinel_password="s3cret"), "chk", tmp_path, 1)
+    try:
+        await wait_for(workers.health_checks_pass, 60, "arq --check to find the worker's health key")
+        workers.stop_drained(timeout_s=60)
+        refused = subprocess.run([ARQ, "workers.verifier", "--check"], cwd=ROOT, capture_output=True, text=True,
+                                 env={**workers.env, "PROOFSTREAM_REDIS_URL": topology.url()}, timeout=60)  # fmt: skip
+        assert refused.returncode != 0 and "Authentication required" in refused.stderr, refused.stderr[-2000:]
+    finally:
+        workers.kill_all()
+        topology.close()
