@@ -94,9 +94,18 @@ class MetricsSink:
             return False
 
     def catch_up(self) -> int:
-        """Log to MLflow the records of metrics.jsonl its run lacks (a trainer killed between the two writes),
-        at a resume; how many."""
-        return 0 if self.mlflow is None else self.mlflow.catch_up(self.records())
+        """Log to TensorBoard and MLflow the records of metrics.jsonl they lack (a trainer killed between the
+        writes), at a resume; how many records the one that lacked the most got."""
+        records = self.records()
+        counts = [self._tensorboard.catch_up(records)] if self._tensorboard is not None else []
+        if self.mlflow is not None:
+            try:
+                counts.append(self.mlflow.catch_up(records))
+            except Exception as e:  # noqa: BLE001 - as in _to_mlflow: MLflow away is no reason to stop
+                log.warning("mlflow_unavailable", uri=self.mlflow.uri, error=f"{type(e).__name__}: {e}"[:500],
+                            retry_s=self.retry_s, record=str(self.path))  # fmt: skip
+                self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
+        return max(counts, default=0)
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
         """The end of this trainer's part of the run: the artifacts go to MLflow, and its run is ended. MLflow
@@ -204,20 +213,45 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _tensorboard(run_dir: Path):
-    """A `log(metrics, step)` writing TensorBoard scalars to `run_dir/tensorboard`, or None when not installed."""
+def _tensorboard(run_dir: Path) -> TensorBoardLog | None:
+    """TensorBoard scalars in `run_dir/tensorboard`, or None when TensorBoard (or torch) is not installed."""
     if importlib.util.find_spec("tensorboard") is None or importlib.util.find_spec("torch") is None:
         return None
-    from torch.utils.tensorboard import SummaryWriter  # torch: heavy, and only here
+    return TensorBoardLog(run_dir / "tensorboard")
 
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
 
-    def log_tb(metrics: dict[str, float], step: int) -> None:
+class TensorBoardLog:
+    """`log(metrics, step)` as TensorBoard scalars (torch's SummaryWriter: an event file per trainer start)."""
+
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # torch: heavy, and only here
+
+        self.folder = folder
+        self.writer = SummaryWriter(str(folder))
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
         for k, v in metrics.items():
-            writer.add_scalar(k, v, step)
-        writer.flush()
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
 
-    return log_tb
+    def catch_up(self, records: list[dict[str, Any]]) -> int:
+        """Log the records the event files lack (as MLflowRun.catch_up: by `reward_mean` or
+        `eval/held_out_reward` at the record's version), read with TensorBoard's own reader; how many."""
+        from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+        events = EventAccumulator(str(self.folder), size_guidance={SCALARS: 0})  # 0: every step, not a sample
+        events.Reload()
+        tags = set(events.Tags()["scalars"])
+        logged = {key: {e.step for e in events.Scalars(key)} if key in tags else set()
+                  for key in ("reward_mean", "eval/held_out_reward")}  # fmt: skip
+        missing = 0
+        for record in records:
+            numbers, step = tracked(record)
+            key = "eval/held_out_reward" if record.get("eval") else "reward_mean"
+            if key in numbers and step not in logged[key]:
+                self(numbers, step)
+                missing += 1
+        return missing
 
 
 class MLflowUnavailable(RuntimeError):

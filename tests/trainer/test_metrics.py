@@ -34,3 +34,19 @@ def test_versions_and_evaluations_reach_the_jsonl_and_tensorboard(tmp_path):
     assert scalars("eval/held_out_reward") == [(2, 0.75)]
     tags = set(events.Tags()["scalars"])
     assert not tags & {"time", "version", "algo", "eval/eval"}  # numbers only (not flags), the step is the version
+
+
+def test_a_restart_gives_tensorboard_what_a_killed_trainer_wrote_to_the_jsonl_only(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    MetricsSink(tmp_path).write({"version": 1, "reward_mean": 0.25, "time": 1.0})
+    with open(tmp_path / "metrics.jsonl", "ab") as jsonl:  # killed after the JSONL, before TensorBoard
+        jsonl.write(orjson.dumps({"version": 2, "reward_mean": 0.5, "time": 2.0}) + b"\n")
+        jsonl.write(orjson.dumps({"eval": True, "version": 2, "held_out_reward": 0.75, "time": 3.0}) + b"\n")
+    again = MetricsSink(tmp_path)
+    assert again.catch_up() == 2 and again.catch_up() == 0  # logged once
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/held_out_reward")] == [(2, 0.75)]
