@@ -45,6 +45,7 @@ from streams.codec import decoder
 from streams.groups import id_order
 from streams.keys import Keys
 from streams.schema import DeadLetter, M, Message, SchemaError, fast_init
+from streams.sentinel import MasterReplaced
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
@@ -498,6 +499,12 @@ class Consumer(Generic[M]):
         self.stats.dead += settled.dead
         if settled.unreplicated:
             self._unreplicated(settled)
+        if await self._settle.replication.deposed():
+            # The split brain (streams.sentinel `deposed`): this settle, and those since the master lost its
+            # replica, went to a master the sentinels have replaced and will be thrown away with its data. As
+            # after any outage, what we hold is taken again from the new master (at once: `deposed` dropped
+            # the old connections); the handler's work on it is redone, never counted twice.
+            raise MasterReplaced(f"{self.name}: settled on a master the sentinels have replaced")
         return settled
 
     def _unreplicated(self, settled: Settled) -> None:

@@ -162,14 +162,19 @@ async def deposed(redis: Redis) -> bool:
     `sentinelRefreshInstanceInfo`: SENTINEL_PUBLISH_PERIOD*4 of it reporting itself a master); those writes are
     thrown away by its resync. redis-py asks the sentinels only when it connects. So a role that sees its
     master lose its replica (streams.settle's `Replication`) asks here; on True the connections to the old
-    address are dropped (`get_master_address` drops the idle ones, `_ClosingPool.release` the others), and
-    the next command finds the new master."""
+    address are dropped (`get_master_address` drops the idle ones, `_ClosingPool.release` the others, and here
+    a `single_connection_client`'s own, which is never released: the consumers' kind), and the next command
+    finds the new master."""
     pool = getattr(redis, "connection_pool", None)  # a cluster client has none
     if not isinstance(pool, _ClosingPool):
         return False
     before = pool.master_address
     await pool.get_master_address()  # Sentinel.discover_master; a new address disconnects the idle connections
     stale, pool.stale_seen = pool.stale_released > pool.stale_seen, pool.stale_released
+    held = getattr(redis, "connection", None)  # a single_connection_client's, never released to the pool
+    if held is not None and held.is_connected and (held.host, held.port) != pool.master_address:
+        await held.disconnect()  # its next command connects again, to the master the sentinels name now
+        stale = True
     return pool.master_address != before or stale
 
 

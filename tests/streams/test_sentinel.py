@@ -262,6 +262,42 @@ async def test_a_master_paused_through_a_failover_takes_writes_until_deposed_say
         await client.aclose()
 
 
+@pytest.mark.slow  # a failover: ~3 s
+async def test_a_consumer_that_settled_on_a_deposed_master_ends_the_batch_as_an_outage(topology):
+    """The split brain, at the consumer: its connection to the master paused through a failover still reads
+    and settles there once the master comes back; that settle's WAIT finds no replica, the sentinels are
+    asked, and the batch ends as an outage would (MasterReplaced, a ConnectionError: the runtime takes what it
+    held again from the new master), instead of ~10 s of work thrown away by the demotion. The client holds one
+    connection, as the verifier's consumers do (consumers/service.py), which is never released to the pool."""
+    client = connect(topology.url(), single_connection_client=True)
+    try:
+        await ensure_group(client, KEYS.attempts, VERIFIERS)
+
+        async def handler(delivery):
+            a = delivery.message
+            return [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)]
+
+        consumer = Consumer(client, KEYS, message_type=Attempt, group=VERIFIERS, name="c1", handler=handler,
+                            output=Reward, settings=ConsumerSettings(batch_size=10, block_ms=50,
+                                                                     settle_wait_ms=300))  # fmt: skip
+        await client.xadd(KEYS.attempts, encode(Attempt("a0", "w", "t", 0, 0, "p")))
+        await consumer.run_once()
+        assert consumer.stats.published == 1 and consumer.stats.settle_unreplicated == 0  # WAITed for the replica
+        old = topology.master
+        old.stop()
+        await asyncio.to_thread(topology.wait_failover, old.port)
+        old.cont()
+        await client.xadd(KEYS.attempts, encode(Attempt("a1", "w", "t", 0, 0, "p")))  # to the old master
+        assert old.client.info("replication")["role"] == "master" and old.client.xlen(KEYS.attempts) == 2
+        with pytest.raises(sentinel.MasterReplaced):
+            await consumer.run_once()
+        assert consumer.stats.settle_unreplicated == 1
+        await client.set("k", b"after")  # the next command: on the new master
+        assert topology.replica.client.get("k") == b"after" and old.client.get("k") is None
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.parametrize("through", ["sentinel", "redis"])
 async def test_a_write_refused_for_want_of_replicas_is_an_outage_that_wrote_nothing(topology, through):
     """`min-replicas-to-write` above the replicas in sync: Redis answers NOREPLICAS, which redis-py 5.3.1 gives
