@@ -64,7 +64,7 @@ def bench(args: argparse.Namespace) -> dict:
         "bench": "grpo",
         "model": path.name,
         "threads": torch.get_num_threads(),
-        "bf16_in_hardware": bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "bf16_in_hardware": _bf16_in_hardware(torch),
         "groups": args.groups,
         "group_size": args.group_size,
         "prompt_tokens": [len(g[0].prompt_ids) for g in groups],
@@ -77,6 +77,15 @@ def bench(args: argparse.Namespace) -> dict:
         "speedup": round(fp32 / mixed, 3),
         "grad_norm_rel_diff": round(abs(norms["bf16-mixed"] - norms["fp32"]) / norms["fp32"], 5),
     }
+
+
+def _bf16_in_hardware(torch) -> bool | None:
+    """Whether oneDNN has bf16 instructions here (AVX512-BF16, AMX); None where this torch cannot say."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(torch.backends.mkldnn.is_available() and probe is not None and probe())
+    except RuntimeError:
+        return None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,7 @@ class MetricsSink:
             return True
         except Exception as e:  # noqa: BLE001 - MLflow's client raises what its store or HTTP stack raises
             if not self.mlflow_behind:
-                log.warning("mlflow_unavailable", uri=self.mlflow.uri, error=f"{type(e).__name__}: {e}"[:500],
+                log.warning("mlflow_unavailable", uri=self.mlflow.shown_uri, error=f"{type(e).__name__}: {e}"[:500],
                             retry_s=self.retry_s, record=str(self.path))  # fmt: skip
             self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
             return False
@@ -102,7 +101,7 @@ class MetricsSink:
             try:
                 counts.append(self.mlflow.catch_up(records))
             except Exception as e:  # noqa: BLE001 - as in _to_mlflow: MLflow away is no reason to stop
-                log.warning("mlflow_unavailable", uri=self.mlflow.uri, error=f"{type(e).__name__}: {e}"[:500],
+                log.warning("mlflow_unavailable", uri=self.mlflow.shown_uri, error=f"{type(e).__name__}: {e}"[:500],
                             retry_s=self.retry_s, record=str(self.path))  # fmt: skip
                 self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
         return max(counts, default=0)
@@ -113,7 +112,7 @@ class MetricsSink:
         if self.mlflow is not None:
             self._retry_at = 0.0  # one last try now
             if not self._to_mlflow(lambda mlflow: mlflow.finish(artifacts, interrupted)):
-                log.warning("mlflow_not_finished", uri=self.mlflow.uri, record=str(self.path))
+                log.warning("mlflow_not_finished", uri=self.mlflow.shown_uri, record=str(self.path))
 
     def records(self) -> list[dict[str, Any]]:
         return read_records(self.path)
@@ -278,7 +277,7 @@ class MLflowRun:
                 f"mlflow_uri is set but MLflow is not installed: pip install '.[mlflow]' ({e})"
             ) from e
         self._metric = Metric
-        self.uri = uri
+        self.uri, self.shown_uri = uri, shown(uri)
         if uri.startswith(("http://", "https://")):
             _answers(uri)
         self.client = MlflowClient(tracking_uri=uri)
@@ -299,7 +298,7 @@ class MLflowRun:
             self.client.log_batch(self.run_id, params=[Param(k, _param(v)) for k, v in sorted(params.items())],
                                   tags=[RunTag("mlflow.source.name", "python -m trainer")])  # fmt: skip
         except Exception as e:  # noqa: BLE001 - MLflow's store errors have no common base but MlflowException
-            raise MLflowUnavailable(f"MLflow at {uri}: {e}") from e
+            raise MLflowUnavailable(f"MLflow at {shown(uri)}: {e}") from e
         run_dir.mkdir(parents=True, exist_ok=True)
         record.write_bytes(orjson.dumps({"uri": uri, "run_id": self.run_id, "experiment": experiment}))
         self.resumed = False
@@ -332,17 +331,27 @@ class MLflowRun:
 PROBE_TIMEOUT_S = 10.0
 
 
+def shown(uri: str) -> str:
+    """`uri` with the password of its user info (http://user:pw@host) hidden, for messages and logs."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def _answers(uri: str) -> None:
     """A tracking server that answers at all (any HTTP status: /health, or auth in front of it); else
     MLflowUnavailable at once. MLflow's own client would retry for minutes first (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-    7 with backoff, in 3.x)."""
+    7 with backoff, in 3.x). Through requests, as MLflow's client goes (credentials in the URL included)."""
+    import requests  # MLflow's own dependency: there whenever MLflow is
+
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S):
-            return
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (OSError, ValueError) as e:  # URLError, refused, timeout, reset; a malformed URL
-        raise MLflowUnavailable(f"MLflow at {uri} does not answer ({e}); check mlflow_uri or start the server") from e
+        requests.get(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S)
+    except requests.RequestException as e:  # refused, timeout, reset, a URL it cannot read
+        raise MLflowUnavailable(
+            f"MLflow at {shown(uri)} does not answer ({e}); check mlflow_uri or start the server"
+        ) from e
 
 
 def _param(value: Any) -> str:

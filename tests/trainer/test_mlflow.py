@@ -134,3 +134,7 @@ def test_a_tracking_server_that_does_not_answer_is_refused_at_once(tmp_path):
         port = s.getsockname()[1]
     with pytest.raises(MLflowUnavailable, match=f"MLflow at http://127.0.0.1:{port} does not answer"):
         MLflowRun(tmp_path / "run", f"http://127.0.0.1:{port}", "e", {"run": "r"})
+    with pytest.raises(MLflowUnavailable) as refused:  # credentials in the URL: read, and not shown
+        MLflowRun(tmp_path / "run", f"http://me:s3cret@127.0.0.1:{port}", "e", {"run": "r"})
+    assert f"MLflow at http://me:***@127.0.0.1:{port} does not answer" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
