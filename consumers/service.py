@@ -78,8 +78,11 @@ class VerifierService:
         checkers_for = self.checkers_for or await self._configured_checkers()
         for i in range(self.settings.workers):
             checkers = checkers_for(self.settings, i)
-            await asyncio.gather(*(self._start_sandbox(c) for c in checkers.values()))
-            self.checkers.append(checkers)
+            self.checkers.append(checkers)  # first: a start that fails part way leaves `stop` the ones that started
+            # every start finished (none still under way for `stop` to miss) before a failure is raised
+            started = await asyncio.gather(*(self._start_sandbox(c) for c in checkers.values()), return_exceptions=True)
+            for failure in (s for s in started if isinstance(s, BaseException)):
+                raise failure
             sandbox_ids = ",".join(c.sandbox.sandbox_id for c in checkers.values())
             turn = asyncio.Lock()
             for j in range(TASKS_PER_SLOT):

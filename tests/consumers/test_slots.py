@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
+
+import pytest
 
 from consumers.service import VerifierService
 from streams.codec import decode
@@ -16,6 +19,8 @@ from streams.keys import VERIFIERS
 from streams.publisher import Publisher
 from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
+from verifier_pool import pool
+from verifier_pool.checkers import CountdownChecker
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.judgement import Judgement
 from verifier_pool.sandbox import SandboxStats
@@ -120,3 +125,34 @@ def test_a_lean_pool_reads_one_attempt_at_a_time_and_countdown_batches():
     lean = VerifierSettings(tasks=["lean", "countdown"], sandbox="kimina", kimina_url="http://k:8000")
     assert (lean.batch_size, VerifierSettings(tasks=["countdown"]).batch_size) == (1, 16)
     assert VerifierSettings(tasks=["countdown"], read_batch=3).batch_size == 3
+
+
+class _BrokenSandbox(GatedSandbox):
+    """A sandbox whose start raises what no backend should (a bug, a daemon's unexpected answer): not the
+    SandboxUnavailable the service turns into a red health check."""
+
+    sandbox_id = "broken"
+
+    def __init__(self, after) -> None:
+        self.after = after
+
+    async def start(self) -> None:
+        while self.after.pid is None:  # the slot's other sandbox is up first
+            await asyncio.sleep(0.01)  # polls its state
+        raise RuntimeError("boom")
+
+
+async def test_a_start_that_fails_part_way_leaves_no_sandbox_behind_the_stop(redis_url, keys):
+    """Starting a slot's sandboxes together, one failing, must not leave the others out of what `stop` kills."""
+    settings = VerifierSettings(run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"],
+                                sandbox="process")  # fmt: skip
+    real = pool.make_sandbox(settings, "countdown", 0, "process")
+    checkers = {"countdown": CountdownChecker(real), "broken": SimpleNamespace(sandbox=_BrokenSandbox(real))}
+    service = VerifierService(settings, redis_url, checkers_for=lambda s, i: checkers)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            await service.start()
+        assert real.pid is not None  # it started
+    finally:
+        await service.stop()
+    assert real.pid is None  # and the stop killed it
