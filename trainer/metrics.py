@@ -47,6 +47,22 @@ def tracked(record: dict[str, Any]) -> tuple[dict[str, float], int]:
     return numbers, int(record.get("version", 0))
 
 
+CAUGHT_UP_BY = ("reward_mean", "eval/held_out_reward")  # a tracker has a record when it has this at its step
+
+
+def log_missing(log_metrics, records: list[dict[str, Any]], logged: dict[str, set[int]]) -> int:
+    """Give `log_metrics` the records whose key (`reward_mean` for an update, `eval/held_out_reward` for an
+    evaluation) it has not logged at the record's version (`logged`: key -> steps); how many."""
+    missing = 0
+    for record in records:
+        numbers, step = tracked(record)
+        key = CAUGHT_UP_BY[1] if record.get("eval") else CAUGHT_UP_BY[0]
+        if key in numbers and step not in logged[key]:
+            log_metrics(numbers, step)
+            missing += 1
+    return missing
+
+
 class MetricsSink:
     """metrics.jsonl, the record of the run, and the trackers fed from it. MLflow failing mid-run (its server
     away, its store refusing) never stops or fails the training: the sink says so once, tries again at most
@@ -241,16 +257,8 @@ class TensorBoardLog:
         events = EventAccumulator(str(self.folder), size_guidance={SCALARS: 0})  # 0: every step, not a sample
         events.Reload()
         tags = set(events.Tags()["scalars"])
-        logged = {key: {e.step for e in events.Scalars(key)} if key in tags else set()
-                  for key in ("reward_mean", "eval/held_out_reward")}  # fmt: skip
-        missing = 0
-        for record in records:
-            numbers, step = tracked(record)
-            key = "eval/held_out_reward" if record.get("eval") else "reward_mean"
-            if key in numbers and step not in logged[key]:
-                self(numbers, step)
-                missing += 1
-        return missing
+        logged = {key: {e.step for e in events.Scalars(key)} if key in tags else set() for key in CAUGHT_UP_BY}
+        return log_missing(self, records, logged)
 
 
 class MLflowUnavailable(RuntimeError):
@@ -310,16 +318,8 @@ class MLflowRun:
     def catch_up(self, records: list[dict[str, Any]]) -> int:
         """Log the records whose version this run has no `reward_mean` (an update) or `eval/held_out_reward`
         (an evaluation) for; how many."""
-        logged = {key: {m.step for m in self.client.get_metric_history(self.run_id, key)}
-                  for key in ("reward_mean", "eval/held_out_reward")}  # fmt: skip
-        missing = 0
-        for record in records:
-            numbers, step = tracked(record)
-            key = "eval/held_out_reward" if record.get("eval") else "reward_mean"
-            if key in numbers and step not in logged[key]:
-                self(numbers, step)
-                missing += 1
-        return missing
+        logged = {key: {m.step for m in self.client.get_metric_history(self.run_id, key)} for key in CAUGHT_UP_BY}
+        return log_missing(self, records, logged)
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
         for path in artifacts:

@@ -262,6 +262,18 @@ async def test_a_master_paused_through_a_failover_takes_writes_until_deposed_say
         await client.aclose()
 
 
+async def _proving_consumer(client) -> Consumer:
+    """A consumer of the attempts that rewards each one 1.0, settling with a WAIT of at most 300 ms."""
+    await ensure_group(client, KEYS.attempts, VERIFIERS)
+
+    async def handler(delivery):
+        a = delivery.message
+        return [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)]
+
+    return Consumer(client, KEYS, message_type=Attempt, group=VERIFIERS, name="c1", handler=handler, output=Reward,
+                    settings=ConsumerSettings(batch_size=10, block_ms=50, settle_wait_ms=300))  # fmt: skip
+
+
 @pytest.mark.slow  # a failover: ~3 s
 async def test_a_consumer_that_settled_on_a_deposed_master_ends_the_batch_as_an_outage(topology):
     """The split brain, at the consumer: its connection to the master paused through a failover still reads
@@ -271,15 +283,7 @@ async def test_a_consumer_that_settled_on_a_deposed_master_ends_the_batch_as_an_
     connection, as the verifier's consumers do (consumers/service.py), which is never released to the pool."""
     client = connect(topology.url(), single_connection_client=True)
     try:
-        await ensure_group(client, KEYS.attempts, VERIFIERS)
-
-        async def handler(delivery):
-            a = delivery.message
-            return [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)]
-
-        consumer = Consumer(client, KEYS, message_type=Attempt, group=VERIFIERS, name="c1", handler=handler,
-                            output=Reward, settings=ConsumerSettings(batch_size=10, block_ms=50,
-                                                                     settle_wait_ms=300))  # fmt: skip
+        consumer = await _proving_consumer(client)
         await client.xadd(KEYS.attempts, encode(Attempt("a0", "w", "t", 0, 0, "p")))
         await consumer.run_once()
         assert consumer.stats.published == 1 and consumer.stats.settle_unreplicated == 0  # WAITed for the replica
@@ -350,15 +354,7 @@ async def test_the_consumer_counts_unreplicated_settles_and_auto_mode_stops_wait
     for over 2 s is not waited for."""
     client = connect(topology.url())
     try:
-        await ensure_group(client, KEYS.attempts, VERIFIERS)
-
-        async def handler(delivery):
-            a = delivery.message
-            return [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)]
-
-        consumer = Consumer(client, KEYS, message_type=Attempt, group=VERIFIERS, name="c1", handler=handler,
-                            output=Reward, settings=ConsumerSettings(batch_size=10, block_ms=50,
-                                                                     settle_wait_ms=300))  # fmt: skip
+        consumer = await _proving_consumer(client)
         topology.replica.stop()
         try:
             published = 0
