@@ -121,6 +121,9 @@ class Run:
         self.orders: dict[str, Order] = {}  # training orders in flight (ES members, GRPO groups), by work id
         self.evals: dict[str, Order] = {}  # evaluation orders in flight
         self.eval_results: dict[int, dict[str, Any]] = {}
+        # not checkpointed: the evaluations metrics.jsonl holds a line for (read back at a resume), so that
+        # one written before a kill that the checkpoint missed is not written a second time when it is redone
+        self.evals_in_jsonl: set[int] = set()
         self.eval_ids: list[str] = []  # the held-out split as evaluated: what evals.passk checks against
         self.counts: collections.Counter[str] = collections.Counter()
         self.finished = False  # the run reached `iterations` and its last evaluation
@@ -213,10 +216,11 @@ class Run:
             if int(metrics["version"]) not in have:
                 self.sink.write(metrics)
                 self.counts["metrics_backfilled"] += 1
-        have = {int(r["version"]) for r in records if r.get("eval")}
+        self.evals_in_jsonl = {int(r["version"]) for r in records if r.get("eval")}
         for version, result in sorted(self.eval_results.items()):
-            if version not in have:
+            if version not in self.evals_in_jsonl:
                 self.sink.write({"eval": True, **result, "time": time.time()})
+                self.evals_in_jsonl.add(version)
                 self.counts["metrics_backfilled"] += 1
         self.counts["metrics_backfilled"] += self.sink.catch_up()
 
@@ -531,7 +535,9 @@ class Run:
                     "problems": o.expected,
                 }
                 self.eval_results[version] = result
-                self.sink.write({"eval": True, **result, "time": time.time()})
+                if version not in self.evals_in_jsonl:  # written before a kill, and redone since: once
+                    self.sink.write({"eval": True, **result, "time": time.time()})
+                    self.evals_in_jsonl.add(version)
                 del self.evals[work_id]
 
     # -- the loop ----------------------------------------------------------------------------------------
