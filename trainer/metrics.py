@@ -102,11 +102,15 @@ class MetricsSink:
             call(self.mlflow)
             return True
         except Exception as e:  # noqa: BLE001 - MLflow's client raises what its store or HTTP stack raises
-            if not self.mlflow_behind:
-                log.warning("mlflow_unavailable", uri=self.mlflow.shown_uri, error=f"{type(e).__name__}: {e}"[:500],
-                            retry_s=self.retry_s, record=str(self.path))  # fmt: skip
-            self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
+            self._mlflow_failed(e)
             return False
+
+    def _mlflow_failed(self, e: Exception) -> None:
+        """MLflow refused: said once an outage, and not tried again for `retry_s`."""
+        if not self.mlflow_behind:
+            log.warning("mlflow_unavailable", uri=self.mlflow.shown_uri, error=f"{type(e).__name__}: {e}"[:500],
+                        retry_s=self.retry_s, record=str(self.path))  # fmt: skip
+        self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
 
     def catch_up(self) -> int:
         """Log to TensorBoard and MLflow the records of metrics.jsonl they lack (a trainer killed between the
@@ -117,9 +121,7 @@ class MetricsSink:
             try:
                 counts.append(self.mlflow.catch_up(records))
             except Exception as e:  # noqa: BLE001 - as in _to_mlflow: MLflow away is no reason to stop
-                log.warning("mlflow_unavailable", uri=self.mlflow.shown_uri, error=f"{type(e).__name__}: {e}"[:500],
-                            retry_s=self.retry_s, record=str(self.path))  # fmt: skip
-                self.mlflow_behind, self._retry_at = True, time.monotonic() + self.retry_s
+                self._mlflow_failed(e)
         return max(counts, default=0)
 
     def finish(self, artifacts: list[Path], interrupted: bool) -> None:
