@@ -63,12 +63,12 @@ class GRPOTrainer:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.device = torch.device(device)
-        self.model = self._place(AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype))
+        self.model = self._load(dtype)
         self.model.eval()  # no dropout: the forward with gradient matches the no-grad proximal/behaviour ones
         self.model.config.use_cache = False
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = self._place(AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype))
+            self.ref_model = self._load(dtype)
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -81,9 +81,9 @@ class GRPOTrainer:
         self.updates = 0  # optimizer steps taken
         self.skipped_groups = 0  # groups with all-equal rewards, over the trainer's life
 
-    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The loaded model where it trains: on `device` (trainer/sharded.py shards it across ranks instead)."""
-        return model.to(self.device)
+    def _load(self, dtype: torch.dtype) -> torch.nn.Module:
+        """The model at `model_path`, where it trains: on `device` (trainer/sharded.py shards it across ranks)."""
+        return AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype).to(self.device)
 
     # -- one batch ------------------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ each rank writes its shards into a temporary folder, rank 0 renames it into plac
 and only then does the run's state in Redis name it, so a killed save is never taken for a good one (the
 temporary folder is removed at the next start). DCP reshards on load: onto another number of ranks, or onto
 one process without torchrun (GRPOTrainer.resume reads a folder). The policy folder generators load is
-written by rank 0 from the full weights gathered to its CPU.
+written by rank 0 from the full weights gathered to its CPU. Only rank 0 reads the weights at the start: the
+others build the model on the meta device and receive their shards from it (`_load`).
 
 A rank that dies: torchrun's agent sees its exit, stops the others (SIGTERM, SIGKILL after 30 s:
 elastic/agent/server/local_elastic_agent.py `_shutdown`) and exits nonzero (`--max-restarts 0`, its
@@ -58,10 +59,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from streams import faults, files
 from trainer.grpo_loss import GRPOConfig, sequence_logprobs
@@ -101,7 +103,30 @@ class ShardedGRPOTrainer(GRPOTrainer):
         device = f"cuda:{torch.cuda.current_device()}" if mesh.device_type == "cuda" else "cpu"
         super().__init__(model_path, cfg, out_dir, device=device)
 
-    def _place(self, model: torch.nn.Module) -> torch.nn.Module:
+    def _load(self, dtype: torch.dtype) -> torch.nn.Module:
+        """Only rank 0 reads the weights. The others build the model on the meta device (no memory), every rank
+        shards it, the others allocate their shards alone (`to_empty`), and rank 0 sends the weights tensor by
+        tensor, each rank keeping its part (set_model_state_dict's `broadcast_from_rank0`), then the buffers
+        (the rotary frequencies are in no state dict). So no rank but 0 ever holds the whole model, and rank 0
+        holds it once, on its CPU, while loading."""
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
+            full = model.state_dict()  # the whole weights, kept while the sharding replaces the parameters
+        else:
+            config = AutoConfig.from_pretrained(str(self.model_path))
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            full = {}
+        self._shard(model)
+        if self.rank != 0:
+            model.to_empty(device=self.device)
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+        return model
+
+    def _shard(self, model: torch.nn.Module) -> None:
         """Shard each decoder layer (the classes the model names as never split: `_no_split_modules`), then
         the rest (embeddings, final norm, head; tied weights stay one parameter). fully_shard moves the shards
         to the mesh's device. Gradients are reduced as a sum: each rank's loss is already divided by the
@@ -116,7 +141,6 @@ class ShardedGRPOTrainer(GRPOTrainer):
                 # (_fsdp_collectives._get_gradient_divide_factors)
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
-        return model
 
     def _chunks(self, order: list[int]) -> list[list[int]]:
         """This rank's micro-batches: every N-th sequence of the length-sorted batch, in as many passes as every

@@ -5,9 +5,9 @@
 Every rank calls the ShardedGRPOTrainer's collectives itself (the calls trainer/sharded.py's Leader and
 `follow` make on each rank): one step on `batch(1)`, the policy folder of version 1 (rank 0 writes it) and
 the checkpoint `OUT/v000001.dcp` (a temporary folder renamed by rank 0 once every rank has written, as the
-Leader does). Then a second trainer, loaded afresh from the base model, resumes from that checkpoint and
-steps on `batch(2)` (version 2's policy folder under OUT/resumed). Rank 0 writes each step's metrics to
-`OUT/metrics.jsonl`.
+Leader does). Ranks other than 0 are given a folder with the model's config and no weights. Then a second
+trainer, loaded afresh from the base model, resumes from that checkpoint and steps on `batch(2)` (version 2's
+policy folder under OUT/resumed). Rank 0 writes each step's metrics to `OUT/metrics.jsonl`.
 
     ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS MARKER
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import timedelta
@@ -74,9 +75,20 @@ def step(trainer: sharded.ShardedGRPOTrainer, n: int, out: Path, checkpoint: boo
     return final
 
 
+def without_weights(model: str, out: Path) -> Path:
+    """A folder with the model's config and no weights: what ranks other than 0 load from (trainer/sharded.py
+    `_load`: only rank 0 reads the weights). Were they to read any, from_pretrained would fail here."""
+    folder = out / f"config-only-rank{dist.get_rank()}"
+    folder.mkdir(parents=True)
+    shutil.copy(Path(model) / "config.json", folder / "config.json")
+    return folder
+
+
 def main(model: str, out: str) -> None:
     torch.set_num_threads(1)
     mesh = sharded.start("cpu", timeout_s=120)
+    if dist.get_rank() != 0:
+        model = str(without_weights(model, Path(out)))
     trainer = sharded.ShardedGRPOTrainer(model, CFG, Path(out), mesh)
     checkpoint = step(trainer, 1, Path(out))
     del trainer
