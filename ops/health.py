@@ -15,6 +15,13 @@ Compose and Kubernetes run these inside the role's container.
   `arq workers.verifier --check` (arq's key, refreshed every 10 s) only says that the process polls Redis.
 - trainer: the run's Redis answers (the trainer is a one-shot job: its progress is in `python -m ops`).
 
+`--liveness` (Kubernetes' livenessProbe, which restarts a container that fails it): only whether the role's
+loop still turns, i.e. its report is fresh. Where the run's Redis does not answer it passes: every role rides
+out an outage by itself (streams/ride_out.py), and a restart would bring no Redis back while it costs a
+generator its loaded model and a verifier its started sandboxes. A verifier whose sandboxes cannot start
+passes too (it retries them itself: that is readiness, the check without the flag). A role wedged during an
+outage is therefore restarted only once Redis is back and its report is still stale.
+
 Settings as every role reads them: `PROOFSTREAM_REDIS_URL`, `PROOFSTREAM_RUN`, `PROOFSTREAM_NAME`.
 """
 
@@ -28,6 +35,7 @@ import time
 
 import orjson
 import redis
+import redis.exceptions as rx
 from redis.exceptions import RedisError
 
 from streams.connect import connect_sync
@@ -49,9 +57,9 @@ def check_generator(client: redis.Redis, keys: Keys, max_age_s: float, name: str
     return None
 
 
-def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float) -> str | None:
-    """None when the newest report of a verifier worker of this container is fresh and all its sandboxes
-    could start; else why not."""
+def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float, sandboxes: bool = True) -> str | None:
+    """None when the newest report of a verifier worker of this container is fresh and (unless `sandboxes`
+    is False) all its sandboxes could start; else why not."""
     prefix = f"{socket.gethostname()}-"
     mine = [orjson.loads(v) for k, v in client.hgetall(keys.verifier_stats).items() if k.decode().startswith(prefix)]
     if not mine:
@@ -61,7 +69,7 @@ def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float) -> str | N
     if age_s > max_age_s:
         return f"the last report of {newest.get('worker')} is {age_s:.0f} s old (limit {max_age_s:.0f} s)"
     down = newest.get("sandboxes_unavailable") or {}
-    if down:
+    if down and sandboxes:
         first = next(iter(down))
         return f"{len(down)} sandbox(es) of {newest.get('worker')} cannot start; {first}: {down[first]}"
     return None
@@ -73,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-age-s", type=float, default=None,
                         help="generator, verifier: oldest acceptable report (default 60 s, verifier 90 s)")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=5.0, help="Redis connect and read timeout")
+    parser.add_argument("--liveness", action="store_true",
+                        help="only a stale report fails; an unanswering Redis or a sandbox that cannot start "
+                             "does not (the module docstring)")  # fmt: skip
     args = parser.parse_args(argv)
     url = os.environ.get("PROOFSTREAM_REDIS_URL")
     if not url:
@@ -84,18 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a scheme or a query redis-py does not know
         print(f"unhealthy: PROOFSTREAM_REDIS_URL cannot be used: {e}", file=sys.stderr)
         return 1
-    except RedisError as e:  # a cluster client asks its nodes for the slots as it starts
-        print(f"unhealthy: the run's Redis does not answer: {e}", file=sys.stderr)
+    except rx.AuthenticationError as e:
+        print(f"unhealthy: the run's Redis refused the credentials: {e}", file=sys.stderr)
         return 1
+    except RedisError as e:  # a cluster client asks its nodes for the slots as it starts
+        return _unanswered(e, args.liveness)
     try:
         client.ping()
         problem = None
         if args.role == "generator":
             problem = check_generator(client, keys, args.max_age_s or 60.0, os.environ.get("PROOFSTREAM_NAME", ""))
         elif args.role == "verifier":  # it reports every 30 s: 90 s is two missed reports
-            problem = check_verifier(client, keys, args.max_age_s or 90.0)
-    except RedisError as e:  # the check's answer, not a crash: Redis unreachable means unhealthy
-        problem = f"the run's Redis does not answer: {e}"  # no URL: it may hold a password
+            problem = check_verifier(client, keys, args.max_age_s or 90.0, sandboxes=not args.liveness)
+    except rx.AuthenticationError as e:  # a subclass of ConnectionError, but no outage: never healthy
+        problem = f"the run's Redis refused the credentials: {e}"
+    except (rx.ConnectionError, rx.TimeoutError) as e:  # the check's answer, not a crash (LOADING included)
+        return _unanswered(e, args.liveness)
+    except RedisError as e:  # a refused command (a missing ACL permission): never healthy
+        problem = f"the run's Redis refused the check: {e}"
     finally:
         client.close()
     if problem:
@@ -103,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("healthy")
     return 0
+
+
+def _unanswered(error: Exception, liveness: bool) -> int:
+    """The run's Redis does not answer (no URL in the message: it may hold a password)."""
+    if liveness:
+        print(f"healthy: the run's Redis does not answer ({error}); the role rides the outage out, and a "
+              "restart would not end it", file=sys.stderr)  # fmt: skip
+        return 0
+    print(f"unhealthy: the run's Redis does not answer: {error}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -3,15 +3,22 @@ figures are fresh, not when they are stale, missing or another host's; the train
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
+from pathlib import Path
 
 import orjson
 import pytest
 import redis as redis_sync
+import yaml
 
 from ops import health
+from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -85,3 +92,62 @@ def test_verifier_main_exit_codes(client, redis_url: str, monkeypatch, capsys) -
     verifier_report(client, keys, f"{socket.gethostname()}-9-ef56", 100)
     assert health.main(["verifier"]) == 1 and "100 s old" in capsys.readouterr().err  # default limit 90 s
     assert health.main(["verifier", "--max-age-s", "120"]) == 0
+
+
+def test_liveness_fails_on_a_stale_report_only_and_passes_while_redis_does_not_answer(monkeypatch, capsys) -> None:
+    """`--liveness` (Kubernetes restarts a container that fails it): a stale report fails it; a Redis that is
+    stopped (SIGSTOP: the probe times out) or dead (connection refused) does not, while the readiness check
+    (no flag) fails on both; a verifier whose sandbox cannot start is live but not ready."""
+    with EmbeddedRedis() as server:
+        monkeypatch.setenv("PROOFSTREAM_REDIS_URL", server.url)
+        monkeypatch.setenv("PROOFSTREAM_RUN", "liveness")
+        monkeypatch.delenv("PROOFSTREAM_NAME", raising=False)
+        keys, host = Keys("liveness"), socket.gethostname()
+        client = redis_sync.Redis.from_url(server.url)
+        report(client, keys, f"gen-{host}-7", 300)
+        verifier_report(client, keys, f"{host}-7-ab12", 200)
+        for role in ("generator", "verifier"):
+            assert health.main([role, "--liveness"]) == 1 and "s old" in capsys.readouterr().err
+        report(client, keys, f"gen-{host}-7", 1)
+        verifier_report(client, keys, f"{host}-7-ab12", 1, {"process-countdown-0-7": "no interpreter"})
+        assert health.main(["generator", "--liveness"]) == 0
+        assert health.main(["verifier", "--liveness"]) == 0  # it retries its sandboxes itself
+        assert health.main(["verifier"]) == 1 and "no interpreter" in capsys.readouterr().err
+        client.close()
+
+        os.kill(server.proc.pid, signal.SIGSTOP)  # answers nothing: the probe's read times out
+        try:
+            for role in ("generator", "verifier", "trainer"):
+                assert health.main([role, "--liveness", "--timeout-s", "0.5"]) == 0
+                assert "rides the outage out" in capsys.readouterr().err
+                assert health.main([role, "--timeout-s", "0.5"]) == 1
+                assert "does not answer" in capsys.readouterr().err
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        server.kill()  # gone: connection refused
+        for role in ("generator", "verifier"):
+            assert health.main([role, "--liveness", "--timeout-s", "0.5"]) == 0
+            assert health.main([role, "--timeout-s", "0.5"]) == 1
+
+
+def test_liveness_is_red_on_refused_credentials(monkeypatch, capsys) -> None:
+    """A wrong password is no outage (redis-py raises it as a ConnectionError): never healthy."""
+    with EmbeddedRedis() as server:
+        redis_sync.Redis.from_url(server.url).config_set("requirepass", "right")
+        monkeypatch.setenv("PROOFSTREAM_REDIS_URL", server.url.replace("redis://", "redis://:wrong@"))
+        assert health.main(["generator", "--liveness"]) == 1
+        assert "refused the credentials" in capsys.readouterr().err
+
+
+def test_kubernetes_restarts_the_long_lived_roles_on_a_stale_report_only() -> None:
+    """The manifests' livenessProbes of the generator and the verifier are `ops.health <role> --liveness`."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "ops" / "k8s" / "proofstream.yaml").read_text()) if d]
+    probes = {}
+    for doc in docs:
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            if "livenessProbe" in container:
+                probes[container["name"]] = container["livenessProbe"]["exec"]["command"]
+    roles = {name: role for name in probes for role in ("generator", "verifier") if role in name}
+    assert sorted(roles.values()) == ["generator", "verifier"], probes
+    for name, role in roles.items():
+        assert probes[name][:4] == ["python", "-m", "ops.health", role] and "--liveness" in probes[name], probes[name]
