@@ -17,7 +17,8 @@ follows MOVED/ASK itself; what it does not do is handled here:
   does not serve (MOVED) or a transaction spanning two slots (CROSSSLOT), and then discards the whole
   transaction at EXEC (EXECABORT), so a moved slot can never half-apply a transaction: `transaction()`
   raises `SlotMoved`, a ConnectionError, which the roles' ride-out treats like an outage (retry from the
-  state in Redis), after refreshing the client's slot table.
+  state in Redis), after refreshing the client's slot table. `slot_pipeline()` is the same without the
+  MULTI: one connection to the slot's master, for a write followed by WAIT (streams/settle.py).
 - Outages. A cluster that cannot serve a slot answers CLUSTERDOWN, MASTERDOWN or TRYAGAIN; redis-py
   retries those a few times (`cluster_error_retry_attempts`) and then raises them as ResponseErrors, which
   no ride-out waits out. `ClusterClient` raises them as `ClusterUnavailable`, a ConnectionError.
@@ -223,44 +224,67 @@ def transaction(client: Redis | ClusterClient, key: str):
     On a cluster it runs on the master of the slot; a slot that moved meanwhile raises `SlotMoved` and
     applies nothing (module docstring)."""
     if isinstance(client, ClusterClient):
-        return _ClusterTransaction(client, key)
+        return _SlotPipeline(client, key, transaction=True)
     return client.pipeline(transaction=True)
 
 
-class _ClusterTransaction:
-    def __init__(self, client: ClusterClient, key: str) -> None:
-        self.client, self.key = client, key
+def slot_pipeline(client: Redis | ClusterClient, key: str):
+    """As `transaction()`, without the MULTI: a pipeline whose commands all go down one connection to the
+    server of `key`'s slot, as WAIT needs (it counts the replicas that have this connection's writes;
+    streams/settle.py). A command refused with MOVED raises `SlotMoved` after the slot table is read again;
+    the commands before it were applied, so what goes down it must be safe to send again."""
+    if isinstance(client, ClusterClient):
+        return _SlotPipeline(client, key, transaction=False)
+    return client.pipeline(transaction=False)
+
+
+class _SlotPipeline:
+    def __init__(self, client: ClusterClient, key: str, transaction: bool) -> None:
+        self.client, self.key, self.transaction = client, key, transaction
 
     async def __aenter__(self):
         node = await self.client.node_of(self.key)
         master = await self.client.master_client(self.key)
-        self._pipe = master.pipeline(transaction=True)
+        self._pipe = master.pipeline(transaction=self.transaction)
         await self._pipe.__aenter__()
         execute = self._pipe.execute
 
         async def checked_execute(raise_on_error: bool = True):
             try:
-                return await execute(raise_on_error)
+                results = await execute(raise_on_error)
             except (rx.ConnectionError, rx.TimeoutError):
                 # The master is gone: read the slot table again on the next command, as redis-py does after
                 # a node's connection error (`RedisCluster._execute_command`), to find a replica promoted.
                 await self.client.aclose()
                 raise
             except rx.ResponseError as e:
-                # A plain client parses MOVED/ASK as a ResponseError; EXECABORT follows: nothing applied.
-                text = str(e)
-                if any(reply in text for reply in _OUTAGE_REPLIES):
-                    raise ClusterUnavailable(text) from e
-                if "MOVED" not in text and "ASK " not in text:
-                    raise
-                await self.client.nodes_manager.initialize()  # the new slot table, for the retry
-                if self.client.get_node_from_key(self.key) == node:
-                    # The slot did not move: a command of the transaction is off the slot, a bug to fix.
-                    raise rx.ResponseError(f"a transaction on {self.key}'s slot holds a key of another: {text}") from e
-                raise SlotMoved(f"{self.key}'s slot moved during a transaction (nothing applied): {text}") from e
+                # A plain client parses MOVED/ASK as a ResponseError; in a transaction EXECABORT follows:
+                # nothing applied.
+                await self._refused(e, node)
+            # Without raise_on_error (a slot pipeline's EVALSHA + WAIT), a refusal is among the results.
+            for result in results:
+                if isinstance(result, rx.ResponseError):
+                    await self._refused(result, node, raise_other=False)
+            return results
 
         self._pipe.execute = checked_execute
         return self._pipe
+
+    async def _refused(self, e: rx.ResponseError, node: ClusterNode, raise_other: bool = True) -> None:
+        text = str(e)
+        if any(reply in text for reply in _OUTAGE_REPLIES):
+            raise ClusterUnavailable(text) from e
+        if "MOVED" not in text and "ASK " not in text:
+            if raise_other:
+                raise e
+            return
+        await self.client.nodes_manager.initialize()  # the new slot table, for the retry
+        what = "a transaction" if self.transaction else "a pipeline"
+        if self.client.get_node_from_key(self.key) == node:
+            # The slot did not move: a command of the pipeline is off the slot, a bug to fix.
+            raise rx.ResponseError(f"{what} on {self.key}'s slot holds a key of another: {text}") from e
+        applied = "nothing applied" if self.transaction else "the commands before it applied"
+        raise SlotMoved(f"{self.key}'s slot moved during {what} ({applied}): {text}") from e
 
     async def __aexit__(self, *exc) -> None:
         await self._pipe.__aexit__(*exc)

@@ -29,6 +29,10 @@ has a replica that is online and acked within the last `_LAG_S` seconds (INFO re
 `_REFRESH_S` and after a WAIT that fell short), else none: a lone Redis pays nothing, and a replica that
 stopped answering stops costing a timeout per batch within a few seconds. 0 never waits.
 
+On a Redis Cluster the same holds for the master of the run's slot and its replicas: the script and WAIT go
+down one connection to that master (streams.cluster `slot_pipeline`), and auto mode reads that master's
+INFO.
+
 A WAIT that falls short (fewer replicas within `wait_ms`): the batch is on the master and stays settled;
 `Settled.unreplicated` says so, the consumer counts it (`settle_unreplicated`) and logs, and goes on. Not
 retried: waiting longer would stop the pipeline for as long as the replica is away, for a guarantee the
@@ -47,7 +51,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from streams import sentinel
-from streams.cluster import ClusterClient
+from streams.cluster import ClusterClient, on_slot, slot_pipeline
 from streams.codec import encode_flat
 from streams.keys import Keys
 from streams.schema import DeadLetter, Message
@@ -137,27 +141,21 @@ _REFRESH_S = 5.0
 class Replication:
     """How many replicas a write waits for, and the WAIT itself (module docstring, "Replicas")."""
 
-    def __init__(self, redis: Redis, replicas: int | None = None, wait_ms: int = 500) -> None:
-        if isinstance(redis, ClusterClient):
-            # WAIT counts the replicas that have one connection's writes; a cluster client spreads its commands
-            # over pooled connections per node, so there is no connection to WAIT on (docs/WIRE.md).
-            if replicas:
-                raise ValueError(f"settle_replicas={replicas} needs a single Redis or Sentinel: on a Redis "
-                                 "Cluster no WAIT is sent (set it to 0 or leave it unset)")  # fmt: skip
-            replicas = 0
+    def __init__(self, redis: Redis | ClusterClient, replicas: int | None = None, wait_ms: int = 500) -> None:
         self.redis, self.replicas, self.wait_ms = redis, replicas, wait_ms
         self._wanted = 0 if replicas is None else replicas
         self._checked_at = -_REFRESH_S  # auto: read INFO at the first write
         self._lost_replica = False  # since the last `deposed`: a WAIT fell short, or the replica left INFO
 
-    async def wanted(self) -> int:
+    async def wanted(self, key: str) -> int:
+        """Replicas a write on `key` waits for (on a cluster, the replicas of the master of `key`'s slot)."""
         if self.replicas is not None:
             return self.replicas
         now = time.monotonic()
         if now - self._checked_at >= _REFRESH_S:
             self._checked_at = now
             try:
-                wanted = min(1, in_sync(await self.redis.info("replication")))
+                wanted = min(1, in_sync(await self.redis.info("replication", **await on_slot(self.redis, key))))
             except ResponseError:  # INFO renamed or refused (some hosted Redis): no replica known, none waited for
                 wanted = 0
             self._lost_replica |= wanted < self._wanted
@@ -199,7 +197,7 @@ class Settler:
             return Settled()
         keys = [s.source, s.output, s.keys.dlq, *s._markers]
         args = [s.group, s.ttl_s, *s._argv]
-        replicas = await self.replication.wanted()
+        replicas = await self.replication.wanted(s.source)
         if not replicas:
             published, duplicates, dead = await self._script(keys=keys, args=args)
             return Settled(published, duplicates, dead)
@@ -209,11 +207,12 @@ class Settler:
         return Settled(published, duplicates, dead, unreplicated=acked < replicas)
 
     async def _settle_and_wait(self, keys: list, args: list, replicas: int) -> tuple[list, int]:
-        """EVALSHA + WAIT in one pipeline; after NOSCRIPT (a new master, a restarted Redis), load and go again.
-        The WAIT of a failed EVALSHA waited for nothing new: harmless."""
+        """EVALSHA + WAIT in one pipeline (on a cluster, to the master of the run's slot: `slot_pipeline`);
+        after NOSCRIPT (a new master, a restarted Redis), load and go again. The WAIT of a failed EVALSHA
+        waited for nothing new: harmless."""
         script = self._script
         for _ in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with slot_pipeline(self._redis, keys[0]) as pipe:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.wait(replicas, self.replication.wait_ms)
                 settled, acked = await pipe.execute(raise_on_error=False)

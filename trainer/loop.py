@@ -54,7 +54,7 @@ import structlog
 from redis.asyncio import Redis
 
 from streams import samples
-from streams.cluster import transaction
+from streams.cluster import slot_pipeline, transaction
 from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
@@ -233,7 +233,7 @@ class Run:
         falls short is counted (`checkpoint_unreplicated`) and the run goes on: if the master then dies before
         the replica has it, the trainer sees the outage, rebuilds from the new master's state (`fresh_run` in
         trainer/__main__.py) and redoes the lost version, whose line metrics.jsonl may then hold twice."""
-        replicas = await self._replication.wanted()
+        replicas = await self._replication.wanted(self.keys.trainer_state)
         state = orjson.dumps(self.state())
         if not replicas:
             async with transaction(self.redis, self.keys.trainer_state) as pipe:  # one Redis or the run's slot
@@ -256,8 +256,9 @@ class Run:
     async def _checkpoint_and_wait(self, extra: tuple, state: bytes, replicas: int) -> None:
         """MULTI ... EXEC, WAIT as one pipeline without redis-py's own transaction (which allows nothing after
         its EXEC): one connection for both, as WAIT needs (it counts the replicas that have this connection's
-        writes). A queueing error aborts the EXEC (EXECABORT, raised); an error inside EXEC is raised too."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        writes; on a cluster, to the master of the run's slot). A queueing error aborts the EXEC (EXECABORT,
+        raised; on a cluster a moved slot is SlotMoved, an outage); an error inside EXEC is raised too."""
+        async with slot_pipeline(self.redis, self.keys.trainer_state) as pipe:
             pipe.execute_command("MULTI")
             for stream, fields in extra:
                 pipe.xadd(stream, fields)

@@ -220,7 +220,7 @@ async def test_a_settled_batch_is_on_the_replica_when_the_settler_returns(topolo
     try:
         settler = Settler(client, wait_ms=10_000)  # replicas: one when the master has one in sync (default)
         entries = await _pending_attempts(client, 3)
-        assert await settler.replication.wanted() == 1
+        assert await settler.replication.wanted(KEYS.attempts) == 1
         topology.replica.stop()  # SIGSTOP: the replica takes the stream but applies nothing
         try:
             settling = asyncio.create_task(settler(_settlement(entries)))
