@@ -99,6 +99,9 @@ class SyntheticEngine:
     def es_add_step(self, version: int, step: dict[str, Any]) -> None:
         pass  # no weights: the step's cost is part of gen_ms
 
+    def es_forget_after(self, version: int) -> None:
+        pass
+
     def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
         self.stats.policy_switches += 1
 

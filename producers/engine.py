@@ -106,6 +106,10 @@ class Engine(Protocol):
         """Record the ES step that made `version` (history arrives in version order)."""
         ...
 
+    def es_forget_after(self, version: int) -> None:
+        """Forget the ES steps after `version` (their policy entries were lost in a failover)."""
+        ...
+
     def es_use(self, version: int, seed: int | None, sign: int, sigma: float) -> None:
         """Sample from center(version) + sigma*sign*eps(seed) from now on (`seed=None`: the center)."""
         ...

@@ -108,6 +108,9 @@ class HFEngine:
     def es_add_step(self, version: int, step: dict[str, Any]) -> None:
         self.es.add_step(version, step)
 
+    def es_forget_after(self, version: int) -> None:
+        self.es.forget_after(version)
+
     def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
         started = time.monotonic()
         if self.es.use(version, seed, sign, sigma):

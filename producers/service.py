@@ -235,6 +235,7 @@ class GeneratorService:
             "name": self.name,
             "engine": self.engine.name,
             "policy_latest": self.policy.latest,
+            "policy_rewinds": self.policy.rewinds,  # a failover rewrote the history under it (producers/policy.py)
             **self.counts,
             **{f"wire_{k}": v for k, v in vars(self.consumer.stats).items()},
             "held_for_room_s": round(self.publisher.held_s, 2),

@@ -172,6 +172,9 @@ class VLLMEngine:
         step = dict(step)
         self._rpc("es_add_step", int(version), {k: _plain(v) for k, v in step.items()})
 
+    def es_forget_after(self, version: int) -> None:
+        self._rpc("es_forget_after", int(version))
+
     def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
         started = time.monotonic()
         out = self._rpc("es_use", int(version), None if seed is None else int(seed), int(sign), float(sigma))

@@ -131,6 +131,9 @@ class ESWorkerExtension:
     def es_add_step(self, version: int, step: dict[str, Any]) -> None:
         self._es.add_step(int(version), step)
 
+    def es_forget_after(self, version: int) -> None:
+        self._es.forget_after(int(version))
+
     def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> dict[str, Any]:
         """Make the weights center(version) [+ sigma*sign*eps(seed)]; says whether they changed and how long it took."""
         started = time.monotonic()

@@ -165,6 +165,18 @@ class ESWeights:
             raise ValueError(f"conflicting ES steps for version {version}: the history must never change")
         self.steps[version] = step
 
+    def forget_after(self, version: int) -> None:
+        """Drop the steps that made the versions after `version`, and every center built from them: a failover
+        lost their policy entries, and the trainer makes those versions again, maybe otherwise
+        (producers/policy.py). Snapshots need nothing: each is named by its history's digest, so a
+        snapshot of the forgotten history is never loaded for the new one."""
+        for v in [v for v in self.steps if v > version]:
+            del self.steps[v]
+        for v in [v for v in self.masters if v > version]:
+            del self.masters[v]
+        if self.current is not None and self.current[0] > version:
+            self.current = None  # the engine's weights are a center that no longer exists
+
     def center(self, version: int) -> Weights:
         """The fp32 master of `version` (built and cached if needed). Do not modify it."""
         if version in self.masters:
