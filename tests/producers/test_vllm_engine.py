@@ -209,6 +209,28 @@ def test_export_writes_the_center(engine, tmp_path):
     assert digest(load_master(folder)) == engine.es_digest(1)  # float32 engine: the export is the master
 
 
+def test_a_version_forgotten_and_made_again_is_the_new_historys_center(engine, hf, prompts):
+    """es_forget_after through the worker's RPC (what producers/policy.py does after a failover rewrote the
+    history): version 2 made again from another step is the center the HF engine builds from that step, and
+    the weights sampled with are the new ones."""
+    old = engine.es_digest(2)
+    engine.es_use(2, None)
+    lost = engine.score(prompts)
+    again = {**STEPS[2], "seeds": [202]}
+    try:
+        for e in (engine, hf):
+            e.es_forget_after(1)
+            e.es_add_step(2, again)
+        assert engine.es_digest(2) == hf.es_digest(2) != old
+        engine.es_use(2, None)  # the weights held were version 2's lost center: written again
+        assert engine.score(prompts) != lost
+    finally:
+        for e in (engine, hf):
+            e.es_forget_after(1)
+            e.es_add_step(2, STEPS[2])
+        engine.es_use(0, None)
+
+
 def first_of(groups):
     return [g[0] for g in groups]
 
