@@ -364,8 +364,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--temperature",
         type=float,
-        default=1.0,
-        help="GRPO's sampling temperature (ES members: --es-temperature, default 0; evaluation: 0)",
+        default=TrainerSettings.model_fields["temperature"].default,
+        help="GRPO's sampling temperature (the trainer's default; ES members: --es-temperature, default 0; "
+        "evaluation: 0)",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--held-out", type=int, default=32, help="held-out problems")

@@ -46,7 +46,10 @@ class TrainerSettings(RoleSettings):
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
 
     # sampling
-    temperature: float = Field(1.0, ge=0, description="GRPO's sampling temperature (ES: es_temperature)")
+    temperature: float = Field(
+        0.7, ge=0, description="GRPO's sampling temperature (ES: es_temperature); 0.7 learned on 3 of 3 seeds where "
+        "1.0 stalled on one (docs/results/sweep-grpo)",
+    )  # fmt: skip
     max_new_tokens: int = Field(96, ge=1)
     prompt_format: str = "kimina"
 
@@ -84,10 +87,10 @@ class TrainerSettings(RoleSettings):
     train_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="the GRPO trainer's; auto: cuda when available"
     )
-    train_precision: Literal["fp32", "bf16-mixed"] = Field(
-        "fp32", description="the GRPO step's: bf16-mixed computes the forward and backward passes in bfloat16 "
+    train_precision: Literal["auto", "fp32", "bf16-mixed"] = Field(
+        "auto", description="the GRPO step's: bf16-mixed computes the forward and backward passes in bfloat16 "
         "(autocast; weights, gradients and AdamW stay fp32): faster where the hardware has bf16 (a GPU, a CPU with "
-        "AVX512-BF16 or AMX; python -m ops bench grpo)",
+        "AVX512-BF16 or AMX; python -m ops bench grpo); auto: bf16-mixed where it has, else fp32",
     )  # fmt: skip
     dist_timeout_s: float = Field(
         1800.0, gt=0, description="under torchrun: how long a rank waits in a collective for a dead or stuck peer "

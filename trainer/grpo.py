@@ -70,9 +70,36 @@ def grad_accum_for(groups: int, group_size: int, micro_batch: int = MICRO_BATCH_
 def grpo_config(settings: TrainerSettings) -> GRPOConfig:
     """The run's GRPO settings; the rest (clip bounds, importance-weight cap, ...) are GRPOConfig's defaults."""
     accum = max(settings.grad_accum, grad_accum_for(settings.batch, settings.group_size))
+    precision = step_precision(settings.train_precision, training_device(settings.train_device))
     return GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
                       advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum,
-                      precision=settings.train_precision)  # fmt: skip
+                      precision=precision)  # fmt: skip
+
+
+def step_precision(setting: str, device: str) -> str:
+    """`auto`: bf16-mixed where the device computes in bfloat16 (a CUDA GPU that supports it; a CPU whose flags
+    name AVX512-BF16 or AMX-BF16, or an Arm CPU's BF16), where it halves the step's time
+    (docs/PERFORMANCE.md); else fp32, since a CPU without bf16 emulates it, slower than fp32."""
+    if setting != "auto":
+        return setting
+    if device.startswith("cuda"):
+        return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16-mixed" if cpu_has_bf16() else "fp32"
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether /proc/cpuinfo's flags (x86: avx512_bf16, amx_bf16; Arm: bf16) say the CPU computes in bf16."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: nothing known, fp32
+            return False
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def training_device(setting: str) -> str:
@@ -115,6 +142,8 @@ class GRPORun(Run):
         model = self.trainer.model
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # + AdamW's
+        print(f"trainer: GRPO step in {self.cfg.precision}" + (" (train_precision auto)" if
+              settings.train_precision == "auto" else ""), file=sys.stderr)  # fmt: skip
         print(f"trainer: GRPO writes about {(weights + checkpoint) / 1e9:.1f} GB a version under {sink.run_dir}: a "
               f"policy folder ({weights / 1e9:.1f} GB, deleted once no order names it) and a checkpoint "
               f"({checkpoint / 1e9:.1f} GB, the last {KEEP_CHECKPOINTS} kept)", file=sys.stderr)  # fmt: skip

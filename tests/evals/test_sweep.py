@@ -40,7 +40,7 @@ def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
                              "--group-size", "4", "--seeds", "0"))  # fmt: skip
     es, grpo = [c for c in todo if c.algo == "es"], [c for c in todo if c.algo == "grpo"]
     assert [c.antithetic for c in es] == [True, False] and len(grpo) == 2
-    assert grpo[1].key == "grpo-lr3e-05-g4-t1-b16-easy-n256-seed0"
+    assert grpo[1].key == "grpo-lr3e-05-g4-t0.7-b16-easy-n256-seed0"  # T: the trainer's default
     flags = grpo[1].flags()
     assert flags[flags.index("--lr") + 1] == "3e-05" and flags[flags.index("--group-size") + 1] == "4"
     assert "--sigma" not in flags and "--no-antithetic" in es[1].flags() and "--antithetic" in es[0].flags()

@@ -359,3 +359,22 @@ def test_bf16_mixed_steps_close_to_fp32_and_keeps_fp32_weights(tiny_path, tmp_pa
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision"):
         GRPOConfig(precision="fp16")
+
+
+XEON_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
+XEON_OLD = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+SAPPHIRE = "flags\t\t: fpu avx512f amx_bf16 amx_tile\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd crc32 atomics\n"
+
+
+def test_auto_precision_is_bf16_mixed_only_where_the_cpu_computes_in_bf16():
+    from trainer.grpo import cpu_has_bf16, step_precision
+
+    assert [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")] == [
+        True, False, True, True, False, False,
+    ]  # fmt: skip
+    assert step_precision("fp32", "cuda") == "fp32" and step_precision("bf16-mixed", "cpu") == "bf16-mixed"
+    if not torch.cuda.is_available():
+        assert step_precision("auto", "cuda") == "fp32"
+    assert step_precision("auto", "cpu") == ("bf16-mixed" if cpu_has_bf16() else "fp32")
