@@ -16,13 +16,12 @@ import orjson
 import pytest
 import redis as redis_sync
 
-from streams.codec import decode, encode
 from streams.connect import connect
-from streams.keys import VERIFIERS, Keys
-from streams.runtime import ensure_group
-from streams.schema import Attempt, Reward
+from streams.keys import Keys
+from streams.schema import Attempt
 from streams.settle import Settlement, Settler
 from tests.fixtures.cluster import LocalCluster
+from tests.fixtures.settling import pending_attempts, settlement
 from trainer.config import TrainerSettings
 from trainer.es import ESRun
 from trainer.loop import STATE_FIELD
@@ -71,18 +70,11 @@ def on_replica(port: int) -> redis_sync.Redis:
 
 
 async def _pending_attempts(client, n: int) -> list[tuple[bytes, Attempt]]:
-    await ensure_group(client, KEYS.attempts, VERIFIERS)
-    for i in range(n):
-        await client.xadd(KEYS.attempts, encode(Attempt(f"a{i}", "w", f"t{i}", 0, i, f"proof {i}", task="countdown")))
-    reply = await client.xreadgroup(VERIFIERS, "c", {KEYS.attempts: ">"}, count=n)
-    return [(eid, decode(Attempt, fields)) for eid, fields in reply[0][1]]
+    return await pending_attempts(client, KEYS, n)
 
 
 def _settlement(entries) -> Settlement:
-    s = Settlement(KEYS, KEYS.attempts, KEYS.rewards, VERIFIERS, ttl_s=600)
-    for eid, a in entries:
-        s.results(eid, a.dedup_id, [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)])
-    return s
+    return settlement(KEYS, entries)
 
 
 async def test_a_settle_returns_once_the_slot_masters_replica_has_it(cluster, replica):

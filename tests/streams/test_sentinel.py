@@ -15,7 +15,7 @@ import pytest
 from redis import exceptions as rx
 
 from streams import sentinel
-from streams.codec import decode, encode
+from streams.codec import encode
 from streams.connect import HiredisPacker, HiredisSentinelConnection, NoReplicasError, connect, connect_sync, shown_url
 from streams.keys import VERIFIERS, Keys
 from streams.ride_out import UNAVAILABLE, RideOut
@@ -24,6 +24,7 @@ from streams.schema import Attempt, Reward
 from streams.settings import RoleSettings, SettingsError
 from streams.settle import Settlement, Settler
 from tests.fixtures.sentinel import SERVICE, started
+from tests.fixtures.settling import pending_attempts, settlement
 
 
 @pytest.fixture
@@ -195,20 +196,11 @@ KEYS = Keys("sentinel")
 
 
 async def _pending_attempts(client, n: int) -> list[tuple[bytes, Attempt]]:
-    """`n` attempts published and read by the group, so a settle can ack them."""
-    await ensure_group(client, KEYS.attempts, VERIFIERS)
-    for i in range(n):
-        a = Attempt(f"a{i}", "w", f"t{i}", 0, i, f"proof {i}", task="countdown")
-        await client.xadd(KEYS.attempts, encode(a))
-    reply = await client.xreadgroup(VERIFIERS, "c", {KEYS.attempts: ">"}, count=n)
-    return [(eid, decode(Attempt, fields)) for eid, fields in reply[0][1]]
+    return await pending_attempts(client, KEYS, n)
 
 
 def _settlement(entries) -> Settlement:
-    s = Settlement(KEYS, KEYS.attempts, KEYS.rewards, VERIFIERS, ttl_s=600)
-    for eid, a in entries:
-        s.results(eid, a.dedup_id, [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)])
-    return s
+    return settlement(KEYS, entries)
 
 
 def _replica_rewards(t) -> list[bytes]:
