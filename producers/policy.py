@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 
 from producers.engine import Engine, in_engine_thread
 from streams.codec import decode
+from streams.groups import id_order
 from streams.keys import Keys
 from streams.schema import PolicyUpdate, SchemaError
 from weights.model import weights_digest
@@ -80,7 +81,7 @@ class PolicyFollower:
             return
         last = await self.redis.xrevrange(self.keys.policy, count=1)
         end = last[0][0] if last else b"0-0"
-        if _entry_id(end) >= _entry_id(self.last_id):
+        if id_order(end) >= id_order(self.last_id):
             return
         kept, position, before = 0, b"0-0", b"+"
         while page := await self.redis.xrevrange(self.keys.policy, max=before, count=100):
@@ -154,8 +155,3 @@ class PolicyFollower:
         self.grpo_loaded = version
         log.info("grpo_weights_loaded", version=version, path=str(folder))
         return True
-
-
-def _entry_id(entry_id: bytes) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
