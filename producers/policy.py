@@ -52,7 +52,6 @@ class PolicyFollower:
         self.latest = 0  # newest version announced
         self.grpo: dict[int, PolicyUpdate] = {}
         self.grpo_loaded = 0  # version whose weights the engine holds (0: the base model)
-        self.announced: set[int] = set()  # versions followed
         self.read: dict[bytes, int] = {}  # id -> version of each entry `poll` read
         self.rewinds = 0  # times the stream's history was rewritten under this follower (docstring)
 
@@ -94,10 +93,9 @@ class PolicyFollower:
         self.last_id = position
 
     async def _forget_after(self, version: int, why: str) -> None:
-        lost = sorted(v for v in self.announced if v > version)
+        lost = list(range(version + 1, self.latest + 1))
         log.warning("policy_history_rewritten", kept=version, forgotten=lost, why=why)
         await in_engine_thread(self.engine.es_forget_after, version)
-        self.announced = {v for v in self.announced if v <= version}
         self.read = {entry_id: v for entry_id, v in self.read.items() if v <= version}
         self.grpo = {v: u for v, u in self.grpo.items() if v <= version}
         if self.grpo_loaded > version:
@@ -108,9 +106,10 @@ class PolicyFollower:
     async def take(self, update: PolicyUpdate) -> None:
         """Follow one announcement: what `poll` does with each entry it reads, and what a reader of the policy
         stream itself hands over (pass@k, rebuilding one version)."""
-        if update.policy_version in self.announced:  # made again after a failover lost it (docstring)
+        # The trainer announces versions in order, each once: one not past the newest was made again after a
+        # failover lost it (docstring).
+        if update.policy_version <= self.latest:
             await self._forget_after(update.policy_version - 1, f"version {update.policy_version} announced again")
-        self.announced.add(update.policy_version)
         if update.algo == "es":
             if update.es_step is None:
                 raise PolicyMismatch(f"ES policy version {update.policy_version} carries no es_step")
