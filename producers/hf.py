@@ -162,8 +162,9 @@ class HFEngine:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
+        # The recorder's logprobs live on the model's device: finish them there, then bring both to the host.
+        logprobs = recorder.finish(out[:, -1]).cpu() if recorder else None
         completions = out[:, width:].cpu()
-        logprobs = recorder.finish(completions[:, -1]) if recorder else None
         eos = set(self._eos_ids())
         samples: list[list[Sample]] = [[] for _ in prompts]
         tokens = 0

@@ -1,0 +1,112 @@
+"""The `hf` engine on an accelerator: every path it serves keeps its tensors on the engine's device.
+
+The first run on a GPU failed GRPO on every work order: the sampled completions were moved to the host and
+then used to index the behaviour logprobs still on the GPU. A CPU allows that, so no test here saw it. These
+tests run the engine on a simulated device (tests/fixtures/accelerator.py: a second device that computes on
+the CPU and refuses, as CUDA does, any operation that mixes its tensors with host tensors), with the real
+default model, and compare each answer with the same call on the plain CPU engine: the simulated device
+computes the same numbers, so tokens and logprobs must agree, not only run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the hf engine needs torch (make test installs torch==2.13.0)")
+
+from evals.rebuild import weights_digest_of  # noqa: E402
+from producers.engine import Sampling  # noqa: E402
+from producers.hf import HFEngine, _RawLogprobs  # noqa: E402
+from streams.theorems import Theorem  # noqa: E402
+from tasks import prompts  # noqa: E402
+from tests.fixtures.accelerator import DEVICE, DeviceMix, OnDevice, simulated_accelerator  # noqa: E402
+
+THEOREMS = [
+    Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),
+    Theorem("cd-2", "countdown", numbers=[10, 4], target=6),
+]
+STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,
+        "alpha": 0.01}  # fmt: skip
+GREEDY = Sampling(n=1, temperature=0.0, max_new_tokens=12)
+GRPO = Sampling(n=3, temperature=0.7, max_new_tokens=12, seed=5, logprobs=True)  # what a GRPO order asks
+PASSK = Sampling(n=2, temperature=1.0, max_new_tokens=12, seed=9)  # evals.passk: sampled, no logprobs
+
+
+def _ids(engine):
+    return [prompts.tokenize(engine.tokenizer, prompts.messages(t)) for t in THEOREMS]
+
+
+def _answers(out):
+    return [[(s.token_ids, s.finish_reason) for s in row] for row in out]
+
+
+def test_the_recorder_refuses_a_host_index_into_device_logprobs():
+    """The fixture finds the bug of the first GPU run: `_RawLogprobs.finish` given the completions after
+    they were moved to the host (what producers/hf.py did) raises, given device tokens it answers."""
+    with simulated_accelerator():
+        recorder = _RawLogprobs()
+        scores = torch.randn(2, 5).to(DEVICE)
+        recorder(torch.tensor([[1], [2]]).to(DEVICE), scores)
+        with pytest.raises(DeviceMix, match="same device"):
+            recorder.finish(torch.tensor([3, 4]))
+        recorder = _RawLogprobs()
+        recorder(torch.tensor([[1], [2]]).to(DEVICE), scores)
+        assert isinstance(recorder.finish(torch.tensor([3, 4]).to(DEVICE)), OnDevice)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_sampled_and_logprob_paths_on_the_device_answer_as_on_the_cpu(model_path, dtype):
+    """fp32: the same tokens and logprobs as the CPU engine. bf16: the same shapes (its kernels differ by a
+    rounding from the CPU engine's here, which flips a sampled token now and then: not what is tested)."""
+    paths = {"greedy": GREEDY, "grpo": GRPO, "passk": PASSK}
+    cpu = HFEngine(model_path, dtype=dtype)
+    expected = {name: cpu.generate(_ids(cpu), sampling) for name, sampling in paths.items()}
+    cpu.close()
+    with simulated_accelerator() as mode:
+        engine = HFEngine(model_path, dtype=dtype, device=DEVICE.type)
+        assert isinstance(next(engine.model.parameters()), OnDevice)
+        for name, sampling in paths.items():
+            got = engine.generate(_ids(engine), sampling)
+            assert [len(row) for row in got] == [sampling.n] * len(THEOREMS)
+            if dtype == "float32":
+                assert _answers(got) == _answers(expected[name]), name
+            for row, ref in zip(got, expected[name], strict=True):
+                for s, r in zip(row, ref, strict=True):
+                    assert 0 < len(s.token_ids) <= sampling.max_new_tokens
+                    if not sampling.logprobs:
+                        assert s.logprobs is None
+                        continue
+                    assert len(s.logprobs) == len(s.token_ids) and all(lp <= 0 for lp in s.logprobs)
+                    if dtype == "float32":
+                        assert s.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+        engine.close()
+    assert mode.ops > 1000 and not mode.mixes  # the engine ran under the mode, and nothing crossed devices
+
+
+def test_es_members_replay_and_grpo_weights_on_the_device_equal_the_cpu_engine(model_path, tmp_path):
+    """An ES member (center of version 1 + a perturbation), the center's digest, a snapshot replayed by a
+    second engine, an exported version and GRPO weights loaded from it: the same bits as on the CPU."""
+    cpu = HFEngine(model_path)
+    cpu.es_add_step(1, STEP)
+    cpu.es_use(1, 99, -1, 0.01)
+    member = _answers(cpu.generate(_ids(cpu), GREEDY))
+    center = cpu.es_digest(1)
+    cpu.close()
+    with simulated_accelerator() as mode:
+        engine = HFEngine(model_path, device=DEVICE.type, snapshot_dir=tmp_path / "snap", snapshot_every=1)
+        engine.es_add_step(1, STEP)
+        engine.es_use(1, 99, -1, 0.01)
+        assert _answers(engine.generate(_ids(engine), GREEDY)) == member
+        assert engine.es_digest(1) == center
+        assert all(isinstance(t, OnDevice) for t in engine.es.center(1).values())  # the master lives there too
+        folder = engine.export(1, tmp_path / "v1")
+        engine.load_weights(folder)
+        assert engine.es.current is None
+        late = HFEngine(model_path, device=DEVICE.type, snapshot_dir=tmp_path / "snap")
+        late.es_add_step(1, STEP)
+        assert late.es_digest(1) == center and late.es.snapshots_loaded == 1
+    assert not mode.mixes
+    # What was exported and loaded on the device is the center, as the CPU's engine reads it back.
+    reread = HFEngine(model_path)
+    reread.load_weights(folder)
+    assert weights_digest_of(reread) == center
