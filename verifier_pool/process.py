@@ -404,7 +404,8 @@ class ProcessSandbox(StdioSandbox):
             raise SandboxUnavailable(f"cannot prepare the sandbox: {e}") from e
 
     def _build_argv(self, status_fd: int, lifeline_fd: int) -> tuple[str, list[str]]:
-        tool, path = self._isolation_tool()
+        uid = self._sandbox_uid()
+        tool, path = self._isolation_tool(uid)
         tools = {name: shutil.which(name) for name in ("prlimit", "setpriv", "unshare")}
         missing = [name for name, found in tools.items() if found is None]
         if missing:
@@ -414,7 +415,6 @@ class ProcessSandbox(StdioSandbox):
         cgroup = self._memory_cgroup()
         if cgroup is not None:  # first, so that every process of the chain is born inside
             chain += ["/bin/sh", "-c", memcg.ENTER, "proofstream-cgroup", cgroup.procs_file]
-        uid = self._sandbox_uid()
         if uid is not None:
             # Sources the uid cannot reach are bound from root's side first (bwrap and unshare open them as
             # the uid); permissions on the host stay as they are.
@@ -432,7 +432,7 @@ class ProcessSandbox(StdioSandbox):
         # PDEATHSIG is set after the uid change (which clears it), and the guard closes the fork-to-prctl gap.
         chain += ["--pdeathsig", "KILL", "--", "/bin/sh", "-c", GUARD, "proofstream-guard", str(os.getpid())]
         build = bwrap_argv if tool == "bwrap" else unshare_argv
-        if tool == "bwrap" and _probe("unshare") is None:
+        if tool == "bwrap" and _probe("unshare", uid) is None:
             # bwrap's inner process sets its death signal only after its setup, and one orphaned before
             # that waits forever for its dead parent (an eventfd): the bwrap a SIGKILLed worker left
             # running. Under a pid namespace whose init dies with us (unshare's --kill-child), the kernel
@@ -467,11 +467,12 @@ class ProcessSandbox(StdioSandbox):
             self._uid_lease = sandbox_uids.lease(lock_dir, self.config.uid_base, self.config.uid_count)
         return self._uid_lease.uid
 
-    def _isolation_tool(self) -> tuple[str, str]:
+    def _isolation_tool(self, uid: int | None) -> tuple[str, str]:
+        """The first tool of `isolation` that works when run as `uid`, the sandbox's (process_argv._probe)."""
         wanted = ISOLATION_TOOLS if self.config.isolation == "auto" else (self.config.isolation,)
         reasons = []
         for tool in wanted:
-            why = _probe(tool)
+            why = _probe(tool, uid)
             if why is None:
                 return tool, shutil.which(tool) or tool
             reasons.append(why)

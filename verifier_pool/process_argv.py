@@ -84,19 +84,22 @@ exec "$@"
 
 # Runs as root of the new user namespace (unshare --user --map-root-user --mount --pid --fork), before
 # the checker, and builds the private root bwrap builds: $1 workdir, $2 /tmp size, $3 status fd, $4 the
-# unshare binary, $5 the count of binds, then "SOURCE DEST" pairs, $6.. "TARGET LINK" symlink pairs after
-# a count, then the checker's argv. Any failure exits before "ready", so start() reports it.
+# unshare binary, $5 where to build the root (a host directory no bound path lies under: `_root_mount`), $6
+# the count of binds, then "SOURCE DEST" pairs, then "TARGET LINK" symlink pairs after a count, then the
+# checker's argv. The sandbox's /tmp is mounted before the binds, so a path under it can be bound too (a
+# checkout under /tmp). Any failure exits before "ready", so start() reports it.
 UNSHARE_SETUP = r"""
 set -eu
-workdir=$1 tmp_bytes=$2 status_fd=$3 unshare_bin=$4 n=$5
-shift 5
+workdir=$1 tmp_bytes=$2 status_fd=$3 unshare_bin=$4 new=$5 n=$6
+shift 6
 checker_path=$PATH
 PATH=/usr/sbin:/sbin:$PATH  # pivot_root
 # The checker may enter exactly one more user namespace: the one below that locks the mounts.
 echo 1 > /proc/sys/user/max_user_namespaces
-new=/tmp  # the host's /tmp, shadowed in this mount namespace only
+# $new is shadowed in this mount namespace only
 mount -t tmpfs -o size=1m,mode=755,nosuid,nodev proofstream-root "$new"
 mkdir "$new/proc" "$new/dev" "$new/tmp" "$new/.old"
+mount -t tmpfs -o "size=$tmp_bytes,mode=1777,nosuid,nodev" tmpfs "$new/tmp"
 while [ "$n" -gt 0 ]; do
   src=$1 dest=$new$2
   shift 2
@@ -112,7 +115,6 @@ while [ "$n" -gt 0 ]; do
   shift 2
   n=$((n - 1))
 done
-mount -t tmpfs -o "size=$tmp_bytes,mode=1777,nosuid,nodev" tmpfs "$new/tmp"
 mount -t proc -o nosuid,nodev,noexec proc "$new/proc"
 # A minimal /dev: device nodes bound one by one onto a tmpfs that is then made read-only.
 mount -t tmpfs -o size=64k,mode=755,nosuid proofstream-dev "$new/dev"
@@ -144,9 +146,11 @@ def available() -> str | None:
 
 
 @functools.cache
-def _probe(tool: str) -> str | None:
-    """None if `tool` can build a sandbox here, else why not. Installed is not enough: user namespaces may
-    be disabled (sysctl, AppArmor), so actually run `true` in one."""
+def _probe(tool: str, uid: int | None = None) -> str | None:
+    """None if `tool` can build a sandbox here, run as `uid` (None: as this process), else why not. Installed
+    is not enough: user namespaces may be disabled (sysctl, AppArmor), and the sandbox's uid may be unable to
+    execute the tool (a bwrap under /root, mode 0700, which root's own probe ran fine), so actually run `true`
+    in one, as the uid the sandbox will run as."""
     path = shutil.which(tool)
     if path is None:
         return f"{tool} not found on PATH"
@@ -154,12 +158,25 @@ def _probe(tool: str) -> str | None:
         argv = [path, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
     else:
         argv = [path, "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--mount-proc", "true"]
+    as_uid = ""
+    if uid is not None and uid != os.geteuid():
+        setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+        if setpriv is None or unshare is None:
+            return "setpriv or unshare not found: install util-linux"
+        # In a pid namespace of its own (root may always make one), whose end the kernel reaps: bwrap leaves
+        # an exited helper to the host's init, which (in a container) may reap it late, and a uid with a
+        # process, even a zombie, is one sandbox_uids will not lease.
+        # The tool is exec'd by a shell already running as the uid, as in the sandbox's chain (GUARD): exec'd by
+        # setpriv itself, a bwrap the uid may not reach ran anyway (util-linux 2.38).
+        argv = [unshare, "--pid", "--fork", "--kill-child", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
+                "--clear-groups", "--", "/bin/sh", "-c", 'exec "$@"', "proofstream-probe", *argv]  # fmt: skip
+        as_uid = f" (as uid {uid}, the sandbox's)"
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+        done = subprocess.run(argv, capture_output=True, timeout=10, check=False, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"{tool} failed to run: {e}"
+        return f"{tool} failed to run{as_uid}: {e}"
     if done.returncode != 0:
-        return f"{tool} exited {done.returncode}: {done.stderr.decode(errors='replace').strip()[-300:]}"
+        return f"{tool} exited {done.returncode}{as_uid}: {done.stderr.decode(errors='replace').strip()[-300:]}"
     return None
 
 
@@ -177,9 +194,11 @@ def _check_paths(config: ProcessSandboxConfig) -> None:
 
 
 def _bind_paths(config: ProcessSandboxConfig) -> list[str]:
+    """`ro_paths`, and the workdir unless it is the sandbox's own /tmp or lies in one of them. A workdir under
+    the host's /tmp (a checkout there) is bound like any other: the sandbox's /tmp tmpfs is made first."""
     _check_paths(config)
     paths = list(config.ro_paths)
-    if not _under(config.workdir, ["/tmp", *paths]):
+    if config.workdir != "/tmp" and not _under(config.workdir, paths):
         paths.append(config.workdir)
     return paths
 
@@ -206,10 +225,30 @@ def private_root(config: ProcessSandboxConfig) -> PrivateRoot:
             binds.append((top, top))
     binds += [(path, path) for path in _ETC_FILES if os.path.exists(path)]
     binds += [(path, path) for path in _bind_paths(config)]
+    binds += _interpreter_bind(config, binds)
     # Parents before what lies inside them: a bind made later over a parent hides the earlier one below it
     # (unshare's read-only remount of the hidden mount point then fails; bwrap hides it silently).
     binds.sort(key=lambda bind: bind[1].rstrip("/").count("/"))
     return PrivateRoot(tuple(binds), tuple(symlinks))
+
+
+def _visible(root_binds: list[tuple[str, str]]) -> list[str]:
+    """The paths a checker sees in the private root: the system directories (as named and as resolved) and
+    what is bound."""
+    return [*_SYSTEM_DIRS, *(os.path.realpath(d) for d in _SYSTEM_DIRS), *(d for _, d in root_binds)]
+
+
+def _interpreter_bind(config: ProcessSandboxConfig, binds: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The checker's program at the path it is named by, where that path is outside the sandbox's view but
+    the file it resolves to is inside: a virtual environment's `bin/python` (a symlink to the interpreter it was
+    made from, whose prefix is bound). Only that one file is bound, read-only, never its directory: the
+    environment's packages stay outside, and the interpreter runs as the one it links to."""
+    program = _resolve_argv(config)[0]
+    real = os.path.realpath(program)
+    visible = _visible(binds)
+    if program != real and not _under(program, visible) and _under(real, visible):
+        return [(real, program)]
+    return []
 
 
 def bwrap_argv(
@@ -232,11 +271,15 @@ def bwrap_argv(
     # which stay writable.)
     argv += ["--remount-ro", "/dev", "--remount-ro", "/proc", "--remount-ro", "/", "--chdir", config.workdir, "--"]
     checker = _resolve_argv(config)
-    visible = [*_SYSTEM_DIRS, *(os.path.realpath(d) for d in _SYSTEM_DIRS), *(d for _, d in root.binds)]
-    for path in (checker[0], os.path.realpath(checker[0])):
+    _check_visible(checker[0], root)
+    return argv + _lifeline_argv(lifeline_fd) + checker
+
+
+def _check_visible(program: str, root: PrivateRoot) -> None:
+    visible = _visible(list(root.binds))
+    for path in (program, os.path.realpath(program)):
         if not _under(path, visible):
             raise SandboxUnavailable(f"checker {path} is not inside the sandbox: add its directory to ro_paths")
-    return argv + _lifeline_argv(lifeline_fd) + checker
 
 
 def _lifeline_argv(fd: int) -> list[str]:
@@ -252,18 +295,28 @@ def unshare_argv(
     unshare: str, config: ProcessSandboxConfig, status_fd: int, root: PrivateRoot | None = None, lifeline_fd: int = -1
 ) -> list[str]:
     root = root or private_root(config)
-    # The private root is built on a tmpfs over the host's /tmp, so nothing under /tmp can be bound from there.
-    hidden = [s for s, _ in root.binds if _under(s, ["/tmp"])]
-    if hidden or _under(config.argv[0], ["/tmp"]):
-        raise SandboxUnavailable(
-            f"{hidden or config.argv[0]} under /tmp, which the unshare sandbox replaces: use bwrap or move them"
-        )
+    checker = _resolve_argv(config)
+    _check_visible(checker[0], root)
     argv = [unshare, "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount"]
     argv += ["--mount-proc", "--ipc", "--uts", "--", "/bin/bash", "-c", UNSHARE_SETUP, "proofstream-sandbox"]
-    argv += [config.workdir, str(config.tmp_bytes), str(status_fd), unshare, str(len(root.binds))]
-    argv += [part for bind in root.binds for part in bind]
+    argv += [config.workdir, str(config.tmp_bytes), str(status_fd), unshare, _root_mount(root)]
+    argv += [str(len(root.binds)), *(part for bind in root.binds for part in bind)]
     argv += [str(len(root.symlinks)), *(part for link in root.symlinks for part in link)]
-    return argv + _lifeline_argv(lifeline_fd) + _resolve_argv(config)
+    return argv + _lifeline_argv(lifeline_fd) + checker
+
+
+# Host directories the unshare sandbox may build its root on (a tmpfs mounted there in its own mount namespace
+# hides the host's directory from it alone): the first that exists and holds nothing the sandbox binds.
+_ROOT_MOUNTS = ("/mnt", "/media", "/srv", "/opt", "/run", "/var", "/tmp", "/home")
+
+
+def _root_mount(root: PrivateRoot) -> str:
+    sources = [os.path.realpath(src) for src, _ in root.binds] + [src for src, _ in root.binds]
+    for place in _ROOT_MOUNTS:
+        if os.path.isdir(place) and not os.path.islink(place) and not any(_under(s, [place]) for s in sources):
+            return place
+    raise SandboxUnavailable(f"no host directory to build the unshare sandbox's root on: each of "
+                             f"{', '.join(_ROOT_MOUNTS)} is missing or holds a bound path; use bwrap")  # fmt: skip
 
 
 def _resolve_argv(config: ProcessSandboxConfig) -> list[str]:

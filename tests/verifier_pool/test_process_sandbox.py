@@ -40,17 +40,7 @@ def _isolations() -> list:
         reasons = "; ".join(f"{tool}: {process._probe(tool)}" for tool in process.ISOLATION_TOOLS)
         print(f"process sandbox tests skipped: neither bwrap nor unshare works here ({reasons})")
         return [pytest.param(None, marks=pytest.mark.skip(reason=f"no isolation tool works: {reasons}"))]
-    params = []
-    for tool in working:
-        if tool == "unshare" and str(FIXTURES.resolve()).startswith("/tmp/"):
-            # The unshare sandbox mounts a private /tmp over the host's, so it cannot run a checker that lives
-            # under /tmp (it refuses such paths with SandboxUnavailable); a checkout under /tmp cannot test it.
-            reason = f"unshare hides /tmp and this checkout is at {FIXTURES.parents[1]}"
-            print(f"process sandbox tests: unshare variant skipped: {reason}")
-            params.append(pytest.param(tool, marks=pytest.mark.skip(reason=reason)))
-        else:
-            params.append(tool)
-    return params
+    return working
 
 
 def _config(isolation: str, **overrides) -> ProcessSandboxConfig:
@@ -601,3 +591,32 @@ async def test_the_recycle_threshold_is_read_at_most_every_memory_check_every_s(
     assert await sandbox.request({"cmd": "FIXTURE:grow=200"}, 10) == {"env": 1}
     assert await sandbox.request({"cmd": "x"}, 5) == {"env": 2}
     assert sandbox.stats().starts == 1  # over the threshold, but not read again yet
+
+
+@needs_root
+@pytest.mark.skipif(process._probe("bwrap") is not None or process._probe("unshare") is not None,
+                    reason="needs both bwrap and unshare working here")  # fmt: skip
+async def test_a_tool_the_sandbox_uid_cannot_run_is_passed_over_for_the_next_with_the_reason(tmp_path, monkeypatch):
+    """The first H100 run: a bwrap where only root could execute it (mode 0700 above it). Root's own probe
+    ran it fine, and every sandbox then failed to start. The probe runs as the sandbox's uid: auto isolation
+    takes unshare, and a sandbox told to use bwrap says why it cannot."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    shutil.copy2(shutil.which("bwrap"), private / "bwrap")
+    monkeypatch.setenv("PATH", f"{private}:{os.environ['PATH']}")
+    process._probe.cache_clear()  # its answers are per PATH as well: forget the ones of the real PATH
+    try:
+        assert process._probe("bwrap") is None  # root can run it: the old probe's answer
+        auto = ProcessSandbox(_config("auto"))
+        await auto.start()
+        try:
+            assert auto.stats().extra["isolation"] == "unshare"
+            assert await auto.request({"cmd": "2+2"}, 5) is not None
+        finally:
+            await auto.kill()
+        told = ProcessSandbox(_config("bwrap"))
+        with pytest.raises(SandboxUnavailable, match=r"bwrap exited \d+ \(as uid \d+, the sandbox's\)"):
+            await told.start()
+        await told.kill()
+    finally:
+        process._probe.cache_clear()
