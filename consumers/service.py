@@ -198,6 +198,7 @@ class VerifierService:
             "transient_failures": sum(c.stats.transient_failures for c in self.consumers),
             "settle_unreplicated": sum(c.stats.settle_unreplicated for c in self.consumers),
             "utilization": round(busy_s / wall_s, 4),
+            "sandboxes": len(sandboxes),
             "sandbox_starts": sum(s.starts for s in sandboxes),
             "sandbox_timeouts": sum(s.timeouts for s in sandboxes),
             "sandbox_crashes": sum(s.crashes for s in sandboxes),

@@ -5,8 +5,8 @@ poison: dead-lettered with the reason), consult the verdict cache, else run the 
 consumer's sandbox (when its turn comes: consumers.service). Verdicts `proved` / `rejected` / `timeout`
 become rewards; `error` (the infrastructure failed: a sandbox that cannot start, a header that does not
 elaborate) raises VerifierFault, so the attempt stays pending and is redelivered, and on its last allowed
-delivery VerifierGaveUp dead-letters it with that reason: a verifier failure is never a reward of 0, and
-never cached.
+delivery VerifierGaveUp dead-letters it as `infrastructure: <the checker's reason>`: a verifier failure is
+never a reward of 0, never cached, and never blamed on the attempt.
 
 The cache key holds the checker's environment (verifier_pool.checkers: its version, its judging code, its
 sandbox's identity), read when the cache is consulted and again when the verdict is stored: a verdict is
@@ -27,7 +27,7 @@ import structlog
 from redis.asyncio import Redis
 
 from streams.keys import Keys
-from streams.runtime import Delivery, Poison
+from streams.runtime import Delivery, Infrastructure, Poison
 from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, fetch
 from verifier_pool.judgement import Judgement
@@ -51,7 +51,7 @@ class VerifierFault(Exception):
     """The checker could not judge the attempt (sandbox down, REPL protocol broken): retry later."""
 
 
-class VerifierGaveUp(Poison):
+class VerifierGaveUp(Infrastructure):
     """The checker could not judge the attempt on its last allowed delivery: dead-lettered now, with the
     infrastructure's reason (the runtime's own dead letter, one delivery later, would only count them)."""
 
@@ -210,7 +210,7 @@ class VerifyHandler:
 
     def _fault(self, d: Delivery[Attempt], detail: str) -> Exception:
         if self.max_deliveries is not None and d.deliveries >= self.max_deliveries:
-            return VerifierGaveUp(f"no verdict on any of {d.deliveries} deliveries (infrastructure): {detail}")
+            return VerifierGaveUp(f"verifier: no verdict on any of {d.deliveries} deliveries: {detail}")
         return VerifierFault(detail)
 
     async def _theorem(self, theorem_id: str) -> Theorem:

@@ -6,6 +6,8 @@
 - `ratio` = perturb_restore_s / noise_only_s (target <= 1.5: the perturbation costs little beyond its noise).
 - `replay_s_per_version`: rebuilding a center from the base by replaying `--versions` steps of a
   population of `--population` members, per version (what a generator that starts late pays).
+On `--device` (auto: the GPU where torch sees one): the engine's weights, the master, the noise and the
+replay all live there, as in a generator on that device; the JSON says which device (and GPU) it measured.
 Medians of `--rounds`. Last line of output: one JSON object.
 """
 
@@ -24,34 +26,39 @@ def bench(args: argparse.Namespace) -> dict:
     import torch
 
     from producers.engines import choose, make_engine
+    from weights import device as devices
     from weights.es import ESWeights, digest, load_master, noise
     from weights.model import resolve_model
 
+    device = devices.resolve(args.device)
     path = resolve_model(args.model)
     engine_name = choose(args.engine)
-    engine = make_engine(engine_name, path, threads=args.threads)
+    engine = make_engine(engine_name, path, threads=args.threads, device=device, dtype="auto")  # as a generator
     try:
-        master = load_master(path)
+        master = load_master(path, device)
         params = sum(t.numel() for t in master.values())
         engine.es_use(0, None)  # the center in place and the base master loaded, off the clock
         noise_s, switch_s = [], []
         for r in range(args.rounds):
             started = time.perf_counter()
             for name, tensor in master.items():
-                noise(1000 + r, name, tensor.shape)
+                noise(1000 + r, name, tensor.shape, device)
+            _synchronize(torch, device)
             noise_s.append(time.perf_counter() - started)
             started = time.perf_counter()
             engine.es_use(0, 1000 + r, 1, 0.001)
             engine.es_use(0, None)
+            _synchronize(torch, device)
             switch_s.append(time.perf_counter() - started)
         members = range(args.population)
         rewards = [float(i % 3 - 1) for i in members]
         step = {"seeds": list(members), "signs": [1] * len(rewards), "rewards": rewards, "sigma": 1e-3, "alpha": 5e-4}
-        replay = ESWeights(lambda: {k: v.clone() for k, v in master.items()}, lambda named: None)
+        replay = ESWeights(lambda: {k: v.clone() for k, v in master.items()}, lambda named: None, device=device)
         for v in range(1, args.versions + 1):
             replay.add_step(v, step)
         started = time.perf_counter()
         center = replay.center(args.versions)
+        _synchronize(torch, device)
         replay_s = (time.perf_counter() - started) / args.versions
         center_digest = digest(center)
     finally:
@@ -60,6 +67,7 @@ def bench(args: argparse.Namespace) -> dict:
     return {
         "bench": "es",
         "engine": engine_name,
+        **devices.describe(device),
         "parameters": params,
         "threads": torch.get_num_threads(),
         "rounds": args.rounds,
@@ -73,10 +81,17 @@ def bench(args: argparse.Namespace) -> dict:
     }
 
 
+def _synchronize(torch, device: str) -> None:
+    """A GPU runs kernels asynchronously: wait for them before reading the clock."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main(args: argparse.Namespace) -> int:
     result = bench(args)
     if not getattr(args, "json", False):
-        print(f"es ({result['engine']}): perturb+restore {result['perturb_restore_s']} s, noise alone "
+        where = result.get("gpu", result["device"])
+        print(f"es ({result['engine']} on {where}): perturb+restore {result['perturb_restore_s']} s, noise alone "
               f"{result['noise_only_s']} s, ratio {result['ratio']}; replay {result['replay_s_per_version']} s per "
               f"version of {result['population']} members", file=sys.stderr)  # fmt: skip
     print(orjson.dumps(result).decode())
@@ -86,6 +101,12 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("es", help="ES perturb+restore of the whole model against drawing its noise")
     p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the weights live and the noise is drawn (default auto: cuda when torch sees a GPU)",
+    )
     p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--population", type=int, default=8, help="members per replayed step")

@@ -7,7 +7,9 @@ thread every engine call runs on; producers/engine.py says why). The service sid
 private Redis and runs `GeneratorService` (read order, policy in place, prompts, generate in a thread,
 extract, settle attempts + ack) until every attempt is in the stream. Same seeds and weights: both sides
 generate the same tokens, so `ratio` is the share of the engine's speed the service path keeps.
-Rounds alternate raw and service; medians are reported. Last line of output: one JSON object.
+Rounds alternate raw and service; medians are reported. The engine runs on `--device` (auto: the GPU where
+torch sees one) in the generator's default dtype there; the JSON names the device (and GPU) it measured.
+Last line of output: one JSON object.
 """
 
 from __future__ import annotations
@@ -99,12 +101,15 @@ async def service_round(url: str, engine, theorems: list[Theorem], orders: list[
 def bench(url: str, args: argparse.Namespace) -> dict:
     from producers.engine import ENGINE_THREAD
     from producers.engines import choose, make_engine
+    from weights import device as devices
     from weights.model import resolve_model
 
     engine_name = choose(args.engine)
+    device = devices.resolve(args.device)
     # Both sides call the engine from the service's engine thread (see producers/engine.py: ENGINE_THREAD).
     on_engine_thread = lambda fn, *a, **k: ENGINE_THREAD.submit(fn, *a, **k).result()  # noqa: E731
-    engine = on_engine_thread(make_engine, engine_name, resolve_model(args.model), threads=args.threads)
+    engine = on_engine_thread(make_engine, engine_name, resolve_model(args.model), threads=args.threads,
+                              device=device, dtype="auto", kv_cache=args.kv_cache)  # fmt: skip
     try:
         theorems = _theorems(args.orders * args.prompts)
         warm = _orders("warm", theorems, 1, args.prompts, args.n, 8)
@@ -123,9 +128,11 @@ def bench(url: str, args: argparse.Namespace) -> dict:
     return {
         "bench": "generator",
         "engine": engine_name,
+        **devices.describe(device),
         "orders": args.orders,
         "prompts_per_order": args.prompts,
         "samples_per_prompt": args.n,
+        "kv_cache": args.kv_cache,
         "max_new_tokens": args.max_new_tokens,
         "rounds": args.rounds,
         "tokens_per_s": round(o, 1),
@@ -146,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
         with EmbeddedRedis(appendfsync="everysec") as server:
             result = bench(server.url, args)
     if not getattr(args, "json", False):
-        print(f"generator ({result['engine']}): {result['tokens_per_s']} tokens/s through the service, "
+        where = result.get("gpu", result["device"])
+        print(f"generator ({result['engine']} on {where}): {result['tokens_per_s']} tokens/s through the service, "
               f"{result['raw_tokens_per_s']} calling the engine, ratio {result['ratio']}", file=sys.stderr)  # fmt: skip
     print(orjson.dumps(result).decode())
     return 0
@@ -155,6 +163,14 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generator", help="tokens/s through the generator service against the engine alone")
     p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the engine runs (default auto: cuda when torch sees a GPU)",
+    )
+    p.add_argument("--kv-cache", default="dynamic", choices=("dynamic", "static"),
+                   help="hf engine: static lets transformers compile the decoding step on a GPU (producers/hf.py)")
     p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
     p.add_argument("--orders", type=int, default=3, help="work orders per round")
     p.add_argument("--prompts", type=int, default=4, help="Countdown problems per order")

@@ -9,7 +9,8 @@ precision on the same batch, the precisions alternating, so both see the same ma
 - `fp32_step_s`, `bf16_mixed_step_s`: medians of `--rounds` steps (forward, backward, AdamW);
 - `speedup` = fp32_step_s / bf16_mixed_step_s;
 - `grad_norm_rel_diff`: how far apart the two steps' gradient norms are, relative (bf16's rounding).
-Last line of output: one JSON object (also written to `--out`).
+The trainer steps on `--device` (auto: the GPU where torch sees one, as `--train-device auto` does); the
+JSON names the device (and GPU). Last line of output: one JSON object (also written to `--out`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def bench(args: argparse.Namespace) -> dict:
     from tasks.prompts import messages, tokenize
     from trainer.grpo_loss import GRPOConfig, GRPOSample
     from trainer.grpo_trainer import GRPOTrainer
+    from weights import device as devices
     from weights.model import resolve_model
 
+    device = devices.resolve(args.device)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     rng = random.Random(0)
@@ -52,9 +55,10 @@ def bench(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as out:
         for r in range(args.rounds + 1):  # round 0 warms both up, off the record
             for precision in times if r % 2 == 0 else reversed(times):
-                trainer = GRPOTrainer(path, GRPOConfig(lr=1e-5, precision=precision), Path(out) / precision)
+                trainer = GRPOTrainer(path, GRPOConfig(lr=1e-5, precision=precision), Path(out) / precision,
+                                      device=device)  # fmt: skip
                 started = time.perf_counter()
-                metrics = trainer.step(groups)
+                metrics = trainer.step(groups)  # reads the gradient norm back: the GPU's work is done
                 if r:
                     times[precision].append(time.perf_counter() - started)
                 norms[precision] = metrics["grad_norm"]
@@ -62,6 +66,7 @@ def bench(args: argparse.Namespace) -> dict:
     fp32, mixed = statistics.median(times["fp32"]), statistics.median(times["bf16-mixed"])
     return {
         "bench": "grpo",
+        **devices.describe(device),
         "model": path.name,
         "threads": torch.get_num_threads(),
         "bf16_in_hardware": _bf16_in_hardware(torch),
@@ -91,8 +96,10 @@ def _bf16_in_hardware(torch) -> bool | None:
 def main(args: argparse.Namespace) -> int:
     result = bench(args)
     if not getattr(args, "json", False):
-        print(f"grpo step ({result['groups']} x {result['group_size']} samples): fp32 {result['fp32_step_s']} s, "
-              f"bf16-mixed {result['bf16_mixed_step_s']} s, speedup {result['speedup']}", file=sys.stderr)  # fmt: skip
+        where = result.get("gpu", result["device"])
+        print(f"grpo step on {where} ({result['groups']} x {result['group_size']} samples): fp32 "
+              f"{result['fp32_step_s']} s, bf16-mixed {result['bf16_mixed_step_s']} s, speedup {result['speedup']}",
+              file=sys.stderr)  # fmt: skip
     line = orjson.dumps(result).decode()
     if args.out:
         Path(args.out).write_text(line + "\n")
@@ -102,6 +109,12 @@ def main(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grpo", help="one GRPO trainer step on the default model: fp32 against bf16-mixed")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where the trainer steps (default auto: cuda when torch sees a GPU)",
+    )
     p.add_argument("--model", default=None, help="model folder or Hugging Face id (default SmolLM2-135M)")
     p.add_argument("--groups", type=int, default=8, help="theorems in the batch (the GRPO default)")
     p.add_argument("--group-size", type=int, default=8, help="completions per theorem (the GRPO default)")

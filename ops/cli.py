@@ -61,6 +61,7 @@ from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError
+from weights.device import NoDevice
 
 NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
 
@@ -321,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         if is_cluster_url(getattr(args, "redis_url", None) or ""):
             return _fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
                          "(a master of the cluster), or none for a private one", 2)  # fmt: skip
-        return args.func(args)
+        try:
+            return args.func(args)
+        except NoDevice as e:  # --device cuda where torch sees no GPU: never measured on the CPU instead
+            return _fail(str(e), 2)
     if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
         return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
     if getattr(args, "verdicts_command", None) == "clear" and not getattr(args, "run", None):

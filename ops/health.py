@@ -13,7 +13,8 @@ Compose and Kubernetes run these inside the role's container.
   Such a worker stays up and retries its sandboxes, so it turns green by itself once they start. Matched by
   the worker id's hostname part (`<hostname>-<pid>-...`, consumers.service); the newest report counts.
   `arq workers.verifier --check` (arq's key, refreshed every 10 s) only says that the process polls Redis.
-- trainer: the run's Redis answers (the trainer is a one-shot job: its progress is in `python -m ops`).
+- trainer: the run's Redis answers, and the run is not stalled (`{ps:R}:trainer_alert`, set by a trainer
+  whose run has made no progress while the infrastructure says why: trainer/progress.py).
 
 `--liveness` (Kubernetes' livenessProbe, which restarts a container that fails it): only whether the role's
 loop still turns, i.e. its report is fresh. Where the run's Redis does not answer it passes: every role rides
@@ -75,6 +76,12 @@ def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float, sandboxes:
     return None
 
 
+def check_trainer(client: redis.Redis, keys: Keys) -> str | None:
+    """None unless the run's trainer says the run can make no progress, and why."""
+    raw = client.get(keys.trainer_alert)
+    return f"the run is stalled: {orjson.loads(raw)['cause']}" if raw else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.health", description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=["generator", "verifier", "trainer"])
@@ -107,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             problem = check_generator(client, keys, args.max_age_s or 60.0, os.environ.get("PROOFSTREAM_NAME", ""))
         elif args.role == "verifier":  # it reports every 30 s: 90 s is two missed reports
             problem = check_verifier(client, keys, args.max_age_s or 90.0, sandboxes=not args.liveness)
+        elif not args.liveness:  # a stalled run is a readiness matter: restarting the trainer fixes nothing
+            problem = check_trainer(client, keys)
     except rx.AuthenticationError as e:  # a subclass of ConnectionError, but no outage: never healthy
         problem = f"the run's Redis refused the credentials: {e}"
     except (rx.ConnectionError, rx.TimeoutError) as e:  # the check's answer, not a crash (LOADING included)

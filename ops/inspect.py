@@ -123,6 +123,7 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
                    "oldest_in_flight_ms": max(ages, default=None), "evals_in_flight": len(state.get("evals", [])),
                    "counts": state.get("counts", {})}  # fmt: skip
     lease = await redis.get(keys.trainer_lease)
+    alert = await redis.get(keys.trainer_alert)
     generators = {_key(k): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
     by_reason = await letters.by_reason(redis, keys, DLQ_SCAN)
     streams = streams or await stream_report(redis, keys)
@@ -134,6 +135,7 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
     return {
         "run": keys.run, "now_ms": now, "trainer": trainer,
         "lease": orjson.loads(lease) if lease else None,
+        "alert": orjson.loads(alert) if alert else None,  # the run is stalled, and why (trainer/progress.py)
         "generators": {name: {k: g.get(k, 0) for k in GENERATOR_FIGURES} for name, g in generators.items()},
         "dead_letters": {"total": await redis.xlen(keys.dlq), "by_reason": by_reason,
                          "counted_of_newest": sum(by_reason.values())},

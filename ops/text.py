@@ -104,6 +104,8 @@ def run(report: dict[str, Any]) -> str:
     """`python -m ops run`: one screen."""
     name, t = report["run"], report["trainer"]
     lines = [f"run {name}"]
+    if alert := report.get("alert"):
+        lines.append(f"STALLED at version {alert['version']}: {alert['cause']}")
     if t is None:
         lines.append("trainer: no state in Redis (not started, or another Redis)")
     else:

@@ -22,6 +22,7 @@ from producers.service import GeneratorService
 from streams import logs
 from streams.connect import connect
 from streams.settings import SettingsError
+from weights import device as devices
 from weights.model import MissingDependency, ModelNotFound, resolve_model
 
 log = structlog.get_logger("producers")
@@ -29,15 +30,10 @@ log = structlog.get_logger("producers")
 
 def build_engine(settings: GeneratorSettings):
     """Resolve the model and load it in the chosen engine (blocking: seconds to a minute)."""
-    import torch  # heavy: imported when an engine is built, not for --help
-
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise EngineUnavailable(f"--device cuda, but torch {torch.__version__} ({built}) sees no CUDA device here; "
-                                "use --device cpu, or auto to take a GPU when there is one")  # fmt: skip
+    try:
+        device = devices.resolve(settings.device)
+    except devices.NoDevice as e:
+        raise EngineUnavailable(str(e)) from e
     path = resolve_model(settings.model, settings.model_cache or None)
     snapshots = settings.snapshots() / path.name  # centers of one base model only
     return make_engine(
@@ -49,6 +45,7 @@ def build_engine(settings: GeneratorSettings):
         snapshot_every=settings.snapshot_every,
         keep=settings.keep_versions,
         threads=settings.threads,
+        kv_cache=settings.kv_cache,
     )
 
 

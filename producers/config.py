@@ -23,6 +23,10 @@ class GeneratorSettings(RoleSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu")
     threads: int = Field(0, ge=0, description="CPU threads for the engine; 0: the library's default")
+    kv_cache: Literal["dynamic", "static"] = Field(
+        "dynamic", description="hf engine: static preallocates the KV cache, which lets transformers compile the "
+        "decoding step on a GPU (python -m ops bench generator --kv-cache static measures it)",
+    )  # fmt: skip
     prompt_format: str = Field("kimina", description=f"Lean prompt format: {', '.join(LEAN_FORMATS)}")
 
     name: str = Field("", description="consumer name in the group; default host-pid")

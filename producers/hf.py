@@ -5,6 +5,13 @@ from the last real token). Behaviour logprobs are recorded while sampling by a l
 sees the raw logits of each step and is paid one log-softmax per step, not a second forward pass.
 ES weights are written straight into the model's parameters (`copy_` casts the fp32 values into the
 model's dtype); GRPO weights are loaded from a safetensors folder by checkpoint name.
+
+One call generates every row of an order (its problems x n samples), so a GPU gets the whole batch at once.
+`kv_cache="static"` preallocates the KV cache to the call's full length (transformers' StaticCache), which
+lets transformers compile the decoding step with torch.compile on a GPU (its auto-compile criteria: a
+compilable cache on cuda): the overhead that dominates short sequences of a small model. Whether it pays
+depends on the GPU and the shapes (each new batch shape compiles again): `python -m ops bench generator
+--device cuda --kv-cache static` measures it, and `make gpu-check` records both.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import torch
 import transformers
 
 from producers.engine import EngineStats, Sample, Sampling
+from streams import faults
 from weights.es import ESWeights, digest, load_master
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,7 +68,11 @@ class HFEngine:
         snapshot_every: int = 0,
         keep: int = 2,
         threads: int = 0,
+        kv_cache: str = "dynamic",
     ) -> None:
+        if kv_cache not in ("dynamic", "static"):
+            raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
+        self.kv_cache = kv_cache
         if dtype == "auto":
             dtype = "float32" if device == "cpu" else "bfloat16"
         if dtype not in DTYPES:
@@ -77,7 +89,8 @@ class HFEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.stats = EngineStats(extra={"engine": self.name, "load_s": round(time.monotonic() - started, 2)})
+        self.stats = EngineStats(extra={"engine": self.name, "device": device, "dtype": dtype, "kv_cache": kv_cache,
+                                        "load_s": round(time.monotonic() - started, 2)})  # fmt: skip
         self.es = ESWeights(
             lambda: load_master(self.model_path, device),
             self._write,
@@ -140,6 +153,7 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
         if not prompts:
             return []
+        faults.point("engine.generate")  # an engine that fails every call (tests/trainer/test_no_progress.py)
         started = time.monotonic()
         pad = self.tokenizer.pad_token_id
         batch = [p for p in prompts for _ in range(sampling.n)]  # n rows per prompt (greedy allows no n > 1)
@@ -159,6 +173,8 @@ class HFEngine:
         }
         if not greedy:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        if self.kv_cache == "static":
+            kwargs["cache_implementation"] = "static"
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)

@@ -14,6 +14,12 @@ killed generator's order, reclaimed by another, publishes its attempts once: att
 `<work_id>:<theorem index>:<sample>`, and the sampling seed derives from the work id. Before taking an order
 the service waits while the verifiers owe more than `max_outstanding` attempts (the wire's backpressure).
 Generation runs in a thread, so the event loop keeps reading the policy stream and reporting.
+
+An engine failure is the infrastructure's, not the order's: the order is handed back and retried, and on its
+last allowed delivery dead-lettered as `infrastructure: generator <name>: <error>`. A generator whose engine
+fails `GIVE_UP_AFTER` different orders in a row with the same error (a device mix-up, a broken install:
+every later order would fail the same way) stops with that error instead of dead-lettering the whole run;
+the local pipeline stops with it (trainer/local.py), a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from producers.policy import PolicyFollower, PolicyMismatch
 from streams.codec import pack_float32, pack_int32
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
-from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison, Skip
+from streams.runtime import Consumer, ConsumerSettings, Delivery, Infrastructure, Poison, Skip
 from streams.schema import Attempt, WorkOrder
 from streams.theorems import Theorem
 from tasks import prompts
@@ -46,6 +52,7 @@ log = structlog.get_logger("producers.service")
 # Errors after which an engine serves nothing again (vLLM's engine core process is gone: killed, stalled
 # past its timeouts, out of memory); by name, so that importing vLLM stays optional.
 ENGINE_DEAD = {"EngineDeadError"}
+GIVE_UP_AFTER = 3  # different orders failed in a row by the engine with the same error: stop serving
 
 
 class WrongNoiseDevice(RuntimeError):
@@ -87,13 +94,15 @@ class GeneratorService:
             ),
             gate=self._room,
         )
-        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "settled_skipped": 0, "policy_errors": 0}
+        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "settled_skipped": 0, "policy_errors": 0,
+                       "engine_errors": 0}  # fmt: skip
         self.started = time.monotonic()
         self.busy_s = 0.0
         self.holding = False  # waiting for the verifiers to catch up
         self.stop = asyncio.Event()
         self.fatal = ""  # why this generator stopped itself (the process exits 1 with it)
         self.noise_checked = False
+        self._failing: dict[str, str] = {}  # work id -> the engine's error, for the orders failed since a success
 
     def _give_up(self, reason: str) -> None:
         """Stop serving for good: the order in hand goes back to the group, the process exits 1 with `reason`."""
@@ -171,14 +180,33 @@ class GeneratorService:
         except PolicyMismatch as e:
             self.counts["policy_errors"] += 1
             raise Poison(str(e)) from e
+        except LookupError:  # ES steps of the order's version not received yet: the follower catches up
+            raise
         except Exception as e:
-            if type(e).__name__ in ENGINE_DEAD:  # every later order would fail too, and die in the dead letters
-                self._give_up(f"the {self.engine.name} engine died ({type(e).__name__}: {e}); restart the generator")
-            raise  # transient for the runtime: the order is handed back for another (or this, restarted) generator
+            raise self._engine_failed(delivery, e) from e
+        self._failing.clear()
         self.busy_s += time.monotonic() - started
         self.counts["orders"] += 1
         self.counts["attempts"] += len(attempts)
         return attempts
+
+    def _engine_failed(self, delivery: Delivery[WorkOrder], e: Exception) -> Exception:
+        """What to raise for an order the engine failed: the error itself (transient: the order is handed back
+        for another, or this, generator), or on its last allowed delivery an `Infrastructure` dead letter. A
+        dead engine, or the same error on `GIVE_UP_AFTER` different orders in a row, also stops this generator:
+        every later order would fail the same way."""
+        error = f"{type(e).__name__}: {e}"
+        self.counts["engine_errors"] += 1
+        log.error("engine_failed", work_id=delivery.message.work_id, deliveries=delivery.deliveries, error=error[:2000])
+        self._failing[delivery.message.work_id] = error
+        if type(e).__name__ in ENGINE_DEAD:
+            self._give_up(f"the {self.engine.name} engine died ({error}); restart the generator")
+        elif len(self._failing) >= GIVE_UP_AFTER and len(set(self._failing.values())) == 1:
+            self._give_up(f"the {self.engine.name} engine failed {len(self._failing)} orders in a row with the same "
+                          f"error: {error[:1000]}")  # fmt: skip
+        if delivery.deliveries >= self.settings.max_deliveries:
+            return Infrastructure(f"generator {self.name}: {error[:1000]}")
+        return e
 
     async def _theorems(self, order: WorkOrder) -> list[Theorem]:
         if not order.theorem_ids:
@@ -236,6 +264,7 @@ class GeneratorService:
             "engine": self.engine.name,
             "policy_latest": self.policy.latest,
             "policy_rewinds": self.policy.rewinds,  # a failover rewrote the history under it (producers/policy.py)
+            "fatal": self.fatal,  # why it stopped serving (the trainer's progress watch names it)
             **self.counts,
             **{f"wire_{k}": v for k, v in vars(self.consumer.stats).items()},
             "held_for_room_s": round(self.publisher.held_s, 2),

@@ -1,9 +1,11 @@
-"""Fault injection for the recovery tests: a process that SIGKILLs itself at a named point.
+"""Fault injection for the recovery tests: a process that SIGKILLs itself, or fails, at a named point.
 
 `PROOFSTREAM_KILL_AT=<point>[:<n>]` makes the process kill itself with SIGKILL the n-th time (default: the
 first) it passes `point(<point>)`, exactly as `kill -9` would at that instant: no cleanup, no `finally`, no
-flush. Without the variable a point costs one dictionary lookup. The points are where a kill is worth
-testing and hard to hit from outside (between the steps of a checkpoint): see `grep -rn "faults.point"`.
+flush. `PROOFSTREAM_FAIL_AT=<point>` makes every pass of `point(<point>)` raise `InjectedFault` (a
+RuntimeError), as a component broken for good would (an engine that fails every call). Without the
+variables a point costs two dictionary lookups. The points are where a fault is worth testing and hard to
+cause from outside: see `grep -rn "faults.point"`.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ import os
 import signal
 
 ENV = "PROOFSTREAM_KILL_AT"
+FAIL_ENV = "PROOFSTREAM_FAIL_AT"
 _passes: dict[str, int] = {}
 
 
+class InjectedFault(RuntimeError):
+    """Raised where `PROOFSTREAM_FAIL_AT` names the point."""
+
+
 def point(name: str) -> None:
-    """Die here if `PROOFSTREAM_KILL_AT` names this point and this is its n-th pass."""
+    """Die here if `PROOFSTREAM_KILL_AT` names this point and this is its n-th pass; raise if
+    `PROOFSTREAM_FAIL_AT` names it."""
+    if os.environ.get(FAIL_ENV) == name:
+        raise InjectedFault(f"fault injected at {name} ({FAIL_ENV})")
     target = os.environ.get(ENV)
     if not target:
         return

@@ -86,6 +86,10 @@ class Keys:
         return self._key("trainer_lease")
 
     @property
+    def trainer_alert(self) -> str:  # string: why the run makes no progress, while it does not (trainer/progress.py)
+        return self._key("trainer_alert")
+
+    @property
     def es_noise(self) -> str:  # string: the device type ES noise is drawn on (the first ES generator sets it)
         return self._key("es_noise")
 

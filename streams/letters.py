@@ -11,7 +11,8 @@ from streams.schema import DeadLetter, SchemaError
 
 
 def reason_kind(reason: str) -> str:
-    """A dead letter's reason without its particulars: "poison", "skipped", "schema", "delivered too often"."""
+    """A dead letter's reason without its particulars: "poison", "infrastructure", "skipped", "schema",
+    "delivered too often"."""
     if reason.startswith("delivered "):
         return "delivered too often"
     head = reason.split(":", 1)[0].strip()

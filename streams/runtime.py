@@ -59,6 +59,14 @@ class Poison(Exception):
     kind = "poison"  # the dead letter's reason starts with it
 
 
+class Infrastructure(Poison):
+    """Raised by a handler on the last delivery it allows an entry whose handling failed every time for a reason
+    outside the entry (a sandbox that cannot start, an engine that fails): dead-lettered at once as
+    `infrastructure: <cause>`, so that the dead letter blames the infrastructure, not the input, and says why."""
+
+    kind = "infrastructure"
+
+
 class Skip(Poison):
     """Raised by a handler for an input that is fine but no longer wanted (a work order past its staleness
     bound): dead-lettered at once as `skipped: <why>`, so whoever waits for its results learns that none come."""

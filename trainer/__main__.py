@@ -264,7 +264,8 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
               "its own", file=sys.stderr)  # fmt: skip
         return 2
     except RuntimeError as e:
-        print(f"trainer: {e}", file=sys.stderr)
+        # through tqdm: a progress bar another library left open must not swallow the line that says why
+        tqdm.write(f"trainer: {e}", file=sys.stderr)
         return 1
     finally:
         if local is not None:

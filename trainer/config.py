@@ -71,6 +71,11 @@ class TrainerSettings(RoleSettings):
         1800.0, gt=0, description="an order unanswered this long after it was issued is cut and issued anew "
         "(a generator died with it in hand and none reclaimed it)",
     )  # fmt: skip
+    stall_timeout_s: float = Field(
+        60.0, ge=0, description="no reward or version for this long while the infrastructure says why (dead "
+        "letters blaming it, no verifier with a sandbox, a generator that stopped): a local run stops with the "
+        "cause, a trainer with --redis-url raises the run's alert (trainer/progress.py); 0: never",
+    )  # fmt: skip
     lease_s: float = Field(15.0, gt=0, description="one trainer a run: a second waits this long for the first's lease")
     history_s: float = Field(3600.0, ge=0, description="acked rewards and work orders kept for inspection this long")
     mlflow_uri: str = Field("", description="log to MLflow at this tracking URI (sqlite:///runs/mlflow.db, "

@@ -49,6 +49,7 @@ from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
 from trainer.loop import Run
 from trainer.orders import Order, rotation, split_fresh
+from weights import device as devices
 
 log = structlog.get_logger("trainer.grpo")
 KEEP_CHECKPOINTS = 2
@@ -103,10 +104,9 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def training_device(setting: str) -> str:
-    """`auto`: the GPU when torch sees one (the generators choose theirs the same way), else the CPU."""
-    if setting != "auto":
-        return setting
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """`auto`: the GPU when torch sees one (the generators choose theirs the same way), else the CPU; `cuda`
+    where there is none is refused (weights.device)."""
+    return devices.resolve(setting, flag="--train-device")
 
 
 # ------------------------------------------------------------------------------------------------ publishing

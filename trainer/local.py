@@ -146,13 +146,20 @@ class LocalPipeline:
         """The end of child `name`'s log."""
         return (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
 
+    def last_words(self, name: str) -> str:
+        """Child `name`'s own reason for exiting: the last line of its log that is not a JSON log event (a role
+        ends with one line on stderr, `producers: <why>`; a crash with its exception's line)."""
+        lines = [line.strip() for line in self.log_tail(name).splitlines()]
+        said = [line for line in lines if line and not line.startswith("{")]
+        return said[-1][:2000] if said else "(its log says nothing)"
+
     def check(self) -> None:
-        """Raise if a child has exited: the run cannot go on without it."""
+        """Raise if a child has exited: the run cannot go on without it. One line: the child's own reason."""
         for name, proc in self.children:
             code = proc.poll()
             if code is not None:
-                tail = self.log_tail(name)
-                raise RuntimeError(f"the {name} process exited with status {code}; its log ends:\n{tail}")
+                raise RuntimeError(f"the {name} process exited with status {code}: {self.last_words(name)} "
+                                   f"(its log: {self.logs / f'{name}.log'})")  # fmt: skip
 
     async def watch(self, stop: asyncio.Event, *, every_s: float = 1.0, timeout_s: float | None = None) -> None:
         """Until `stop` is set (or the task is cancelled): when a child exits, or `timeout_s` passes, set `stop`

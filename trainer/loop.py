@@ -66,6 +66,7 @@ from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
 from trainer.metrics import MetricsSink, update_records
 from trainer.orders import Order
+from trainer.progress import ProgressWatch
 
 log = structlog.get_logger("trainer.loop")
 
@@ -81,6 +82,10 @@ class RunMismatch(RuntimeError):
 
 class RunFinished(RuntimeError):
     """The run id names a finished run: resuming it would do nothing, silently."""
+
+
+class NoProgress(RuntimeError):
+    """The local pipeline's run can make no progress (trainer/progress.py): the message says why."""
 
 
 CHECKPOINT_EVERY_S = 2.0
@@ -138,6 +143,8 @@ class Run:
         self._window_rewards = 0
         self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
         self._replication = Replication(redis, settings.settle_replicas, settings.settle_wait_ms)
+        self.watch = ProgressWatch(settings.stall_timeout_s)
+        self._alerted = False  # `{ps:R}:trainer_alert` set by this trainer (a --redis-url run's stall)
 
     # -- checkpoint ------------------------------------------------------------------------------------
 
@@ -422,6 +429,7 @@ class Run:
             self.counts["bad_rewards"] += 1
             return
         self._traced.append((entry_id, reward))
+        self.watch.saw_progress()
         order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
         if order is None:  # an order already used in an update, or dropped: its late rewards change nothing
             self.counts["late_rewards"] += 1
@@ -446,6 +454,7 @@ class Run:
             letter = decode(DeadLetter, fields)
         except SchemaError:
             return
+        self.watch.saw_letter(letter.reason)
         work_id = letter.original.get(b"work_id", b"").decode("utf-8", "replace")
         order = self.orders.get(work_id) or self.evals.get(work_id)
         if order is not None:
@@ -496,6 +505,25 @@ class Run:
         log.warning("order_lost", work_id=order.work_id, why=why, detail=detail[:200])
         await self.redis.set(self.keys.done(WorkOrder.dedup_for(order.work_id)), b"cancelled", nx=True, ex=CANCEL_TTL_S)
 
+    async def _watch_progress(self) -> None:
+        """A run that can make no progress (trainer/progress.py): the local pipeline's stops with the cause; one
+        whose roles run elsewhere says so in `{ps:R}:trainer_alert` until progress resumes."""
+        cause = await self.watch.check(self.redis, self.keys)
+        if cause is None:
+            if self._alerted and time.monotonic() - self.watch.last_progress < self.watch.stall_timeout_s:
+                await self.redis.delete(self.keys.trainer_alert)
+                self._alerted = False
+                log.info("run_progressing_again", version=self.version)
+            return
+        if not self.settings.redis_url:
+            raise NoProgress(cause)
+        if not self._alerted:
+            log.error("run_stalled", version=self.version, cause=cause[:2000])
+            print(f"trainer: {cause}; the roles run elsewhere: the run goes on once they can", file=sys.stderr)
+        alert = {"cause": cause, "version": self.version, "since_ms": int(time.time() * 1000)}
+        await self.redis.set(self.keys.trainer_alert, orjson.dumps(alert))
+        self._alerted = True
+
     def health_figures(self) -> dict[str, Any]:
         """What each version's metrics carry besides the update: orders in flight and the age of the oldest,
         and the orders lost so far, by outcome (`cut_<why>`, `evals_reissued`, `evals_lost`)."""
@@ -545,6 +573,7 @@ class Run:
 
     async def run(self, stop: asyncio.Event) -> dict[str, Any]:
         await self.resume()
+        await self.redis.delete(self.keys.trainer_alert)  # a stalled trainer's, killed before progress resumed
         if self.settings.eval_every and self.version == 0:
             await self.issue_eval(0)
         self.progress(self.version)
@@ -553,9 +582,11 @@ class Run:
             await self.poll(block_ms=500)
             self._eval_done()
             await self._expire()
+            await self._watch_progress()
             ready = self._ready()
             if ready is not None:
                 await self.update(ready)
+                self.watch.saw_progress()
                 await self.trim_history()
                 if self.settings.eval_every and self.version % self.settings.eval_every == 0:
                     await self.issue_eval(self.version)
@@ -570,6 +601,8 @@ class Run:
                 self._eval_done()
                 await self._expire()
         self.finished = not stop.is_set() and self.version >= self.settings.iterations
+        if self._alerted:
+            await self.redis.delete(self.keys.trainer_alert)
         await self.checkpoint()
         await self.trim_history()
         return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}

@@ -230,6 +230,7 @@ async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, k
     letter = decode(DeadLetter, fields)
     assert letter.deliveries == 3  # redelivered: each of the 3 deliveries found the sandbox down
     assert "sandbox unavailable" in letter.reason and cause in letter.reason, letter.reason
+    assert letter.reason.startswith("infrastructure: verifier: no verdict on any of 3 deliveries")  # not poison
     assert service.stats()["transient_failures"] == 2  # the first two stayed pending and were retried
 
 

@@ -24,6 +24,7 @@ def _bench(*argv: str) -> dict:
 def test_bench_generator_prints_its_figures_and_both_sides_made_the_same_tokens():
     out = _bench("generator", "--orders", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "6", "--rounds", "1")
     assert out["bench"] == "generator" and out["engine"] == "hf"
+    assert out["device"] == "cpu" and out["cpu_threads"] >= 1  # auto, on a machine without a GPU
     assert out["tokens"] == out["raw_tokens"] and out["tokens"][0] > 0  # same seeds, same weights, same tokens
     assert out["tokens_per_s"] > 0 and out["raw_tokens_per_s"] > 0 and out["ratio"] > 0
 
@@ -31,6 +32,20 @@ def test_bench_generator_prints_its_figures_and_both_sides_made_the_same_tokens(
 @needs_model
 def test_bench_es_prints_its_figures():
     out = _bench("es", "--rounds", "1", "--population", "1", "--versions", "1", "--threads", "1")
-    assert out["parameters"] == 134_515_008
+    assert out["parameters"] == 134_515_008 and out["device"] == "cpu"
     assert {"noise_only_s", "perturb_restore_s", "ratio", "replay_s_per_version"} <= out.keys()
     assert out["perturb_restore_s"] > 0 and out["noise_only_s"] > 0
+
+
+def test_every_model_bench_refuses_cuda_where_torch_sees_no_gpu_instead_of_measuring_the_cpu():
+    """The first GPU box: `bench es` reported the CPU's numbers because nothing placed it on the GPU. Asked for
+    cuda where there is none, a bench says so and measures nothing."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # a GPU box: `make gpu-check` runs the benches there
+    for bench in ("es", "generator", "grpo"):
+        done = subprocess.run([sys.executable, "-m", "ops", "bench", bench, "--device", "cuda", "--json"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 2 and done.stdout == "", (bench, done.stdout, done.stderr[-500:])
+        assert done.stderr.startswith("ops: --device cuda, but torch") and "no CUDA device" in done.stderr, bench

@@ -110,3 +110,21 @@ def test_es_members_replay_and_grpo_weights_on_the_device_equal_the_cpu_engine(m
     reread = HFEngine(model_path)
     reread.load_weights(folder)
     assert weights_digest_of(reread) == center
+
+
+def test_the_static_kv_cache_answers_as_the_dynamic_one_on_the_device(model_path):
+    """`kv_cache="static"` (what lets transformers compile the decoding step on a GPU) keeps the cache on the
+    engine's device and changes no answer: greedy and GRPO's sampled path with logprobs, against the CPU
+    engine's dynamic cache."""
+    cpu = HFEngine(model_path)
+    expected = [cpu.generate(_ids(cpu), s) for s in (GREEDY, GRPO)]
+    cpu.close()
+    with simulated_accelerator() as mode:
+        engine = HFEngine(model_path, device=DEVICE.type, kv_cache="static")
+        got = [engine.generate(_ids(engine), s) for s in (GREEDY, GRPO)]
+        engine.close()
+    assert not mode.mixes
+    assert [_answers(g) for g in got] == [_answers(e) for e in expected]
+    for row, ref in zip(got[1], expected[1], strict=True):
+        for s, r in zip(row, ref, strict=True):
+            assert s.logprobs == pytest.approx(r.logprobs, abs=1e-4)

@@ -11,6 +11,7 @@ import contextlib
 import shutil
 import time
 
+import orjson
 import pytest
 
 torch = pytest.importorskip("torch", reason="the generator needs torch (make test installs torch==2.13.0)")
@@ -49,7 +50,7 @@ def engine(model_path):
 
 @contextlib.asynccontextmanager
 async def serving(redis, engine, **overrides):
-    settings = GeneratorSettings(run=RUN, name="g1", policy_wait_s=2.0, report_every_s=0.2, **overrides)
+    settings = GeneratorSettings(**{"run": RUN, "name": "g1", "policy_wait_s": 2.0, "report_every_s": 0.2, **overrides})
     service = GeneratorService(settings, redis, engine)
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
@@ -121,6 +122,58 @@ async def test_a_dead_engine_stops_the_generator_and_leaves_the_order_pending(on
     await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
     assert "engine died (EngineDeadError" in service.fatal
     assert await one_redis.xlen(KEYS.dlq) == 0 and (await one_redis.xpending(KEYS.work, GENERATORS))["pending"] == 1
+
+
+async def test_an_order_the_engine_fails_on_every_delivery_is_an_infrastructure_dead_letter(
+    one_redis, engine, monkeypatch
+):
+    """One order the engine cannot serve (here: its theorem's prompt makes it raise) while others pass: the
+    generator goes on, the order is retried, and on its last delivery dead-lettered blaming the engine, not
+    the order (`infrastructure: generator g-one: <the error>`)."""
+    real = engine.generate
+
+    def fails_on_cd_b(prompts_ids, sampling):
+        if bad in prompts_ids:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(prompts_ids, sampling)
+
+    await register(one_redis, KEYS, THEOREMS)
+    bad = prompts.tokenize(engine.tokenizer, prompts.messages(THEOREMS[1]))
+    monkeypatch.setattr(engine, "generate", fails_on_cd_b)
+    orders = [WorkOrder("w-bad", 0, "grpo", "countdown", ["cd-b"], samples_per_theorem=1, sampling=SHORT),
+              WorkOrder("w-ok", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT)]  # fmt: skip
+    await publish(one_redis, *orders)
+    async with serving(one_redis, engine, name="g-one", max_deliveries=2, claim_idle_ms=1000) as service:
+        await until(lambda: _n(one_redis, 1))
+        await until(lambda: one_redis.xlen(KEYS.dlq))
+        await until(lambda: settled(one_redis))
+    [(_, fields)] = await one_redis.xrange(KEYS.dlq)
+    letter = decode(DeadLetter, fields)
+    assert letter.reason == ("infrastructure: generator g-one: RuntimeError: CUDA error: an illegal memory access "
+                             "was encountered") and letter.deliveries == 2  # fmt: skip
+    assert not service.fatal and service.counts["engine_errors"] == 2 and service.counts["orders"] == 1
+
+
+async def test_the_same_engine_error_on_three_orders_stops_the_generator_with_it(one_redis, engine, monkeypatch):
+    """The first H100 run: GRPO's engine failed every order alike, and the generator took order after order
+    for minutes. After three different orders failed with one error it stops (exit 1 with the error), the
+    orders left pending for a generator that works."""
+
+    def mixed_devices(*args, **kwargs):
+        raise RuntimeError("Expected all tensors to be on the same device, but got index is on cpu")
+
+    monkeypatch.setattr(engine, "generate", mixed_devices)
+    await register(one_redis, KEYS, THEOREMS)
+    await publish(one_redis, *[WorkOrder(f"w-{i}", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1,
+                                         sampling=SHORT) for i in range(4)])  # fmt: skip
+    settings = GeneratorSettings(run=RUN, name="g-mix", policy_wait_s=2.0, report_every_s=0.2)
+    service = GeneratorService(settings, one_redis, engine)
+    await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
+    assert service.fatal == ("the hf engine failed 3 orders in a row with the same error: RuntimeError: Expected "
+                             "all tensors to be on the same device, but got index is on cpu")  # fmt: skip
+    assert service.counts["engine_errors"] == 3 and await one_redis.xlen(KEYS.dlq) == 0
+    report = orjson.loads(await one_redis.hget(KEYS.generator_stats, "g-mix"))
+    assert report["fatal"] == service.fatal  # what the trainer's progress watch names
 
 
 async def test_an_order_whose_marker_says_it_is_settled_is_not_generated_again(one_redis, engine):
