@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import subprocess
 import sys
 import zipfile
@@ -150,7 +151,7 @@ def _declarations(text: str) -> int:
 
 def _rule(judgement: Judgement) -> str:
     """The rule a refusal names: its detail up to the first place it names text of the proof."""
-    detail = judgement.detail
+    detail = re.sub(r"helper `[^`]*`", "helper", judgement.detail)
     for stop in (" at line", ": `", " `", "'", '"'):
         detail = detail.split(stop, 1)[0]
     return f"{judgement.reason}: {detail[:60]}"
