@@ -52,7 +52,7 @@ from typing import Any
 import structlog
 
 from tasks.lean_proof import IntegrityError, assemble, split_attempt, theorem_name
-from tasks.lean_text import name_parts
+from tasks.lean_text import closed, name_parts
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
 from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
 from verifier_pool.lean_scan import HOLES
@@ -126,6 +126,8 @@ def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_
     before = scan_before(attempt.before, names)
     if isinstance(before, Refusal):
         return _refused(before)
+    if before.helpers and not closed("".join(before.commands)):  # it would read on into the statement
+        return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
     try:
         target = theorem_name(formal_statement)
     except ValueError:
