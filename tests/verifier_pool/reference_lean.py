@@ -574,7 +574,7 @@ class _Plain:
             return None
         if t.text in ("{", "}"):
             return None
-        if t.kind != "run":
+        if t.kind not in ("run", "symbol"):
             return bad
         for k, c in enumerate(t.text):
             if c == ")":
@@ -775,6 +775,15 @@ class _Plain:
         return None
 
 
+def _closed(text: str) -> bool:
+    """No comment, literal or interpolation open at the end of `text`: a sentinel after it is a token of its own."""
+    tokens = lex(text + "\n#closed")
+    opened = sum(1 for t in tokens if t.kind == "string" and t.text.endswith("{"))
+    closed = sum(1 for t in tokens if t.kind == "string" and t.text.startswith("}"))
+    last = tokens[-1]
+    return opened == closed and (last.kind, last.text, last.start) == ("hash", "#closed", len(text) + 1)
+
+
 def _named(name: str) -> list[str]:
     parts = name_parts(name)
     return parts[1:] if parts[:1] == ["_root_"] else parts
@@ -825,6 +834,8 @@ def prepare(model_text: str, formal_statement: str) -> str | Judgement:
     before = _Plain(before_text, "before", names, "").run()
     if isinstance(before, Refusal):
         return _rejected("sorry" if before.reason in HOLES else "integrity", before.detail)
+    if before[3] and not _closed("".join(before[0])):
+        return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
     tokens = code_tokens(formal_statement)
     name = next((b.text for a, b in zip(tokens, tokens[1:], strict=False)
                  if a.text in ("theorem", "lemma") and b.kind == "ident"), "")  # fmt: skip

@@ -667,6 +667,30 @@ def test_lexer_agrees_with_the_per_character_reference_on_random_text():
         assert plain_string_end(text, at) == reference_lean.plain_string_end(text, at), (text, at)
 
 
+# Issue 29's commands: helpers, options, prefixes, trailing commands, columns, tactic/term positions.
+COMMAND_PIECES = [
+    "lemma h : 1 = 1 := by\n", "theorem k (n : ℕ) : n = n := by", "\n  rfl\n", "set_option maxRecDepth 100",
+    "set_option pp.all true in\n", "open Real in\n", "open Nat\n", "import Mathlib\n", "\n#print axioms ",
+    "mathd_numbertheory_188", "amc12a_2008_p8", "\n", "\n ", "\n   ", "\n    ", "where\n", "exact ", "foo ",
+    "(x := ", "(config := ", "<;> ", "=> ", "|> ", " | ", "; ", "· ", "by ", "all_goals ", "[", "]", "(", ")", "⟨",
+    "⟩", "{", "}", ":= ", "dbg", "1", "s!\"{", "\"", "@[", "def ", "Nat.gcd ", "sorry", "-- c\n", "/-", "-/",
+]  # fmt: skip
+
+
+def test_prepare_agrees_with_the_reference_on_random_commands():
+    rng = random.Random(29)
+    for _ in range(3_000):
+        before = _soup(rng, COMMAND_PIECES, 10) if rng.random() < 0.6 else ""
+        statement = rng.choice([GCD, GCD.replace("theorem", "lemma"), GCD.removesuffix("by\n")])
+        text = before + statement + _soup(rng, COMMAND_PIECES + ["  simp", "\n  ", "norm_num"], 18)
+        for statement in (GCD, CUBE):
+            prepared, reference = prepare(text, statement), reference_lean.prepare(text, statement)
+            if isinstance(reference, Judgement) and reference.reason == "statement_mismatch":
+                prepared = Judgement(prepared.verdict, prepared.reason, "")  # its detail: tested by hand above
+            assert prepared == reference, text
+        assert scan_forbidden(text) == reference_lean.scan_forbidden(text), text
+
+
 def test_prepare_agrees_with_the_reference_on_random_attempts():
     rng = random.Random(16)
     restated = [GCD, GCD.replace(" ", "  /- c -/ "), GCD.replace(" := by", ":=by"), " ".join(GCD.split()) + "\n",
