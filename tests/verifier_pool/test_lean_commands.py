@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier_pool.lean_check import MAX_PROOF_CHARS, Judgement, prepare, scan_forbidden
+from verifier_pool.lean_check import MAX_PROOF_CHARS, Judgement, judge_axioms, judge_command, prepare, scan_forbidden
 
 GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
 NAME = "mathd_numbertheory_188"
@@ -387,3 +387,18 @@ def test_a_declaration_after_the_proof_is_judged_as_a_helper_and_kept(after, kep
 )  # fmt: skip
 def test_a_command_after_the_proof_follows_the_helper_rules(after, detail, reason):
     assert prepare(f"{GCD}  norm_num\n{after}", GCD) == refused(detail, reason)
+
+
+# --- library search (Seed-Prover's checked proofs use it) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("tactic", ["exact?", "apply?", "rw?"])
+def test_library_search_goes_to_lean_and_a_goal_it_admits_is_a_sorry(tactic):
+    assert prepare(f"{GCD}  {tactic}\n", GCD) == f"{GCD}  {tactic}\n"
+    # What Lean answers when `apply?` admits the goal for want of a complete proof: its `sorry`, as any other
+    # (the REPL transcript of ../shared/LEAN_REPL.md; `#print axioms` then lists sorryAx, as does the audit).
+    warning = {"severity": "warning", "pos": {"line": 2, "column": 2}, "endPos": None,
+               "data": "declaration uses 'sorry'"}  # fmt: skip
+    assert judge_command({"env": 1, "messages": [warning]}).reason == "sorry"
+    assert judge_axioms({"env": 2, "messages": [{"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": None,
+                         "data": f"'{NAME}' depends on axioms: [sorryAx]"}]}, NAME).reason == "sorry"  # fmt: skip
