@@ -89,7 +89,7 @@ TERM_TACTICS = frozenset({
     "exact", "exact_mod_cast", "apply", "apply_mod_cast", "refine", "refine'", "use", "use!", "exists",
     "existsi", "specialize", "convert", "convert_to", "using", "from", "show", "calc", "exacts", "rcases",
     "cases", "cases'", "induction", "induction'", "obtain", "generalize", "change", "trans", "absurd",
-    "contrapose", "by_contra", "lift", "choose", "fun", "λ",
+    "contrapose", "by_contra", "lift", "choose", "fun",
 })  # fmt: skip
 # Words after which a tactic follows, whatever came before: a term's `by`, the branches of a tactic `if`,
 # `t₁ says t₂` (Mathlib.Tactic.Says), a definition's `decreasing_by`.

@@ -411,8 +411,8 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
 
 
 @pytest.mark.parametrize(
-    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/kimina.py",
-               "tasks/lean_proof.py", "tasks/lean_text.py"]
+    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/lean_commands.py",
+               "verifier_pool/lean_scan.py", "verifier_pool/kimina.py", "tasks/lean_proof.py", "tasks/lean_text.py"]
 )  # fmt: skip
 def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, edited):
     """A copy of verifier_pool and tasks with one judging module edited (a comment added) judges under another
