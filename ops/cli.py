@@ -7,6 +7,7 @@
     python -m ops dlq purge ID|--all --yes     delete dead letters
     python -m ops tail STREAM [--count N] [--follow]
     python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
+    python -m ops verdicts reasons             the newest verdicts counted, refusals by reason and rule
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
     python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/dashboard.py)
     python -m ops samples [--version V] [--verdict X] [--theorem ID] [-n N]
@@ -274,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="verdicts_command", metavar="ACTION", required=True
     )
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
+    p = leaf(v, "reasons", verdicts.cmd_reasons, "the newest verdicts counted, the refusals by reason and by rule")
+    p.add_argument("--newest", type=_count, default=verdicts.NEWEST, help=f"counted (default {verdicts.NEWEST})")
     about = ("judged attempts with their text, proof, verdict and the checker's message (with --run-dir: the "
              "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
     p = leaf(sub, "samples", cmd_samples, about)

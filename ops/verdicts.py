@@ -1,4 +1,6 @@
 """`python -m ops verdicts clear --run R`: delete a run's verdict cache, `{ps:R}:verdicts`.
+`python -m ops verdicts reasons [--newest N]`: the newest verdicts of a run counted, its refusals by reason
+(`lean_error`, `sorry`, `integrity`, `statement_mismatch`, `wrong_answer`) and by the rule they name.
 
 The cache (consumers.verifier) is one hash per run, and its fields never expire: Redis 7.0 has no per-field
 TTL, and a verdict stays valid as long as its environment does (the environment is part of every field's
@@ -8,18 +10,32 @@ what they would have found cached. The run must be named on the command line (`-
 or one picked up from $PROOFSTREAM_RUN, is not enough for a deletion.
 
 Same with redis-cli: `redis-cli HLEN '{ps:R}:verdicts'`, then `redis-cli UNLINK '{ps:R}:verdicts'`.
+
+The counts read the newest rewards still in `{ps:R}:rewards` (the verifiers keep its `history_s`), with
+`XREVRANGE '{ps:R}:rewards' + - COUNT N`: each entry's `verdict`, `reason` and `detail` fields. A rule is a
+refusal's detail without the attempt's own words (a helper's name, a quoted token, a line number), so that
+"which check refuses most" reads at a glance.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
 from streams.cluster import transaction
+from streams.codec import decode
 from streams.keys import Keys
+from streams.schema import Reward, SchemaError
+
+NEWEST = 10_000  # rewards counted by `reasons` (one XREVRANGE; a few MB at most)
+RULES = 15  # the most frequent rules shown
+# What of a refusal's detail is the attempt's own: a helper's name, a quoted token, where it stands.
+_OWN_WORDS = re.compile(r"helper `[^`]*`|`[^`]*`|'[^']*'|\bline \d+|\d+ characters")
 
 
 async def clear(redis: Redis, keys: Keys) -> dict[str, Any]:
@@ -37,4 +53,41 @@ def render_cleared(data: dict[str, Any]) -> str:
 async def cmd_clear(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     data = await clear(redis, keys)
     print(orjson.dumps(data).decode() if getattr(args, "json", False) else render_cleared(data), flush=True)
+    return 0
+
+
+async def reasons(redis: Redis, keys: Keys, newest: int = NEWEST) -> dict[str, Any]:
+    """The newest `newest` rewards of the run by verdict, its refusals (`rejected`) by reason and by rule."""
+    verdicts, refused, rules = collections.Counter(), collections.Counter(), collections.Counter()
+    for _, fields in await redis.xrevrange(keys.rewards, count=newest):
+        try:
+            reward = decode(Reward, fields)
+        except SchemaError:
+            continue  # an entry of another schema version: counted nowhere, as the trainer reads it
+        verdicts[reward.verdict] += 1
+        if reward.verdict == "rejected":
+            refused[reward.reason] += 1
+            rules[f"{reward.reason}: {rule_of(reward.detail)}"] += 1
+    return {
+        "run": keys.run, "counted": sum(verdicts.values()), "by_verdict": dict(verdicts.most_common()),
+        "refused_by_reason": dict(refused.most_common()), "refused_by_rule": dict(rules.most_common(RULES)),
+    }  # fmt: skip
+
+
+def rule_of(detail: str) -> str:
+    """A refusal's detail without the attempt's own words (_OWN_WORDS), at most 120 characters."""
+    return _OWN_WORDS.sub(lambda m: "helper" if m.group().startswith("helper") else "…", detail)[:120]
+
+
+def render_reasons(data: dict[str, Any]) -> str:
+    lines = [f"run {data['run']}: the newest {data['counted']} verdicts: "
+             + (", ".join(f"{v} {n}" for v, n in data["by_verdict"].items()) or "none")]  # fmt: skip
+    lines += ["refused by reason:"] + [f"  {n:>7}  {r}" for r, n in data["refused_by_reason"].items()]
+    lines += ["refused by rule:"] + [f"  {n:>7}  {r}" for r, n in data["refused_by_rule"].items()]
+    return "\n".join(lines)
+
+
+async def cmd_reasons(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    data = await reasons(redis, keys, getattr(args, "newest", NEWEST))
+    print(orjson.dumps(data).decode() if getattr(args, "json", False) else render_reasons(data), flush=True)
     return 0

@@ -111,7 +111,7 @@ class Reward:
     policy_version: int
     verdict: Verdict
     reward: float
-    reason: str = ""  # rejected: lean_error | sorry | integrity; else empty
+    reason: str = ""  # rejected: lean_error | sorry | integrity | statement_mismatch | wrong_answer; else empty
     member: Member | None = None
     work_id: str = ""
     sample_index: int = 0

@@ -70,17 +70,36 @@ def theorem_name(formal_statement: str) -> str:
     raise ValueError(f"no `theorem NAME` in the canonical statement: {formal_statement[:80]!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A model's Lean code cut at the canonical statement: the text before it (the model's header, helper
+    declarations, prose) and the proof body after it (as `extract_proof_body` returns it)."""
+
+    before: str
+    body: str
+    term: bool = False  # a term-mode body: it follows the statement's `:=`
+
+
 def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody | IntegrityError:
     """The proof body to check: the text after the canonical statement's `:= by` in the model's code, or a
     `TermBody` when the model's statement ends in `:=` followed by a term instead (`:= h₀ ▸ rfl`).
+    `split_attempt` says how it is found, and what comes before it."""
+    attempt = split_attempt(model_text, formal_statement)
+    if isinstance(attempt, IntegrityError):
+        return attempt
+    return TermBody(attempt.body) if attempt.term else attempt.body
+
+
+def split_attempt(model_text: str, formal_statement: str) -> Attempt | IntegrityError:
+    """The model's code cut at its restatement of the canonical statement.
 
     The model's statement must equal the canonical one up to whitespace runs, comments, the spacing of `:=`
-    and `lemma` for `theorem` (or back); the last such occurrence counts and everything before it is
-    discarded. A text that declares no `theorem`/`lemma`/`example` at all is taken as a bare proof body
-    (tactics, optionally after `by`). A text that declares one but not the canonical statement is an integrity
-    rejection: the model altered or dropped the statement. The body starts at a line start with its columns as
-    the model wrote them (a first tactic on the `by` line keeps its column), so indentation-sensitive tactic
-    blocks parse as they did for the model.
+    and `lemma` for `theorem` (or back); the last such occurrence counts. A text that declares no
+    `theorem`/`lemma`/`example` at all is taken as a bare proof body (tactics, optionally after `by`). A text
+    that declares one but not the canonical statement is an integrity rejection naming the first place its
+    statement differs: the model altered or dropped the statement. The body starts at a line start with its
+    columns as the model wrote them (a first tactic on the `by` line keeps its column), so indentation-
+    sensitive tactic blocks parse as they did for the model.
     """
     block = code_block(model_text)
     code = model_text if block is None else block  # no fence: the generator extracted the code already
@@ -97,11 +116,50 @@ def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody
         tactics = text.startswith(" by", end) and _ends_word(text, end + 3)
         last = end + 2 if tactics else end - 1  # the `y` of `by` or the `=` of `:=`: count visible ones up to it
         body = _body_from(code, _visible_offset(code, segments, last + 1 - text.count(" ", 0, last + 1)) + 1)
-        return body if tactics else TermBody(body)
+        start = _visible_offset(code, segments, at + 1 - text.count(" ", 0, at + 1))  # the statement's first letter
+        return Attempt(code[:start], body, term=not tactics)
     declares = lex(code, merge=True, stop=_declares)  # lexing ends at the first declaration
     if declares and _declares(declares[-1]):
-        return IntegrityError("the canonical statement is missing or altered")
-    return _bare_body(code)
+        return IntegrityError(_mismatch(code, segments, text, head, declares[-1]))
+    return Attempt("", _bare_body(code))
+
+
+def _mismatch(code: str, segments: list[tuple[int, int]], text: str, head: str, first: Token) -> str:
+    """Where the model's statement of the theorem first differs from the canonical one (`head`, normalized up
+    to its `:=`): the word of each at that place, and its line in the model's code. Without a declaration of
+    the theorem's name, the first name the code declares. `text`: the code normalized; `first`: its first
+    declaring keyword."""
+    keyword, name = head.split(" ", 2)[:2]
+    at = max((a for k in ("theorem", "lemma") if (a := _find_statement(text, f"{k} {name}")) is not None), default=-1)
+    if at < 0:
+        declared = _first_code_tokens(code[first.start :], 2)
+        other = "an `example`" if first.text == "example" or len(declared) < 2 else f"`{declared[1].text[:60]}`"
+        return f"no theorem `{name}`: the attempt declares {other} (line {first.line}) instead"
+    after_keyword = text.index(" ", at)
+    model = keyword + text[after_keyword : at + len(head) + 40]  # the model's keyword read as ours
+    ours, theirs = code_tokens(head), code_tokens(model)
+    k = next((k for k, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a.text != b.text), None)
+    if k is None and len(theirs) >= len(ours):  # token for token ours: spaced otherwise somewhere
+        i = next((i for i, (a, b) in enumerate(zip(model, head, strict=False)) if a != b), len(head))
+        word, dataset = _word_at(model, i), _word_at(head, i)
+    else:
+        k = min(len(ours), len(theirs)) if k is None else k
+        i = theirs[k].start if k < len(theirs) else len(model)
+        word = theirs[k].text[:40] if k < len(theirs) else "(end)"
+        dataset = ours[k].text[:40] if k < len(ours) else "(end)"
+    where = min(after_keyword + i - len(keyword), len(text) - 1)  # that place in `text`
+    line = code.count("\n", 0, _visible_offset(code, segments, where + 1 - text.count(" ", 0, where + 1))) + 1
+    return (f"the statement of `{name}` differs from the dataset's at line {line} of the attempt: "
+            f"`{word}` where the dataset has `{dataset}`")  # fmt: skip
+
+
+def _word_at(text: str, i: int) -> str:
+    """The space-separated word of `text` around index `i`, or `(end)` past the end."""
+    if i >= len(text):
+        return "(end)"
+    start = text.rfind(" ", 0, i) + 1
+    stop = text.find(" ", i + 1)
+    return text[start : len(text) if stop < 0 else stop][:40]
 
 
 def _spellings(head: str) -> tuple[str, ...]:
@@ -204,11 +262,14 @@ def _first_code_tokens(text: str, n: int) -> list[Token]:
     return [t for t in lex(text, merge=True, stop=enough) if t.kind != "comment"][:n]
 
 
-def assemble(formal_statement: str, body: str, term: bool = False) -> str:
-    """The command to elaborate on top of the header's env: the trusted statement, a newline, the body (as
-    `extract_proof_body` returns it: starting at a line start). A term-mode body (`term`) follows the
-    statement's `:=`, its `by` dropped."""
+def assemble(formal_statement: str, body: str, term: bool = False, before: str = "",
+             options: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """The command to elaborate on top of the header's env: what goes before the statement (`before`: the
+    helper declarations, verifier_pool.lean_commands), each of `options` set on the theorem alone (`set_option
+    N V in`), the trusted statement, a newline, the body (as `extract_proof_body` returns it: starting at a
+    line start). A term-mode body (`term`) follows the statement's `:=`, its `by` dropped."""
     statement = formal_statement.rstrip()
     if not statement.endswith("by") or any(t.text == "import" for t in code_tokens(statement)):
         raise ValueError(f"not a canonical statement ending in ':= by': {formal_statement[:80]!r}")
-    return (statement.removesuffix("by").rstrip() if term else statement) + "\n" + body
+    prefix = "".join(f"{option} in\n" for option in options)
+    return before + prefix + (statement.removesuffix("by").rstrip() if term else statement) + "\n" + body

@@ -196,6 +196,16 @@ def code_tokens(text: str, merge: bool = False) -> list[Token]:
     return [t for t in lex(text, merge) if t.kind != "comment"]
 
 
+def closed(text: str) -> bool:
+    """Whether `text` leaves no comment, string literal or interpolation open at its end, so that whatever is
+    placed after it is read as code of its own: a sentinel lexed after it comes out as a token of its own
+    (not inside a comment or literal), and every interpolation `{` opened in a string piece is closed."""
+    tokens = lex(text + "\n#closed")
+    depth = sum(t.text.endswith("{") - t.text.startswith("}") for t in tokens if t.kind == "string")
+    last = tokens[-1]
+    return depth == 0 and last.kind == "hash" and last.text == "#closed" and last.start == len(text) + 1
+
+
 def mask_comments(text: str) -> str:
     """`text` with every comment replaced by spaces (newlines kept), so offsets stay valid."""
     pieces, at = [], 0

@@ -40,12 +40,13 @@ log = structlog.get_logger("verifier_pool.checkers")
 # The code on our side of the sandbox that turns replies into verdicts (paths from the project root), the Lean
 # task's text rules included. Its digest joins every sandboxed checker's environment: an edit to any of it
 # never serves a verdict cached before the edit.
-_JUDGING_SOURCES = (
+JUDGING_SOURCES = (
     "verifier_pool/checkers.py", "verifier_pool/judgement.py", "verifier_pool/lean_check.py",
-    "verifier_pool/kimina.py", "verifier_pool/lean_audit.py", "tasks/lean_proof.py", "tasks/lean_text.py",
+    "verifier_pool/lean_commands.py", "verifier_pool/lean_scan.py", "verifier_pool/kimina.py",
+    "verifier_pool/lean_audit.py", "tasks/lean_proof.py", "tasks/lean_text.py",
 )  # fmt: skip
 JUDGING_DIGEST = hashlib.sha256(
-    b"".join((Path(__file__).resolve().parent.parent / name).read_bytes() for name in _JUDGING_SOURCES)
+    b"".join((Path(__file__).resolve().parent.parent / name).read_bytes() for name in JUDGING_SOURCES)
 ).hexdigest()[:16]
 
 
@@ -188,7 +189,8 @@ class LeanChecker(_SandboxChecker):
         return self._header_envs[header]
 
     async def check(self, theorem: Theorem, proof: str) -> Judgement:
-        text = lean_check.prepare(proof, theorem.statement)  # trusted assembly + token scan, no sandbox time
+        # trusted assembly + token scan, no sandbox time
+        text = lean_check.prepare(proof, theorem.statement, header=theorem.header)
         if isinstance(text, Judgement):
             return text
         # A retry after a crash elaborates the header again: env ids of the dead REPL mean nothing.

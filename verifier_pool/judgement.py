@@ -8,13 +8,13 @@ import orjson
 
 from streams.schema import VERDICTS
 
-REASONS = ("", "lean_error", "sorry", "integrity", "wrong_answer")
+REASONS = ("", "lean_error", "sorry", "integrity", "statement_mismatch", "wrong_answer")
 
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
     verdict: str  # proved | rejected | timeout | error
-    reason: str = ""  # rejected: lean_error | sorry | integrity | wrong_answer
+    reason: str = ""  # rejected: lean_error | sorry | integrity | statement_mismatch | wrong_answer
     detail: str = ""  # short and human-readable: the first Lean error, the forbidden token, ...
     score: float | None = None  # partial credit of a rejected answer (Countdown); None: the verdict's reward
 

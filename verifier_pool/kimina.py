@@ -414,7 +414,8 @@ class KiminaChecker:
         self._stats = SandboxStats(sandbox_id, self.backend)
 
     async def check(self, theorem: Theorem, proof: str) -> Judgement:
-        text = lean_check.prepare(proof, theorem.statement)  # trusted assembly + token scan, no server time
+        # trusted assembly + token scan, no server time
+        text = lean_check.prepare(proof, theorem.statement, header=theorem.header)
         if isinstance(text, Judgement):
             return text
         name = lean_proof.theorem_name(theorem.statement)

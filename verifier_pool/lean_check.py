@@ -1,36 +1,47 @@
 """What "proved" means: the text checks and the REPL-response checks of ../shared/LEAN_REPL.md, as pure functions.
 
 The order a verifier runs them in (`prepare` does steps 1-3):
-1. `extract_proof_body(model_text, statement)` (tasks.lean_proof, the Lean task's text rules): the proof body,
-   the text after the statement's `:= by` (or, for a term-mode proof, a `TermBody` after its `:=`). The
-   model's restatement must equal the canonical statement up to whitespace (`lemma` for `theorem` included);
-   everything before it (imports, opens, notations, instances, axioms, helper lemmas) is discarded.
-2. `scan_forbidden(body)`: a token-level scan (`tasks.lean_text`) for holes, code that runs at elaboration time
-   (commands, attributes, tactic configuration terms, run-a-term tactics), syntax definitions, new axioms,
-   compiler trust, debug and warning options and new commands.
-3. `assemble(statement, body)` (tasks.lean_proof): the command, built from trusted parts only; the header is
-   elaborated once per REPL and the command runs with that `env`, so it never contains `import`.
+1. `split_attempt(model_text, statement)` (tasks.lean_proof, the Lean task's text rules): the model's code cut
+   at its restatement of the canonical statement (equal up to whitespace, `lemma` for `theorem` included): the
+   text before it and the proof body after its `:= by` (or, for a term-mode proof, after its `:=`). A code
+   that states the theorem otherwise is `statement_mismatch`, naming the first word that differs.
+2. The scan (verifier_pool.lean_commands, with the token rules of verifier_pool.lean_scan): the text is cut
+   into commands where Lean's parser cuts it (a line left of the proof's column ends the proof). Before the
+   statement, `import` lines are dropped; `open`, harmless options and helper `lemma`/`theorem` declarations
+   are kept, each scanned like a proof body; after the proof, `#print axioms <the target>` is dropped and
+   helper declarations are kept; any other command is refused. Every kept text is scanned for holes, code
+   that runs at elaboration time (commands, attributes, tactic configuration terms, run-a-term tactics),
+   syntax definitions, new axioms, compiler trust, debug and warning options.
+3. `assemble(statement, body, before=helpers)` (tasks.lean_proof): the command, built from trusted parts and
+   the kept ones: the helpers (with the model's `open`s and options in a section of their own, so they never
+   reach the statement), the harmless options set on the theorem with `in`, the canonical statement, the
+   body. The header is elaborated once per REPL and the command runs with that `env`, so it never contains
+   `import`.
 4. `judge_command(response)`: no error, no sorry (either quoting of the warning), no `#exit`; its `proved`
    means "no objection yet".
 5. `axioms_command(theorem_name(statement))` (`theorem_name`: tasks.lean_proof) as a separate command in the
    env the proof returned, then `judge_axioms(response, name)`: only propext, Classical.choice and Quot.sound.
+   Lean collects a theorem's axioms through every constant its proof uses, helpers included.
 
 What these checks do NOT catch:
 - Environment forgery, and forged REPL answers. Code that runs during elaboration can add unchecked
   declarations, overwrite constants or write the REPL's replies itself; we forbid every way we know to run
   code from a proof (`#eval`, `run_tac`, `by_elab`, `eval%`, `elab`, `macro`, simprocs, `initialize`,
   `test_extern`, attributes, configuration terms other than literals, `plausible`, ...), but only a kernel
-  replay in a process the proof never ran in (`lean_audit`, the second line) proves it was not forged.
+  replay in a process the proof never ran in (`lean_audit`, the second line) proves it was not forged, and
+  that what was proved is the canonical statement as the header alone reads it (a helper that shadows a name
+  the statement uses is refused here, and could change nothing the audit compares).
 - Syntax we do not know: a Mathlib command, tactic or term elaborator, missing from our lists, that runs
-  code or hides a hole. Configuration terms are caught by their shape `(name := value)` whatever the tactic;
-  a library tactic that evaluates a term given in another shape is not. Lean's own sorry warning and the
-  axioms check back up the scan for holes, not for code.
+  code or hides a hole. Configuration terms are recognised by position (verifier_pool.lean_scan `Context`);
+  a library tactic that evaluates a term given in another shape is not.
 - Wrong answers from Lean itself (kernel or elaborator bugs), and resource attacks (the sandbox's job).
 - A proof text that reads differently under a Lean version whose token rules differ from `lean_text`'s.
 
-What they refuse that Lean would accept (false positives we accept for a scan that needs no grammar): a
-named argument whose value is not a literal (`foo (h := h₀)` reads like a configuration item), attributes
-on `where` declarations, Mathlib's `#s` card notation, options `warn.*` and `debug.*`.
+What they refuse that Lean would accept (false positives we accept for a scan that needs no grammar): a named
+argument where the scan cannot tell a term from a tactic (at the start of a line, after a tactic it does not
+know to take a term) whose value is not a literal; a term that goes on at a line left of the proof's column
+outside any bracket (Lean reads it on after an operator); helper `def`s, attributes, `where` attributes;
+Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
 """
 
 from __future__ import annotations
@@ -40,9 +51,11 @@ from typing import Any
 
 import structlog
 
-from tasks.lean_proof import IntegrityError, TermBody, assemble, extract_proof_body
-from tasks.lean_text import Token, lex, name_parts
+from tasks.lean_proof import IntegrityError, assemble, split_attempt, theorem_name
+from tasks.lean_text import closed, name_parts
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
+from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
+from verifier_pool.lean_scan import HOLES
 
 log = structlog.get_logger("verifier_pool.lean_check")
 
@@ -54,61 +67,6 @@ DETAIL_CHARS = 300
 # (Kimina-Prover's and DeepSeek-Prover's longest miniF2F proofs are tens of KB); at this cap the densest text
 # scans in about a second on a 2-core machine.
 MAX_PROOF_CHARS = 200_000
-
-# Whole words (an identifier token, `«»` removed). None has a use in a proof of a competition statement.
-FORBIDDEN_WORDS = frozenset({
-    # holes: Lean flags them too, but the scan names them and costs no sandbox time
-    "sorry", "admit", "stop",
-    # library search: slow, and `apply?` admits the goal when it finds nothing complete
-    "apply?", "exact?", "decide?", "rw?", "library_search",
-    # run code at elaboration time, or define syntax that can change what the statement's symbols mean
-    "elab", "elab_rules", "macro", "macro_rules", "syntax", "declare_syntax_cat", "notation", "notation3",
-    "infix", "infixl", "infixr", "prefix", "postfix", "binder_predicate",
-    "run_cmd", "run_tac", "run_elab", "run_meta", "by_elab", "initialize", "builtin_initialize",
-    "simproc", "dsimproc", "simproc_decl", "dsimproc_decl", "builtin_simproc", "builtin_dsimproc",
-    "command_elab", "term_elab", "builtin_command_elab", "builtin_term_elab", "builtin_tactic", "builtin_macro",
-    # a core command without `#` that compiles and runs its argument (lean4: `syntax (name := testExternCmd)`)
-    "test_extern",
-    # tactics that compile and run a term: plausible (Plausible/Tactic.lean) evaluates the goal's Testable
-    # instance with `unsafe evalExpr`, so any proposition the proof states (`have : p := by plausible`) runs;
-    # slim_check is its former name. bv_decide? runs bv_decide; bv_check reads an LRAT file and trusts the
-    # compiler (Std.Tactic.BVDecide)
-    "plausible", "slim_check", "bv_decide?", "bv_check",
-    # change the trusted base
-    "import", "prelude", "axiom", "opaque", "unsafe", "partial",
-})  # fmt: skip
-# Components of any identifier: constants and attributes that reach the compiler or the trusted base, however
-# they are spelled (`Lean.ofReduceBool`, `«sorryAx»`, `_root_.sorryAx`, `@[implemented_by f]`, `+native`).
-FORBIDDEN_COMPONENTS = frozenset({
-    "sorryAx", "native_decide", "nativeDecide", "native", "bv_decide", "ofReduceBool", "ofReduceNat",
-    "reduceBool", "reduceNat", "trustCompiler", "implemented_by", "extern", "csimp",
-    # what an evaluated term needs to reach the outside: IO actions (`IO.RealWorld` is `Unit`, so a pure term
-    # can run one: `(IO.println "x").run ()`) and the unsafe escapes; no proof names them, and `open IO in`
-    # is caught too
-    "IO", "EIO", "BaseIO", "unsafeBaseIO", "unsafeIO", "unsafeEIO", "unsafeCast",
-})  # fmt: skip
-# Commands that declare or change scopes. No tactic uses these words, and Lean ends a tactic block at the
-# first token that is not a tactic, whatever its column: so any occurrence starts a new command. After the
-# proof such a command cannot change it, but it can change how `#print axioms NAME` resolves NAME.
-COMMAND_WORDS = frozenset({
-    "theorem", "lemma", "def", "abbrev", "instance", "structure", "class", "inductive", "coinductive",
-    "example", "namespace", "section", "end", "universe", "variable", "attribute", "local", "mutual",
-    "deriving", "export", "omit", "include", "alias", "irreducible_def", "add_decl_doc", "noncomputable",
-    "private", "protected",
-})  # fmt: skip
-# Also tactic syntax (`open Real in nlinarith [...]`, `open scoped BigOperators in`), so a command only where a
-# command can start: column 0 (where newer Lean requires every proof line to be indented).
-LINE_START_WORDS = frozenset({"open", "scoped"})
-_REASON_OF_COMPONENT = {"native": "decide +native"}
-# Option prefixes `set_option` may not touch: `debug.skipKernelTC` skips the kernel, `warn.sorry false` silences
-# the sorry warning (Lean.AddDecl: `register_builtin_option warn.sorry`).
-FORBIDDEN_OPTION_PREFIXES = ("debug.", "warn.")
-# `(disch := tac)` and `(discharger := tac)` take a tactic sequence, which the scan reads as code like any
-# other (Init/Tactics.lean: `valConfigItem` is `notFollowedBy(&"discharger" <|> &"disch")`).
-TACTIC_ITEMS = frozenset({"disch", "discharger"})
-# In a configuration value, symbols other than `{`, `}` and `:=` (a structure instance's) may be only these.
-_LITERAL_SYMBOLS = re.compile(r"[\[\],. \t\r\n]*+")  # with Lean's whitespace, inside a merged run
-HOLES = frozenset({"forbidden: sorry", "forbidden: admit", "forbidden: stop", "forbidden: sorryAx"})
 
 # `#print axioms` (lean4 src/Lean/Elab/Print.lean, `printAxiomsOf`): `m!"'{constName}' depends on axioms: {..}"`
 # and `m!"'{constName}' does not depend on any axioms"`, read at commits 8b96499 (2021, list unsorted) and
@@ -132,7 +90,9 @@ def _infrastructure(detail: str) -> Judgement:
 
 
 def scan_forbidden(body: str) -> str | None:
-    """A short reason (`"forbidden: native_decide"`) if the body contains a forbidden construct, else None.
+    """A short reason (`"forbidden: native_decide"`) if a proof body, or a command after it, holds a forbidden
+    construct, else None (verifier_pool.lean_commands `scan_body`, for a theorem of no name: every `#print` is
+    refused).
 
     Token-based (`lean_text`), so comments and strings do not count (`-- sorry`, `"sorry"`), a nested comment
     hides what Lean hides (`/- /- -/ sorry -/`), `sor/- -/ry` is two identifiers, and `sorry_lemma` or `h'`
@@ -140,134 +100,57 @@ def scan_forbidden(body: str) -> str | None:
     text whose reading depends on Lean's token table (`ambiguous`); any `#` command (none belongs in a proof:
     `#print` could fake an axioms line, `#eval` runs code, `#exit` truncates; Mathlib's card notation `#s` is
     a false positive we accept); any attribute `@[`; FORBIDDEN_WORDS; options under FORBIDDEN_OPTION_PREFIXES
-    (`set_option debug.skipKernelTC true in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; COMMAND_WORDS
-    anywhere; LINE_START_WORDS at column 0; `eval%`; a configuration value that is not a literal.
+    (`set_option debug.skipKernelTC true in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; a command
+    after the proof that is not a helper declaration; `eval%`; a configuration value that is not a literal.
     """
-    return _first_forbidden(body)[1]
+    scanned = scan_body(body, target="")
+    return scanned.reason if isinstance(scanned, Refusal) else None
 
 
-def _first_forbidden(body: str) -> tuple[list[Token], str | None]:
-    """The tokens of `body` up to its first forbidden one (all if none), and the reason for that one."""
-    scan = _Scan(body)
-    tokens = lex(body, merge=True, stop=scan)  # ends at the first forbidden token
-    reason = scan.reason or scan.end()
-    return tokens, None if reason is None else f"forbidden: {reason}"
+def _refused(refusal: Refusal) -> Judgement:
+    return _rejected("sorry" if refusal.reason in HOLES else "integrity", refusal.detail)
 
 
-def _forbidden(token: Token) -> str | None:
-    """The rules that need only the token itself."""
-    if token.kind == "ambiguous":
-        return f"ambiguous literal {token.text[:20]!r} at line {token.line}"
-    if token.kind == "hash":
-        return token.text
-    if token.kind != "ident":
-        return None
-    word = ".".join(name_parts(token.text))
-    if word in FORBIDDEN_WORDS:
-        return word
-    if word.startswith(FORBIDDEN_OPTION_PREFIXES):
-        return f"set_option {word}"
-    for component in word.split("."):
-        if component in FORBIDDEN_COMPONENTS:
-            return _REASON_OF_COMPONENT.get(component, component)
-    if word in COMMAND_WORDS:
-        return f"{word} (a new command)"
-    if word in LINE_START_WORDS and token.col == 0:
-        return f"{word} at the start of a line (a new command)"
-    return None
-
-
-class _Scan:
-    """`lex`'s `stop` callback: sees the tokens of one body in source order and keeps the first reason.
-
-    Besides the per-token rules it reads configuration items. Lean evaluates a tactic's configuration: the
-    `(name := value)` items of `optConfig` and the older `(config := value)` are elaborated into the tactic's
-    Config structure and run by `evalExpr' (safety := .unsafe)` (Lean/Elab/Tactic/Config.lean,
-    `mkConfigElaborator`), so an IO action in a value runs in the REPL process. Tactics with a configuration
-    are an open set (Mathlib declares its own), so every `(IDENT := value)` is read as one, a named argument
-    too, except the tactic-valued TACTIC_ITEMS. A value may hold only literals: numerals, `true`/`false`,
-    `.ctor` names, lists `[...]` and structure instances `{ field := literal, ... }` of them; an identifier
-    not in those places, `⟨...⟩` (fields by position), `(`, strings, operators and the rest are
-    `config term`. `+opt`/`-opt` flags set a Bool to a literal and need nothing.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.reason: str | None = None
-        self.state = "code"  # code | open (after `(`) | name (after `(IDENT`) | value (after `(IDENT :=`)
-        self.item = ""  # IDENT of the configuration item being read
-        self.field = False  # in a value, an identifier was read that only `:=` may follow (a field name)
-        self.attribute = False  # the last token was `@[`
-
-    def __call__(self, token: Token) -> bool:
-        if token.kind == "comment":
-            return False
-        self.reason = _forbidden(token) or self._context(token)
-        return self.reason is not None
-
-    def end(self) -> str | None:
-        """The reason owed at the end of the text: an attribute whose name never came."""
-        return "attribute @[" if self.attribute else None
-
-    def _context(self, token: Token) -> str | None:
-        if self.attribute:
-            # An attribute runs its handler when the declaration it decorates is added; registration
-            # attributes (command_parser, term_elab, tactic, macro, delab, env_extension, init, norm_num, ...)
-            # make that declaration's code run later, and any library can declare one. In a proof body the
-            # only place for one is a `where`/`let rec` declaration, which no competition proof decorates.
-            return f"attribute @[{token.text[:40]}" if token.kind == "ident" else "attribute @["
-        if token.kind == "ident" and token.text == "eval" and self.text.startswith("%", token.start + 4):
-            return "eval%"  # Mathlib/Tactic/Eval.lean: `eval% term` runs the term (`evalExpr ... .unsafe`)
-        if self.state == "value":
-            return self._value(token)
-        if token.kind == "symbol" and token.text == "@[":
-            self.attribute = True  # named by the next token: its own rules (`implemented_by`) come first
-        elif self.state == "open" and token.kind == "ident" and token.text not in TACTIC_ITEMS:
-            self.state, self.item = "name", token.text
-        elif self.state == "name" and token.text == ":=":
-            self.state, self.field = "value", False
-        else:
-            self.state = "open" if token.kind == "symbol" and token.text.endswith("(") else "code"
-        return None
-
-    def _value(self, token: Token) -> str | None:
-        bad = f"config term ({self.item[:40]} := ...)"
-        if self.field:  # `{ name := ...`: the identifier was a field name only if `:=` follows
-            self.field = False
-            return None if token.text == ":=" else bad
-        if token.kind == "number" or (token.kind == "ident" and token.text in ("true", "false")):
-            return None
-        if token.kind == "ident":
-            self.field = self.text[token.start - 1] != "."  # `.ctor` is a literal, else a field name
-            return None
-        if token.kind != "symbol":
-            return bad
-        if token.text in ("{", "}"):
-            return None
-        symbols = token.text  # one symbol, or a merged run of them with Lean's whitespace: `]),`, `) (`
-        close = symbols.find(")")
-        if not _LITERAL_SYMBOLS.fullmatch(symbols, 0, len(symbols) if close < 0 else close):
-            return bad
-        if close >= 0:  # the item ends; the rest of the run may open the next one
-            self.state = "open" if symbols.endswith("(") and close < len(symbols) - 1 else "code"
-        return None
-
-
-def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS) -> str | Judgement:
+def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS,
+            header: str = "") -> str | Judgement:  # fmt: skip
     """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. `max_chars`:
-    MAX_PROOF_CHARS (None only in tests that time the scan itself)."""
+    MAX_PROOF_CHARS (None only in tests that time the scan itself); it counts helpers and all, as the
+    verifier's time limit does (one command holds them). `header`: the trusted header the command runs on; an
+    option the model sets as it does (a copy of the header) is not set again."""
     if max_chars is not None and len(model_text) > max_chars:
         return _rejected("lean_error", f"attempt of {len(model_text)} characters exceeds {max_chars}")
-    body = extract_proof_body(model_text, formal_statement)
-    if isinstance(body, IntegrityError):
-        return Judgement("rejected", "integrity", body.detail)
-    term, text = (True, body.text) if isinstance(body, TermBody) else (False, body)
-    tokens, reason = _first_forbidden(text)  # one reading of the body for both checks
-    if all(t.kind == "comment" for t in tokens):  # no Lean run can prove anything with whitespace and comments
+    attempt = split_attempt(model_text, formal_statement)
+    if isinstance(attempt, IntegrityError):
+        return _rejected("statement_mismatch", attempt.detail)
+    names = statement_names(formal_statement)
+    before = scan_before(attempt.before, names)
+    if isinstance(before, Refusal):
+        return _refused(before)
+    if before.helpers and not closed("".join(before.commands)):  # it would read on into the statement
+        return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
+    try:
+        target = theorem_name(formal_statement)
+    except ValueError:
+        target = ""  # a statement of no name: no `#print axioms` after the proof is its own
+    body = scan_body(attempt.body, target, names, term=attempt.term)
+    if isinstance(body, Refusal):
+        return _refused(body)
+    if not body.body_tokens:  # no Lean run can prove anything with whitespace and comments
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
-    if reason is not None:
-        return _rejected("sorry" if reason in HOLES else "integrity", reason)
-    return assemble(formal_statement, text, term)
+    text = attempt.body[: body.body_end] + ("\n" if body.body_end < len(attempt.body) else "")
+    known = scan_before(header, frozenset())
+    options = [o for o in before.options if isinstance(known, Refusal) or o not in known.options]
+    return assemble(formal_statement, text + "".join(body.commands), attempt.term, _before(before), tuple(options))
+
+
+def _before(kept: Kept) -> str:
+    """The kept commands from before the statement, if any is a helper; in a section of their own when they
+    `open` namespaces or set options, so that these reach the helpers and never the canonical statement (which
+    Lean reads as the header has it; the options it needs are set on it with `in`)."""
+    if not kept.helpers:
+        return ""
+    text = "".join(kept.commands)
+    return f"section\n{text}end\n" if kept.scoped else text
 
 
 # --- REPL responses --------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def fake_lean_checker(**kwargs) -> LeanChecker:
         (f"{STATEMENT}\n  norm_num -- FIXTURE:axiom=sorryAx", "rejected", "sorry"),
         (f"{STATEMENT}\n  norm_num -- FIXTURE:axiom=Lean.ofReduceBool", "rejected", "integrity"),
         (f"{STATEMENT}\n  native_decide", "rejected", "integrity"),
-        ("theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 13 := by\n  norm_num", "rejected", "integrity"),
+        ("theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 13 := by\n  norm_num", "rejected", "statement_mismatch"),
         (f"{STATEMENT}\n  norm_num -- FIXTURE:hang", "timeout", ""),
         (f"{STATEMENT}\n  norm_num -- FIXTURE:crash", "rejected", "lean_error"),
     ],
@@ -412,8 +412,8 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
 
 
 @pytest.mark.parametrize(
-    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/kimina.py",
-               "tasks/lean_proof.py", "tasks/lean_text.py"]
+    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/lean_commands.py",
+               "verifier_pool/lean_scan.py", "verifier_pool/kimina.py", "tasks/lean_proof.py", "tasks/lean_text.py"]
 )  # fmt: skip
 def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, edited):
     """A copy of verifier_pool and tasks with one judging module edited (a comment added) judges under another
@@ -448,7 +448,8 @@ async def test_a_verdict_reached_without_the_sandbox_is_published_but_not_cached
     handler = VerifyHandler(redis, keys, {"lean": checker}, "down")
     altered = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 13 := by\n  norm_num"
     [reward] = await handler(Delivery(b"0-1", attempt(0, "t", altered), 1))
-    assert (reward.verdict, reward.reason, reward.reward, reward.cached) == ("rejected", "integrity", 0.0, False)
+    assert (reward.verdict, reward.reason, reward.reward) == ("rejected", "statement_mismatch", 0.0)
+    assert not reward.cached
     assert checker.environment is None and await redis.hlen(keys.verdicts) == 0
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from consumers.verifier import verdict_digest
 from ops.cli import main
+from streams.codec import encode
 from streams.keys import Keys
+from streams.schema import Reward
 from streams.theorems import Theorem
 from verifier_pool.judgement import Judgement
 
@@ -53,3 +55,49 @@ async def test_clear_refuses_without_a_run_on_the_command_line(redis, redis_url,
     assert code == 2 and out == ""
     assert "--run" in err
     assert await redis.hlen(keys.verdicts) == 2 and await redis.hlen(named.verdicts) == 2
+
+
+# --- `python -m ops verdicts reasons` (issue 29 item 5) ----------------------------------------------------------
+
+
+def reward(i: int, verdict: str, reason: str = "", detail: str = "") -> Reward:
+    return Reward(f"a{i}", "t", 0, verdict, 1.0 if verdict == "proved" else 0.0, reason=reason, detail=detail)
+
+
+async def test_reasons_count_the_newest_verdicts_and_the_refusals_by_reason_and_rule(redis, redis_url, capsys):
+    keys = Keys("counted")
+    rewards = [
+        reward(0, "proved"),
+        reward(
+            1,
+            "rejected",
+            "statement_mismatch",
+            "the statement of `t` differs from the dataset's at line 3 of the attempt: `13` where the dataset has `12`",
+        ),  # fmt: skip
+        reward(2, "rejected", "integrity", "helper `h`: forbidden: native_decide"),
+        reward(3, "rejected", "integrity", "helper `other_name`: forbidden: native_decide"),
+        reward(4, "rejected", "sorry", "forbidden: sorry"),
+        reward(5, "timeout"),
+        reward(6, "proved"),
+    ]
+    for r in rewards:
+        await redis.xadd(keys.rewards, encode(r))
+    await redis.xadd(keys.rewards, {b"v": b"999"})  # another schema version: counted nowhere
+    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url, "--json")
+    assert code == 0
+    assert orjson.loads(out) == {
+        "run": "counted", "counted": 7, "by_verdict": {"rejected": 4, "proved": 2, "timeout": 1},
+        "refused_by_reason": {"integrity": 2, "statement_mismatch": 1, "sorry": 1},
+        "refused_by_rule": {
+            "integrity: helper: forbidden: native_decide": 2,
+            "statement_mismatch: the statement of … differs from the dataset's at … of the attempt: … where the "
+            "dataset has …": 1,
+            "sorry: forbidden: sorry": 1,
+        },
+    }  # fmt: skip
+    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url, "-n", "2")
+    assert code == 2  # `-n` is no option of reasons: argparse refuses it
+    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url,
+                             "--newest", "3")  # fmt: skip
+    # the three newest entries: the foreign one, then rewards 6 and 5
+    assert (code, out.splitlines()[0]) == (0, "run counted: the newest 2 verdicts: proved 1, timeout 1")

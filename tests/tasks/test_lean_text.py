@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tasks import lean_text
 from tasks.lean_text import code_tokens, is_id_first, is_id_rest, lex, mask_comments
 
@@ -75,6 +77,25 @@ def test_raw_strings_end_at_their_own_delimiter():
 def test_interpolated_strings_expose_their_code():
     assert ("ident", "sorry") in kinds('s!"x = {(sorry : Nat)}"')
     assert kinds('"{"}"')[0][0] == "ambiguous"  # plain vs interpolated reading end in different places
+
+
+@pytest.mark.parametrize(
+    ("text", "is_closed"),
+    [
+        ("lemma h : True := trivial\n", True),
+        ("a -- a line comment ends at the newline after it", True),
+        ('a "b" c', True),
+        ('x s!"a{x} b"', True),
+        ('lemma h : s = "abc', False),  # a string runs on
+        ('x "a\\"', False),  # its last quote escaped
+        ("/- a", False),
+        ("/- /- -/", False),  # nested: one level still open
+        ('x s!"a{x   ', False),  # inside an interpolation's braces: what follows would be its code
+        ('x s!"a{x} b', False),
+    ],
+)
+def test_closed_says_whether_text_after_it_is_read_as_code(text, is_closed):
+    assert lean_text.closed(text) is is_closed
 
 
 def test_mask_comments_keeps_offsets():

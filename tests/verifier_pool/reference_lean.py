@@ -277,13 +277,21 @@ class _Lexer:
         return len(text)
 
 
-# --- verifier_pool/lean_check.py at 3bfc89f: the text steps of prepare -----------------------------------
+# --- verifier_pool/lean_check.py at 3bfc89f: the text steps of prepare; issue 29's commands, plainly ---------
 
 import textwrap  # noqa: E402
 
 from tasks.lean_proof import IntegrityError, TermBody, assemble  # noqa: E402
 from verifier_pool.judgement import Judgement  # noqa: E402
-from verifier_pool.lean_check import (  # noqa: E402
+from verifier_pool.lean_check import _rejected  # noqa: E402
+from verifier_pool.lean_commands import (  # noqa: E402
+    HARMLESS_OPTION_PREFIXES,
+    HARMLESS_OPTIONS,
+    HELPER_WORDS,
+    SUFFIX_WORDS,
+    Refusal,
+)
+from verifier_pool.lean_scan import (  # noqa: E402
     _REASON_OF_COMPONENT,
     COMMAND_WORDS,
     FORBIDDEN_COMPONENTS,
@@ -292,7 +300,8 @@ from verifier_pool.lean_check import (  # noqa: E402
     HOLES,
     LINE_START_WORDS,
     TACTIC_ITEMS,
-    _rejected,
+    TACTIC_WORDS,
+    TERM_TACTICS,
 )  # fmt: skip
 
 _FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
@@ -311,6 +320,12 @@ def lean_code_block(model_text: str) -> str:
 
 
 def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody | IntegrityError:
+    """The body alone (`split`'s second part)."""
+    split = _split(model_text, formal_statement)
+    return split if isinstance(split, IntegrityError) else split[1]
+
+
+def _split(model_text: str, formal_statement: str) -> tuple[str, str | TermBody] | IntegrityError:
     """The proof body to check: the text after the canonical statement's `:= by` in the model's code, or
     after its `:=` as a TermBody (issue 13: term-mode proofs, and `lemma` for `theorem`).
 
@@ -334,12 +349,13 @@ def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody
             continue
         end = at + len(head)
         after_by = text[end + 3 : end + 4] or " "
+        before = code[: origin[at]]
         if text[end : end + 3] == " by" and not (is_id_rest(after_by) or after_by in ".«"):
-            return _body_from(code, origin[end + 2] + 1)
-        return TermBody(_body_from(code, origin[end - 1] + 1))
+            return before, _body_from(code, origin[end + 2] + 1)
+        return before, TermBody(_body_from(code, origin[end - 1] + 1))
     if any(t.kind == "ident" and t.text in ("theorem", "lemma", "example") for t in code_tokens(code)):
         return IntegrityError("the canonical statement is missing or altered")
-    return _bare_body(code)
+    return "", _bare_body(code)
 
 
 def _normalized(text: str) -> tuple[str, list[int]]:
@@ -392,56 +408,385 @@ def _bare_body(code: str) -> str:
     return textwrap.indent(body, "  ") if first is not None and first.col == 0 else body
 
 
-def scan_forbidden(body: str) -> str | None:
-    """A short reason (`"forbidden: native_decide"`) if the body contains a forbidden construct, else None.
+# Issue 29, read plainly: the text cut into commands (verifier_pool.lean_commands), configuration told from named
+# arguments by position (verifier_pool.lean_scan `Context`). Runs of one-character symbols are rebuilt from the
+# per-character tokens and read a character at a time; brackets are a list with no depth cap; each command's
+# state is a dict.
 
-    The first token, in source order, that breaks a rule names the reason. Issue 13's rules (attributes,
-    `eval%`, configuration values) are written here by looking ahead in the token list, not as the state
-    machine `lean_check._Scan` uses on merged tokens: two readings of one rule, compared on random text.
-    """
-    tokens = code_tokens(body)
-    context = _context_reasons(body, tokens)
-    for k, token in enumerate(tokens):
-        reason = _forbidden(token) or context.get(k)
-        if reason is not None:
-            return f"forbidden: {reason}"
-    if tokens and tokens[-1].text == "@[":
-        return "forbidden: attribute @["
-    return None
+_INERT_CHARS = frozenset("!$%&()*+,.;<=>?[\\^`|~-/#")
+_NO_COMMAND = "left of the proof's column {col}: Lean ends the proof there and reads a command, which this is not"
 
 
-def _context_reasons(body: str, tokens: list[Token]) -> dict[int, str]:
-    """Token index -> reason, for the rules that depend on a token's neighbours."""
-    reasons: dict[int, str] = {}
-    for k, token in enumerate(tokens):
-        if token.text == "@[" and k + 1 < len(tokens):
-            after = tokens[k + 1]
-            reasons[k + 1] = f"attribute @[{after.text[:40]}" if after.kind == "ident" else "attribute @["
-        if token.kind == "ident" and token.text == "eval" and body[token.start + 4 : token.start + 5] == "%":
-            reasons.setdefault(k, "eval%")
-    k = 0
-    while k + 2 < len(tokens):
-        opens, name, assign = tokens[k : k + 3]
-        is_item = opens.text == "(" and name.kind == "ident" and name.text not in TACTIC_ITEMS
-        if not (is_item and assign.text == ":="):
-            k += 1
+def _items(text: str) -> list[Token]:
+    """The code tokens, with each run of one-character symbols joined by whitespace only as one `run` token."""
+    items: list[Token] = []
+    last = None  # the previous token, comments included
+    for t in lex(text):
+        inert = t.kind == "symbol" and t.text in _INERT_CHARS
+        joins = (inert and last is not None and last.kind == "symbol" and last.text in _INERT_CHARS
+                 and text[last.start + 1 : t.start].strip(" \t\r\n") == "")  # fmt: skip
+        if joins:
+            run = items[-1]
+            items[-1] = Token("run", text[run.start : t.start + 1], run.start, run.line, run.col)
+        elif t.kind != "comment":
+            items.append(Token("run", t.text, t.start, t.line, t.col) if inert else t)
+        last = t
+    return items
+
+
+def _events(run: str) -> list[tuple[str, int]]:
+    """The events of a run, a character at a time: (event, offset); a newline's event is its indentation."""
+    out, i = [], 0
+    while i < len(run):
+        c = run[i]
+        if c == "\n":
+            j = i + 1
+            while j < len(run) and run[j] in " \t\r":
+                j += 1
+            out.append(("\n" + run[i + 1 : j], j))
+            i = j
             continue
-        k += 3  # the value: literals up to the first `)`
-        bad = f"config term ({name.text[:40]} := ...)"
-        while k < len(tokens) and tokens[k].text != ")":
-            token = tokens[k]
-            literal = token.kind == "number" or token.text in ("true", "false", "{", "}", "[", "]", ",", ".")
-            if token.kind == "ident" and not literal and body[token.start - 1 : token.start] != ".":
-                if k + 1 < len(tokens) and tokens[k + 1].text == ":=":  # a field name in `{ name := ... }`
-                    k += 2
-                    continue
-                reasons.setdefault(k + 1, bad)  # whatever follows it, or nothing at the end of the text
+        for multi in ("<;>", "<|>", "=>", "||", "|>", "<|"):
+            if run.startswith(multi, i):
+                out.append((multi, i))
+                i += len(multi)
                 break
-            if not literal and token.kind != "ident":
-                reasons.setdefault(k, bad)
-                break
-            k += 1
-    return reasons
+        else:
+            if c in "()[];|" or (c == "." and run[i + 1 : i + 2] in (" ", "\t", "\r", "\n")):
+                out.append((c, i))
+            i += 1
+    return out
+
+
+class _Plain:
+    """One text's commands, judged one token at a time (the plain twin of lean_commands._Commands)."""
+
+    def __init__(self, text: str, phase: str, names: frozenset[str], target: str, term: bool = False) -> None:
+        self.text, self.phase, self.names, self.target = text, phase, names, target
+        self.where_new = "before the statement" if phase == "before" else "after the proof"
+        self.commands: list[str] = []
+        self.options: list[str] = []
+        self.scoped = False
+        self.helpers = 0
+        self.body_end = -1
+        self.body_tokens = 0
+        self.cmd = None
+        if phase == "body":
+            self.cmd = self._new("body", 0, 0, "term" if term else "tactic")
+            self.cmd["in_proof"], self.cmd["await"] = True, not term
+
+    @staticmethod
+    def _new(kind: str, start: int, col: int, mode: str = "term") -> dict:
+        return {"kind": kind, "start": start, "col": col, "end": start, "tokens": 0, "name": "", "value": "",
+                "words": [], "pending": False, "in_proof": False, "assign": False, "await": False, "block": None,
+                "stack": [[mode, mode == "tactic", mode]], "after_then": False, "state": "code", "item": "",
+                "field": False, "attribute": False}  # fmt: skip
+
+    # -- the context ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _push(cmd: dict, bracket: str) -> None:
+        top = cmd["stack"][-1]
+        opened = top[0]
+        mode = "term" if bracket == "⟨" or (bracket == "[" and not cmd["after_then"]) else opened
+        cmd["stack"].append([mode, mode == "tactic", opened])
+
+    @staticmethod
+    def _set(cmd: dict, mode: str, sequence: bool = False) -> None:
+        cmd["stack"][-1][0] = mode
+        cmd["stack"][-1][1] = cmd["stack"][-1][1] or sequence
+
+    def _newline(self, cmd: dict) -> None:
+        if cmd["stack"][-1][1]:
+            cmd["stack"][-1][0] = "tactic"
+        cmd["after_then"] = False
+
+    def _symbol(self, cmd: dict, t: Token) -> Refusal | None:
+        if t.kind != "run":
+            if t.text in ("{", "⟨"):
+                self._push(cmd, t.text)
+            elif t.text in ("}", "⟩"):
+                if len(cmd["stack"]) > 1:
+                    cmd["stack"].pop()
+            elif t.text in (":=", ":", "←"):
+                self._set(cmd, "term")
+            elif t.text == "·":
+                self._set(cmd, "tactic")
+            elif t.text.startswith("]") and len(cmd["stack"]) > 1:
+                cmd["stack"].pop()
+            cmd["after_then"] = False
+            return None
+        for event, at in _events(t.text):
+            if event[0] == "\n":
+                if cmd["block"] is not None and len(cmd["stack"]) == 1 and len(event) - 1 < cmd["block"]:
+                    line = t.line + t.text.count("\n", 0, at)
+                    return f"forbidden: `{t.text[at]}` at line {line}, " + _NO_COMMAND.format(col=cmd["block"])
+                self._newline(cmd)
+                continue
+            if event in ("(", "["):
+                self._push(cmd, event)
+            elif event in (")", "]"):
+                if len(cmd["stack"]) > 1:
+                    cmd["stack"].pop()
+            elif event in ("||", "|>", "<|"):
+                pass
+            else:
+                self._set(cmd, "tactic")
+                cmd["after_then"] = event == "<;>"
+                continue
+            cmd["after_then"] = False
+        return None
+
+    # -- the token rules ------------------------------------------------------------------------------------
+    def _rules(self, cmd: dict, t: Token) -> str | None:
+        reason = _forbidden(t)
+        if reason is not None:
+            return reason
+        if cmd["attribute"]:
+            return f"attribute @[{t.text[:40]}" if t.kind == "ident" else "attribute @["
+        if t.kind == "ident" and t.text == "eval" and self.text[t.start + 4 : t.start + 5] == "%":
+            return "eval%"
+        if cmd["state"] == "value":
+            return self._value(cmd, t)
+        opens = t.kind == "run" and t.text.endswith("(")
+        if t.text == "@[":
+            cmd["attribute"] = True
+        elif cmd["state"] == "open" and t.kind == "ident":
+            cmd["state"], cmd["item"] = ("tactic item" if t.text in TACTIC_ITEMS else "name"), t.text
+        elif cmd["state"] == "tactic item" and t.text == ":=":
+            self._set(cmd, "tactic", sequence=True)
+            cmd["state"] = "code"
+        elif cmd["state"] == "name" and t.text == ":=":
+            cmd["state"] = "code" if cmd["stack"][-1][2] == "term" else "value"
+            cmd["field"] = False
+        else:
+            cmd["state"] = "open" if opens else "code"
+        return None
+
+    def _value(self, cmd: dict, t: Token) -> str | None:
+        bad = f"config term ({cmd['item'][:40]} := ...)"
+        if cmd["field"]:
+            cmd["field"] = False
+            return None if t.text == ":=" else bad
+        if t.kind == "number" or t.text in ("true", "false"):
+            return None
+        if t.kind == "ident":
+            cmd["field"] = self.text[t.start - 1] != "."
+            return None
+        if t.text in ("{", "}"):
+            return None
+        if t.kind not in ("run", "symbol"):
+            return bad
+        for k, c in enumerate(t.text):
+            if c == ")":
+                rest = t.text[k + 1 :]
+                cmd["state"] = "open" if rest.endswith("(") else "code"
+                return None
+            if c not in "[],. \t\r\n":
+                return bad
+        return None
+
+    # -- commands -------------------------------------------------------------------------------------------
+    def run(self) -> tuple | Refusal:
+        last_line = 0
+        for t in _items(self.text):
+            first = t.line != last_line
+            last_line = t.line + t.text.count("\n")
+            refusal = self._token(t, first)
+            if refusal is not None:
+                return refusal
+        cmd = self.cmd
+        if cmd is not None and cmd["kind"] == "body":
+            self.body_end = len(self.text) if cmd["tokens"] else 0
+            if cmd["attribute"]:
+                return Refusal("forbidden: attribute @[")
+        elif cmd is not None and (refusal := self._close(cmd, last=True)) is not None:
+            return refusal
+        return self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens
+
+    def _where(self, cmd: dict) -> str:
+        if cmd["kind"] == "body":
+            return ""
+        if cmd["kind"] == "helper" and cmd["name"]:
+            return f"helper `{cmd['name']}`" + (" after the proof" if self.phase == "body" else "")
+        return self.where_new
+
+    def _token(self, t: Token, first: bool) -> Refusal | None:
+        cmd = self.cmd
+        word = t.text if t.kind == "ident" else None
+        starts = t.kind == "hash" or word in COMMAND_WORDS or (word in LINE_START_WORDS and t.col == 0)
+        if cmd is None:
+            opener = t.kind == "hash" or t.text == "@[" or (
+                word is not None and (word in COMMAND_WORDS or word in ("open", "set_option", "import", "scoped")
+                                      or _forbidden(t) is not None))  # fmt: skip
+            return self._begin(t) if opener else None
+        if first and cmd["block"] is not None and t.col < cmd["block"] and len(cmd["stack"]) == 1:
+            if word in SUFFIX_WORDS:
+                cmd["block"] = None
+            else:
+                return self._begin(t, dedent=cmd["block"])
+        elif first:
+            self._newline(cmd)
+        starts = starts or (word in ("open", "set_option", "import") and (not cmd["in_proof"] or cmd["pending"]))
+        if starts and cmd["pending"]:
+            return self._core(cmd, t)
+        if starts:
+            return self._begin(t)
+        return self._inside(cmd, t, first)
+
+    def _kind(self, t: Token) -> str | None:
+        if t.kind == "hash":
+            return "print" if t.text == "#print" and self.phase == "body" else None
+        if t.text == "@[":
+            return "attributed"
+        if t.kind == "ident" and t.text in HELPER_WORDS:
+            return "helper"
+        if t.kind == "ident" and t.text == "import":
+            return "import" if self.phase == "before" else None
+        return {"open": "open", "set_option": "option"}.get(t.text) if t.kind == "ident" else None
+
+    def _begin(self, t: Token, dedent: int | None = None) -> Refusal | None:
+        if self.cmd is not None and (refusal := self._close(self.cmd)) is not None:
+            return refusal
+        kind = self._kind(t)
+        if kind is None:
+            reason = _forbidden(t)
+            if reason is None and t.kind == "ident" and (t.text in COMMAND_WORDS or t.text in (
+                    "open", "set_option", "import", "scoped")):  # fmt: skip
+                reason = f"{t.text} (a new command)"
+            if reason is None:
+                what = t.text[0] if t.kind == "run" else t.text.split("\n", 1)[0][:40]
+                return Refusal(f"forbidden: `{what}` at line {t.line}, " + _NO_COMMAND.format(col=dedent),
+                               self.where_new)  # fmt: skip
+            return Refusal(f"forbidden: {reason}", self.where_new)
+        self.cmd = self._new(kind, t.start, t.col)
+        self.cmd["end"] = t.start + len(t.text)
+        if kind == "print":
+            self.cmd["words"].append(t.text)
+        if kind == "attributed":
+            self.cmd["attribute"] = True
+        return None
+
+    def _core(self, cmd: dict, t: Token) -> Refusal | None:
+        kind = self._kind(t)
+        if kind not in ("helper", "open", "option"):
+            return Refusal(f"forbidden: {_forbidden(t) or f'{t.text} (a new command)'}", self._where(cmd))
+        cmd.update(kind=kind, pending=False, tokens=0, name="", value="", end=t.start + len(t.text))
+        return None
+
+    def _inside(self, cmd: dict, t: Token, first: bool) -> Refusal | None:
+        if t.kind in ("run", "symbol"):
+            reason = self._symbol(cmd, t)
+            if reason is not None:
+                return Refusal(reason, self.where_new)
+        if cmd["await"]:
+            cmd["block"], cmd["await"] = t.col, False
+        cmd["tokens"] += 1
+        cmd["end"] = t.start + len(t.text)
+        if cmd["kind"] == "body":
+            self.body_tokens += 1
+        else:
+            refusal = self._bookkeeping(cmd, t, first)
+            if refusal is not None:
+                return refusal
+        if cmd["kind"] in ("import", "print"):
+            return None
+        if t.kind == "ident":
+            if t.text in TERM_TACTICS:
+                self._set(cmd, "term")
+            elif t.text in TACTIC_WORDS:
+                self._set(cmd, "tactic", sequence=True)
+            cmd["after_then"] = False
+        reason = self._rules(cmd, t)
+        return None if reason is None else Refusal(f"forbidden: {reason}", self._where(cmd))
+
+    def _bookkeeping(self, cmd: dict, t: Token, first: bool) -> Refusal | None:
+        assign, cmd["assign"] = cmd["assign"], False
+        depth = len(cmd["stack"]) - 1
+        kind, n = cmd["kind"], cmd["tokens"]
+        if kind == "print":
+            cmd["words"].append(t.text)
+        elif kind == "helper" and n == 1:
+            cmd["name"] = t.text if t.kind == "ident" else ""
+            if not cmd["name"]:
+                return Refusal("forbidden: a declaration without a name", self._where(cmd))
+            parts = name_parts(cmd["name"])
+            parts = parts[1:] if parts[:1] == ["_root_"] else parts
+            for k in range(len(parts)):
+                if ".".join(parts[k:]) in self.names:
+                    return Refusal(f"forbidden: redeclares `{'.'.join(parts[k:])}`, a name the statement uses",
+                                   self._where(cmd))  # fmt: skip
+        elif kind == "helper" and not cmd["in_proof"] and depth == 0 and t.text in (":=", "|"):
+            cmd["in_proof"] = t.text == ":=" or first
+            cmd["assign"] = t.text == ":="
+        elif kind == "helper" and assign:
+            cmd["await"] = t.text == "by"
+        elif kind in ("open", "option") and t.text == "in" and depth == 0:
+            cmd["pending"] = True
+            return self._option(cmd) if kind == "option" else None
+        elif kind == "option" and n == 1:
+            cmd["name"] = t.text
+        elif kind == "option" and n == 2:
+            cmd["value"] = t.text
+        return None
+
+    def _option(self, cmd: dict) -> Refusal | None:
+        name = cmd["name"]
+        if not (name in HARMLESS_OPTIONS or any(name.startswith(p) for p in HARMLESS_OPTION_PREFIXES)):
+            return Refusal(f"forbidden: set_option {name} (options allowed outside a proof: "
+                           f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)", self._where(cmd))  # fmt: skip
+        if not (cmd["value"].isdigit() and cmd["value"].isascii()) and cmd["value"] not in ("true", "false"):
+            return Refusal(f"forbidden: set_option {name} {cmd['value'][:40]} (a number, true or false)",
+                           self._where(cmd))  # fmt: skip
+        return None
+
+    def _close(self, cmd: dict, last: bool = False) -> Refusal | None:
+        if cmd["attribute"]:
+            return Refusal("forbidden: attribute @[", self._where(cmd))
+        kind = cmd["kind"]
+        if kind == "body":
+            self.body_end = cmd["end"] if cmd["tokens"] else 0
+            return None
+        if cmd["pending"]:
+            if not (last and self.phase == "before"):
+                return Refusal("forbidden: `in` followed by no declaration", self._where(cmd))
+            if kind == "option":
+                self.options.append(f"set_option {cmd['name']} {cmd['value']}")
+            return None
+        if kind == "option" and (refusal := self._option(cmd)) is not None:
+            return refusal
+        if kind == "helper" and not cmd["name"]:
+            return Refusal("forbidden: a declaration without a name", self._where(cmd))
+        if kind == "helper" and not cmd["in_proof"]:
+            return Refusal("forbidden: a declaration without a proof", self._where(cmd))
+        if kind == "print":
+            words = cmd["words"]
+            drop = len(words) == 3 and words[1] == "axioms" and _named(words[2]) == _named(self.target)
+            return None if drop else Refusal("forbidden: #print", self._where(cmd))
+        if kind in ("open", "option") and self.phase == "body":
+            word = "open" if kind == "open" else "set_option"
+            return Refusal(f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
+                           "reads the theorem's name, or prints it)", self._where(cmd))  # fmt: skip
+        if kind == "option":
+            self.options.append(f"set_option {cmd['name']} {cmd['value']}")
+        if kind != "import":
+            self.commands.append(" " * cmd["col"] + self.text[cmd["start"] : cmd["end"]] + "\n")
+            self.scoped = self.scoped or kind in ("open", "option")
+            self.helpers += kind == "helper"
+        return None
+
+
+def _closed(text: str) -> bool:
+    """No comment, literal or interpolation open at the end of `text`: a sentinel after it is a token of its own."""
+    tokens = lex(text + "\n#closed")
+    opened = sum(1 for t in tokens if t.kind == "string" and t.text.endswith("{"))
+    closed = sum(1 for t in tokens if t.kind == "string" and t.text.startswith("}"))
+    last = tokens[-1]
+    return opened == closed and (last.kind, last.text, last.start) == ("hash", "#closed", len(text) + 1)
+
+
+def _named(name: str) -> list[str]:
+    parts = name_parts(name)
+    return parts[1:] if parts[:1] == ["_root_"] else parts
 
 
 def _forbidden(token: Token) -> str | None:
@@ -459,22 +804,50 @@ def _forbidden(token: Token) -> str | None:
     for component in word.split("."):
         if component in FORBIDDEN_COMPONENTS:
             return _REASON_OF_COMPONENT.get(component, component)
-    if word in COMMAND_WORDS:
-        return f"{word} (a new command)"
-    if word in LINE_START_WORDS and token.col == 0:
-        return f"{word} at the start of a line (a new command)"
     return None
 
 
+def scan_forbidden(body: str) -> str | None:
+    """A body and what follows it, for a theorem of no name: the first reason to refuse, or None."""
+    result = _Plain(body, "body", frozenset(), "").run()
+    return result.reason if isinstance(result, Refusal) else None
+
+
+def statement_names(statement: str) -> frozenset[str]:
+    names = set()
+    for t in code_tokens(statement):
+        if t.kind == "ident":
+            parts = name_parts(t.text)
+            for k in range(len(parts)):
+                names.add(".".join(parts[k:]))
+    return frozenset(names)
+
+
 def prepare(model_text: str, formal_statement: str) -> str | Judgement:
-    """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary."""
-    body = extract_proof_body(model_text, formal_statement)
-    if isinstance(body, IntegrityError):
-        return Judgement("rejected", "integrity", body.detail)
-    text = body.text if isinstance(body, TermBody) else body
-    if not code_tokens(text):  # nothing but whitespace and comments: no Lean run can prove anything with it
+    """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. A statement that
+    differs gets the verdict and reason only (its detail is tested by hand)."""
+    split = _split(model_text, formal_statement)
+    if isinstance(split, IntegrityError):
+        return Judgement("rejected", "statement_mismatch", "")
+    before_text, body = split
+    names = statement_names(formal_statement)
+    before = _Plain(before_text, "before", names, "").run()
+    if isinstance(before, Refusal):
+        return _rejected("sorry" if before.reason in HOLES else "integrity", before.detail)
+    if before[3] and not _closed("".join(before[0])):
+        return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
+    tokens = code_tokens(formal_statement)
+    name = next((b.text for a, b in zip(tokens, tokens[1:], strict=False)
+                 if a.text in ("theorem", "lemma") and b.kind == "ident"), "")  # fmt: skip
+    term = isinstance(body, TermBody)
+    text = body.text if term else body
+    after = _Plain(text, "body", names, name, term=term).run()
+    if isinstance(after, Refusal):
+        return _rejected("sorry" if after.reason in HOLES else "integrity", after.detail)
+    commands, _, _, _, end, tokens = after
+    if not tokens:
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
-    reason = scan_forbidden(text)
-    if reason is not None:
-        return _rejected("sorry" if reason in HOLES else "integrity", reason)
-    return assemble(formal_statement, text, term=isinstance(body, TermBody))
+    kept, options, scoped, helpers = before[:4]
+    helper_text = "" if not helpers else ("section\n" + "".join(kept) + "end\n" if scoped else "".join(kept))
+    text = text[:end] + ("\n" if end < len(text) else "") + "".join(commands)
+    return assemble(formal_statement, text, term, helper_text, tuple(options))

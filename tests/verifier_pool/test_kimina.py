@@ -159,16 +159,17 @@ async def test_positions_in_no_known_convention_are_an_error_that_says_so(server
     "text",
     [
         attempt("sorry"),
-        attempt("norm_num\n#print axioms mathd_algebra_10"),
+        attempt("norm_num\n#print axioms Nat.add_comm"),  # `#print axioms mathd_algebra_10` is dropped (tested below)
         attempt("native_decide"),
-        attempt("exact?"),
+        attempt("norm_num\n#eval 1"),
         attempt("norm_num\naxiom cheat : False"),
         "```lean4\ntheorem mathd_algebra_10 : (1 : ℕ) = 1 := by\n  rfl\n```",  # altered statement
     ],
 )
 async def test_integrity_rejections_never_reach_the_server(server, checker, text):
     judgement = await checker.check(THEOREM, text)
-    assert judgement.verdict == "rejected" and judgement.reason in ("sorry", "integrity"), judgement
+    assert judgement.verdict == "rejected", judgement
+    assert judgement.reason in ("sorry", "integrity", "statement_mismatch"), judgement
     assert server.requests == []
 
 

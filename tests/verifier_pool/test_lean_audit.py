@@ -72,6 +72,41 @@ async def test_an_honest_proof_is_proved_by_the_audit(checkers):
     assert checker.second_line.audit.sandbox.pid is None  # killed after its audit: no process outlives it
 
 
+# Issue 29: helper declarations go to Lean in the same command as the theorem (tests/verifier_pool/
+# test_lean_commands.py for the text). The fake REPL gives a declaration the axioms of those its text names, as
+# `#print axioms` (and the audit's CollectAxioms) follows every constant a proof uses.
+HELPER = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:axiom=Lean.ofReduceBool\n  ring\n"
+
+
+@pytest.mark.parametrize("second", ["repl", "audit"])
+async def test_the_axioms_of_a_helper_the_theorem_uses_are_the_theorems(checkers, second):
+    line = SecondLine(audit=None, trust_repl=True) if second == "repl" else audited()
+    used = await checkers(line).check(THEOREM, f"{HELPER}{STATEMENT}\n  norm_num [two]")
+    assert (used.verdict, used.reason) == ("rejected", "integrity")
+    assert used.detail == "trusts the compiler: Lean.ofReduceBool"
+    unused = await checkers(line).check(THEOREM, f"{HELPER}{STATEMENT}\n  norm_num")  # Lean checks it, uses it not
+    assert unused.verdict == "proved", unused
+
+
+async def test_the_audit_judges_the_environment_the_helpers_went_into(checkers):
+    forged = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:forge=sorryAx\n  ring\n"
+    proof = f"{forged}{STATEMENT}\n  norm_num [two]\n#print axioms mathd_numbertheory_188"
+    assert (await checkers(SecondLine(audit=None, trust_repl=True)).check(THEOREM, proof)).verdict == "proved"
+    judgement = await checkers(audited()).check(THEOREM, proof)
+    assert (judgement.verdict, judgement.reason) == ("rejected", "sorry"), judgement
+
+
+async def test_the_time_limit_of_a_proof_covers_its_helpers():
+    checker = LeanChecker(_sandbox("fake_repl.py"), proof_timeout_s=1, header_timeout_s=5,
+                          second_line=SecondLine(audit=None, trust_repl=True))  # fmt: skip
+    try:
+        slow = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:slow=3\n  ring\n"
+        judgement = await checker.check(THEOREM, f"{slow}{STATEMENT}\n  norm_num [two]")
+        assert (judgement.verdict, judgement.detail) == ("timeout", "no answer within 1 s"), judgement
+    finally:
+        await checker.sandbox.kill()
+
+
 @pytest.mark.parametrize(
     "marker, verdict, reason",
     [

@@ -109,8 +109,6 @@ EXPLOITS = [
     ("  norm_num\nunsafe def f : Nat := 1\n", "unsafe"),
     ("  exact unsafe (unsafeCast ())\n", "unsafe"),
     ("  norm_num\npartial def loop : Nat → Nat := loop\n", "partial"),
-    ("  exact?\n", "exact?"),
-    ("  apply?\n", "apply?"),
     ("  decide?\n", "decide?"),
     ("  norm_num\ninitialize pure ()\n", "initialize"),
     ("  norm_num\nbuiltin_initialize pure ()\n", "builtin_initialize"),
@@ -119,11 +117,13 @@ EXPLOITS = [
         "  norm_num\n@[command_elab Lean.Parser.Command.printAxioms] def f : CommandElab := fun _ => pure ()\n",
         "command_elab",
     ),
-    ("  norm_num\ntheorem mathd_numbertheory_188' : True := trivial\n", "theorem"),
-    ("  norm_num\n  theorem helper : True := trivial\n", "theorem"),  # any column: a new command all the same
+    # a command after the proof that is not a helper declaration (a line left of the proof's column ends it)
+    ("  norm_num\n def cheat : Nat := 1\n", "def (a new command)"),
+    ("  norm_num\n    example : True := trivial\n", "example (a new command)"),  # any column: a command all the same
     ("  norm_num\nnamespace Foo\n", "namespace"),
     ("  norm_num\nexport Nat (gcd)\n", "export"),
-    ("  norm_num\nopen Nat\n", "open at the start of a line"),
+    ("  norm_num\nopen Nat\n", "open (a new command"),
+    ("  norm_num\n open Nat\n", "open (a new command"),  # left of the proof's column: a command too
     ("  norm_num\nattribute [simp] Nat.gcd_comm\n", "attribute"),
     ("  norm_num\nend\n", "end"),
     ('  have : String := s!"{(sorry : String)}"\n  norm_num\n', "sorry"),
@@ -271,21 +271,33 @@ def test_garbage_before_the_statement_is_discarded():
     assert "notation" not in command and "axiom" not in command and "macro" not in command
 
 
+STATEMENT_OF = "the statement of `mathd_numbertheory_188` differs from the dataset's at line"
+
+
 @pytest.mark.parametrize(
-    "altered",
+    ("altered", "detail"),
     [
-        GCD.replace("= 12", "= 13"),
-        GCD.replace(" :", " (h : False) :", 1),
-        GCD.replace("mathd_numbertheory_188", "mathd_numbertheory_188'"),
-        GCD.replace("theorem", "example").replace(" mathd_numbertheory_188", ""),
-        GCD.replace("Nat.gcd 180 168", "Nat.gcd  180  168\n    --"),  # the comment eats the rest of the line
-        GCD.replace("180 168", "180 168 + 0"),
+        (GCD.replace("= 12", "= 13"), f"{STATEMENT_OF} 3 of the attempt: `13` where the dataset has `12`"),
+        (GCD.replace(" :", " (h : False) :", 1), f"{STATEMENT_OF} 3 of the attempt: `(` where the dataset has `:`"),
+        (
+            GCD.replace("mathd_numbertheory_188", "mathd_numbertheory_188'"),
+            "no theorem `mathd_numbertheory_188`: the attempt declares `mathd_numbertheory_188'` (line 3) instead",
+        ),
+        (
+            GCD.replace("theorem", "example").replace(" mathd_numbertheory_188", ""),
+            "no theorem `mathd_numbertheory_188`: the attempt declares an `example` (line 3) instead",
+        ),
+        (  # the comment eats the rest of the line: the next word is the proof's
+            GCD.replace("Nat.gcd 180 168", "Nat.gcd  180  168\n    --"),
+            f"{STATEMENT_OF} 5 of the attempt: `norm_num` where the dataset has `=`",
+        ),
+        (GCD.replace("180 168", "180 168 + 0"), f"{STATEMENT_OF} 3 of the attempt: `+` where the dataset has `=`"),
     ],
 )
-def test_altered_statement_is_an_integrity_rejection(altered):
-    result = extract_proof_body(f"import Mathlib\n\n{altered}  norm_num\n", GCD)
-    assert isinstance(result, IntegrityError)
-    assert prepare(f"import Mathlib\n\n{altered}  norm_num\n", GCD) == Judgement("rejected", "integrity", result.detail)
+def test_altered_statement_is_a_statement_mismatch_naming_the_first_word_that_differs(altered, detail):
+    model = f"import Mathlib\n\n{altered}  norm_num\n"
+    assert extract_proof_body(model, GCD) == IntegrityError(detail)
+    assert prepare(model, GCD) == Judgement("rejected", "statement_mismatch", detail)
 
 
 def test_statement_inside_a_comment_does_not_count():
@@ -349,7 +361,7 @@ def test_lemma_for_theorem_and_back_is_the_same_statement():
     assert prepare(GCD + "  norm_num\n", as_lemma) == as_lemma + "  norm_num\n"
     assert prepare("```lean4\nimport Mathlib\n\nlemma mathd_numbertheory_188 :\n  Nat.gcd 180 168 = 12 := by\n"
                    "  decide\n```", GCD) == GCD + "  decide\n"  # fmt: skip
-    assert prepare(GCD.replace("theorem mathd", "lemma xmathd") + "  norm_num\n", GCD).reason == "integrity"
+    assert prepare(GCD.replace("theorem mathd", "lemma xmathd") + "  norm_num\n", GCD).reason == "statement_mismatch"
 
 
 def test_term_mode_proof_is_assembled_after_the_statements_assign():
@@ -411,10 +423,13 @@ def test_tactic_configs_of_literals_are_accepted(tactic):
 
 
 def test_prepare_end_to_end():
-    assert prepare(f"```lean4\n{HEADER}{GCD}  norm_num\n```", GCD) == GCD + "  norm_num\n"
+    # the header's option goes on the theorem (`in`); its imports and opens reach nothing: the trusted header does
+    assert prepare(f"```lean4\n{HEADER}{GCD}  norm_num\n```", GCD) == (
+        f"set_option maxHeartbeats 0 in\n{GCD}  norm_num\n"
+    )
     assert prepare(f"{GCD}  native_decide\n", GCD) == Judgement("rejected", "integrity", "forbidden: native_decide")
     assert prepare(f"{GCD}  exact sorryAx _ false\n", GCD) == Judgement("rejected", "sorry", "forbidden: sorryAx")
-    assert prepare(GCD.replace("12", "13") + "  norm_num\n", GCD).reason == "integrity"
+    assert prepare(GCD.replace("12", "13") + "  norm_num\n", GCD).reason == "statement_mismatch"
 
 
 @pytest.mark.parametrize("text", ["", "\n  \n", "```lean4\n```", "-- no idea\n", f"{GCD}  /- later -/\n"])
@@ -652,6 +667,30 @@ def test_lexer_agrees_with_the_per_character_reference_on_random_text():
         assert plain_string_end(text, at) == reference_lean.plain_string_end(text, at), (text, at)
 
 
+# Issue 29's commands: helpers, options, prefixes, trailing commands, columns, tactic/term positions.
+COMMAND_PIECES = [
+    "lemma h : 1 = 1 := by\n", "theorem k (n : ℕ) : n = n := by", "\n  rfl\n", "set_option maxRecDepth 100",
+    "set_option pp.all true in\n", "open Real in\n", "open Nat\n", "import Mathlib\n", "\n#print axioms ",
+    "mathd_numbertheory_188", "amc12a_2008_p8", "\n", "\n ", "\n   ", "\n    ", "where\n", "exact ", "foo ",
+    "(x := ", "(config := ", "<;> ", "=> ", "|> ", " | ", "; ", "· ", "by ", "all_goals ", "[", "]", "(", ")", "⟨",
+    "⟩", "{", "}", ":= ", "dbg", "1", "s!\"{", "\"", "@[", "def ", "Nat.gcd ", "sorry", "-- c\n", "/-", "-/",
+]  # fmt: skip
+
+
+def test_prepare_agrees_with_the_reference_on_random_commands():
+    rng = random.Random(29)
+    for _ in range(3_000):
+        before = _soup(rng, COMMAND_PIECES, 10) if rng.random() < 0.6 else ""
+        statement = rng.choice([GCD, GCD.replace("theorem", "lemma"), GCD.removesuffix("by\n")])
+        text = before + statement + _soup(rng, COMMAND_PIECES + ["  simp", "\n  ", "norm_num"], 18)
+        for statement in (GCD, CUBE):
+            prepared, reference = prepare(text, statement), reference_lean.prepare(text, statement)
+            if isinstance(reference, Judgement) and reference.reason == "statement_mismatch":
+                prepared = Judgement(prepared.verdict, prepared.reason, "")  # its detail: tested by hand above
+            assert prepared == reference, text
+        assert scan_forbidden(text) == reference_lean.scan_forbidden(text), text
+
+
 def test_prepare_agrees_with_the_reference_on_random_attempts():
     rng = random.Random(16)
     restated = [GCD, GCD.replace(" ", "  /- c -/ "), GCD.replace(" := by", ":=by"), " ".join(GCD.split()) + "\n",
@@ -664,8 +703,12 @@ def test_prepare_agrees_with_the_reference_on_random_attempts():
             text = f"```lean4\n{text}\n```"
         for statement in (GCD, CUBE):
             expected = reference_lean.extract_proof_body(text, statement)
-            assert extract_proof_body(text, statement) == expected, text
-            assert prepare(text, statement) == reference_lean.prepare(text, statement), text
+            body = extract_proof_body(text, statement)
+            assert body == expected or isinstance(body, IntegrityError) == isinstance(expected, IntegrityError), text
+            prepared, reference = prepare(text, statement), reference_lean.prepare(text, statement)
+            if isinstance(reference, Judgement) and reference.reason == "statement_mismatch":
+                prepared = Judgement(prepared.verdict, prepared.reason, "")  # its detail: tested by hand above
+            assert prepared == reference, text
 
 
 MB = 1_000_000
@@ -695,15 +738,20 @@ def _adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
         "only whitespace": (" \n\t" * (size // 3), empty),
         "many theorem keywords": (
             "theorem " * (size // 8),
-            Judgement("rejected", "integrity", "the canonical statement is missing or altered"),
+            Judgement("rejected", "statement_mismatch", f"{NO_THEOREM}`theorem` (line 1) instead"),
         ),
-        "theorem keywords after a proof": (
+        "theorem keywords after a proof": (  # a declaration after the proof: `theorem` can name none
             GCD + "  simp\n" + "theorem " * (size // 8),
-            Judgement("rejected", "integrity", "forbidden: theorem (a new command)"),
+            Judgement("rejected", "integrity", "after the proof: forbidden: a declaration without a name"),
         ),
         "fence opened and never closed, repeated": ("```lean4\nx" * (size // 10), GCD + "  x"),
-        "statements restated": ((GCD + "  x\n") * (size // 64), GCD + "  x\n"),  # the last restatement counts
-    }
+        "statements restated": ((GCD + "  x\n") * (size // 64), REDECLARED),  # the last one counts: the others
+    }  # are helpers of the theorem's own name
+
+
+NO_THEOREM = "no theorem `mathd_numbertheory_188`: the attempt declares "
+REDECLARED = Judgement("rejected", "integrity", "helper `mathd_numbertheory_188`: forbidden: redeclares "
+                       "`mathd_numbertheory_188`, a name the statement uses")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(_adversarial(100)))
@@ -746,16 +794,13 @@ def _issue_13_adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
         "eval% at the end": (names + " <;> exact eval% 1", Judgement("rejected", "integrity", "forbidden: eval%")),
         "many lemma keywords": (
             "lemma " * (size // 6),
-            Judgement("rejected", "integrity", "the canonical statement is missing or altered"),
+            Judgement("rejected", "statement_mismatch", f"{NO_THEOREM}`lemma` (line 1) instead"),
         ),
         "long term": (
             statement + " h" + " ▸ h" * (size // 4),
             statement + "\n" + " " * (len(statement) + 1) + "h" + " ▸ h" * (size // 4),
         ),
-        "term statements restated": (
-            (statement + " x\n") * (size // 64),
-            statement + "\n" + " " * len(statement) + " x\n",
-        ),
+        "term statements restated": ((statement + " x\n") * (size // 64), REDECLARED),
     }
 
 

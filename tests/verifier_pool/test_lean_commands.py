@@ -1,0 +1,404 @@
+"""Issue 29: a model's text cut into commands as Lean's parser cuts it (verifier_pool.lean_commands), helper
+declarations, trailing `#print axioms`, configuration told from named arguments by position
+(verifier_pool.lean_scan). Every expectation is worked out by hand from the text; the real proofs are the
+attributed sample in tests/fixtures/prover_proofs (README there). No Lean runs here: what Lean does with the
+assembled command is tests/verifier_pool/test_lean_audit.py's fixtures' and, for real, the first Lean box's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verifier_pool.lean_check import MAX_PROOF_CHARS, Judgement, judge_axioms, judge_command, prepare, scan_forbidden
+
+GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
+NAME = "mathd_numbertheory_188"
+HEADER = "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 0\n\nopen BigOperators Real Nat Topology Rat\n\n"
+SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "prover_proofs"
+
+
+def refused(detail: str, reason: str = "integrity") -> Judgement:
+    return Judgement("rejected", reason, detail)
+
+
+# --- item 1: helper declarations before the statement --------------------------------------------------------
+
+
+def test_helpers_go_to_lean_before_the_statement_with_the_models_opens_in_a_section_of_their_own():
+    model = (
+        "Here is the proof.\n```lean4\nimport Mathlib\nopen Real\n\n/-- doubling -/\n"
+        "lemma two (x : ℕ) : x + x = 2 * x := by\n  ring\n\ntheorem two' : True := trivial\n\n"
+        f"{GCD}  norm_num [two]\n```"
+    )
+    # imports dropped (the trusted header replaces them), comments between commands dropped, `open` kept for
+    # the helpers only: `end` closes it before the canonical statement
+    assert prepare(model, GCD) == (
+        "section\nopen Real\nlemma two (x : ℕ) : x + x = 2 * x := by\n  ring\ntheorem two' : True := trivial\n"
+        f"end\n{GCD}  norm_num [two]\n"
+    )
+
+
+def test_helpers_without_opens_or_options_need_no_section():
+    model = f"lemma two (x : ℕ) : x + x = 2 * x := by ring\n{GCD}  norm_num [two]\n"
+    assert prepare(model, GCD) == f"lemma two (x : ℕ) : x + x = 2 * x := by ring\n{GCD}  norm_num [two]\n"
+
+
+def test_opens_and_options_without_a_helper_go_nowhere_but_the_options_to_the_theorem():
+    model = f"open Real\nset_option maxRecDepth 10000\n{GCD}  norm_num\n"
+    assert prepare(model, GCD) == f"set_option maxRecDepth 10000 in\n{GCD}  norm_num\n"
+
+
+def test_harmless_options_apply_to_the_helpers_and_the_theorem_unless_the_header_sets_them_already():
+    model = (
+        f"{HEADER}set_option tactic.hygienic false\nset_option maxRecDepth 1000\n"
+        f"lemma h (n : ℕ) : n = n := by\n  rfl\n{GCD}  norm_num\n"
+    )
+    section = (
+        "section\nset_option maxHeartbeats 0\nopen BigOperators Real Nat Topology Rat\n"
+        "set_option tactic.hygienic false\nset_option maxRecDepth 1000\nlemma h (n : ℕ) : n = n := by\n  rfl\nend\n"
+    )
+    on_theorem = "set_option tactic.hygienic false in\nset_option maxRecDepth 1000 in\n"
+    assert prepare(model, GCD, header=HEADER) == f"{section}{on_theorem}{GCD}  norm_num\n"
+    assert prepare(model, GCD) == f"{section}set_option maxHeartbeats 0 in\n{on_theorem}{GCD}  norm_num\n"
+
+
+def test_a_prefix_of_the_statement_sets_its_option_and_opens_nothing():
+    assert prepare(f"set_option maxHeartbeats 400000 in\n{GCD}  norm_num\n", GCD) == (
+        f"set_option maxHeartbeats 400000 in\n{GCD}  norm_num\n"
+    )
+    assert prepare(f"open Nat in\n{GCD}  norm_num\n", GCD) == f"{GCD}  norm_num\n"  # the trusted statement's reading
+    assert prepare(f"set_option autoImplicit true in\n{GCD}  norm_num\n", GCD) == refused(
+        "before the statement: forbidden: set_option autoImplicit (options allowed outside a proof: "
+        "exponentiation.threshold, maxHeartbeats, maxRecDepth, synthInstance.maxHeartbeats, synthInstance.maxSize, "
+        "tactic.hygienic, linter.*, pp.*)"
+    )
+
+
+def test_prefixed_helpers_keep_their_prefixes():
+    model = f"open Finset in\ntheorem h (n : ℕ) : n ∈ range (n + 1) := by simp\n{GCD}  norm_num\n"
+    assert prepare(model, GCD) == f"open Finset in\ntheorem h (n : ℕ) : n ∈ range (n + 1) := by simp\n{GCD}  norm_num\n"
+
+
+S = "before the statement: forbidden: "
+H = "helper `h`: forbidden: "
+SHADOWS = "a name the statement uses"
+# Each exploit class, tried from before the statement and from inside a helper lemma.
+EXPLOITS_BEFORE = [
+    ("axiom cheat : False\n", f"{S}axiom"),
+    ("lemma h : False := by\n  exact cheat\naxiom cheat : False\n", f"{S}axiom"),  # its own command, for Lean too
+    ("lemma h : False := by\n  exact cheat\n  axiom cheat : False\n", f"{H}axiom"),
+    ("lemma h : 1 = 1 := by\n  sorry\n", f"{H}sorry"),
+    ("lemma h : False := sorryAx _ false\n", f"{H}sorryAx"),
+    ("lemma h : 1 = 1 := by\n  admit\n", f"{H}admit"),
+    ("lemma h : 1 = 1 := by\n  native_decide\n", f"{H}native_decide"),
+    # shadowing a name the statement uses: at its root, in a namespace the header opens, itself
+    ("lemma Nat.gcd (a : ℕ) : a = a := rfl\n", f"helper `Nat.gcd`: forbidden: redeclares `Nat.gcd`, {SHADOWS}"),
+    ("lemma _root_.gcd (a : ℕ) : a = a := rfl\n", f"helper `_root_.gcd`: forbidden: redeclares `gcd`, {SHADOWS}"),
+    ("lemma Foo.gcd (a : ℕ) : a = a := rfl\n", f"helper `Foo.gcd`: forbidden: redeclares `gcd`, {SHADOWS}"),
+    (f"theorem {NAME} : True := trivial\n", f"helper `{NAME}`: forbidden: redeclares `{NAME}`, {SHADOWS}"),
+    # notation, syntax, instances
+    ('notation "gcd" => Nat.lcm\n', f"{S}notation"),
+    ('lemma h : 1 = 1 := rfl\nlocal notation "gcd" => Nat.lcm\n', f"{S}local (a new command)"),
+    ('macro "norm_num" : tactic => `(tactic| sorry)\n', f"{S}macro"),
+    ('syntax "cheat" : tactic\n', f"{S}syntax"),
+    ("instance : Decidable True := isTrue trivial\n", f"{S}instance (a new command)"),
+    ("open Nat in\ninstance : Decidable True := isTrue trivial\n", f"{S}instance (a new command)"),
+    ("attribute [instance] Classical.propDecidable\n", f"{S}attribute (a new command)"),
+    ("@[instance] lemma h : 1 = 1 := rfl\n", f"{S}attribute @["),  # `instance` starts a command of its own
+    ("@[simp] lemma h : 1 = 1 := rfl\n", f"{S}attribute @[simp"),
+    ("lemma h : 1 = 1 := by\n  exact trivial\nwhere\n  @[simp] f : 1 = 1 := rfl\n", f"{H}attribute @[simp"),
+    # options
+    ("set_option debug.skipKernelTC true\n", f"{S}set_option debug.skipKernelTC"),
+    ("lemma h : 1 = 1 := by\n  set_option debug.skipKernelTC true in\n  rfl\n", f"{H}set_option debug.skipKernelTC"),
+    ("set_option warn.sorry false in\nlemma h : 1 = 1 := by\n  rfl\n", f"{S}set_option warn.sorry"),
+    ("set_option maxHeartbeats x\n", f"{S}set_option maxHeartbeats x (a number, true or false)"),
+    # code run at elaboration time
+    ("lemma h : 1 = 1 := by\n  run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| rfl))\n", f"{H}run_tac"),
+    ("lemma h : True := by_elab pure (Lean.mkConst ``trivial)\n", f"{H}by_elab"),
+    ("lemma h : 1 = 1 := by\n  simp (config := { maxSteps := dbgTraceVal 1 })\n", f"{H}config term (config := ...)"),
+    ("lemma h : True := by\n  trivial\n#eval 1\n", f"{S}#eval"),
+    (f"#print axioms {NAME}\n", f"{S}#print"),
+    # declarations other than lemma/theorem, scopes, modifiers
+    ("def f : ℕ := 1\n", f"{S}def (a new command)"),
+    ("abbrev f : ℕ := 1\n", f"{S}abbrev (a new command)"),
+    ("noncomputable section\n", f"{S}noncomputable (a new command)"),
+    ("namespace Nat\n", f"{S}namespace (a new command)"),
+    ("private lemma h : 1 = 1 := rfl\n", f"{S}private (a new command)"),
+    ("lemma h : 1 = 1\n", f"{H}a declaration without a proof"),
+    # a literal left open would read on into the canonical statement
+    (
+        'lemma h : "a" = "a" := by\n  exact s!"{rfl\n',
+        "before the statement: a comment, string or interpolation left open",
+    ),
+]
+
+
+@pytest.mark.parametrize(("before", "detail"), EXPLOITS_BEFORE, ids=[d for _, d in EXPLOITS_BEFORE])
+def test_each_exploit_class_before_the_statement_or_in_a_helper_is_refused_naming_it(before, detail):
+    holes = ("sorry", "sorryAx", "admit")
+    reason = "sorry" if detail.removeprefix(H).removeprefix(S) in holes else "integrity"
+    assert prepare(f"{before}{GCD}  norm_num\n", GCD) == refused(detail, reason)
+
+
+def test_helpers_count_against_the_length_cap():
+    helper = "lemma h (n : ℕ) : n = n := by\n  rfl" + "\n  -- why" * (MAX_PROOF_CHARS // 9) + "\n"
+    model = f"{helper}{GCD}  norm_num\n"
+    assert prepare(model, GCD) == Judgement(
+        "rejected", "lean_error", f"attempt of {len(model)} characters exceeds {MAX_PROOF_CHARS}"
+    )
+
+
+# --- the published provers' own proofs (tests/fixtures/prover_proofs) ----------------------------------------
+
+
+def sample(path: str) -> tuple[str, str]:
+    """(the file, its own statement of its theorem: from `theorem NAME` to `:= by`, as the dataset writes it)."""
+    text = (SAMPLES / path).read_text()
+    start = text.index(f"theorem {Path(path).stem}")
+    return text, text[start : text.index(":= by", start) + len(":= by")] + "\n"
+
+
+def test_seed_provers_options_and_print_axioms():
+    text, statement = sample("seed-prover/mathd_numbertheory_780.lean")
+    body = text[text.index(":= by\n") + len(":= by\n") : text.index("\n\n#print")]
+    assert prepare(text, statement) == (
+        "set_option maxHeartbeats 0 in\nset_option maxRecDepth 100000 in\nset_option tactic.hygienic false in\n"
+        f"{statement}{body}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "helpers", "options"),
+    [
+        ("seed-prover/aime_1991_p6.lean",
+         ["round3_sum_val_at_7_43", "round3_sum_val_at_7_44", "round4_r_lt_7_44", "round4_r_ge_7_43"],
+         ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"]),
+        ("seed-prover/mathd_algebra_282.lean", ["round1_h22", "round1_h23", "round1_h24"],
+         ["pp.numericTypes true", "pp.funBinderTypes true", "maxHeartbeats 0", "maxRecDepth 1000",
+          "tactic.hygienic false"]),
+        ("seed-prover/amc12a_2020_p25.lean",
+         ["round1_case_a_eq_zero_contradiction", "round3_a_ne_zero", "round1_ha_pos_badccc04",
+          "round1_ha_lt_1_4_badccdb2", "round1_h_main_badcd226", "round3_N_exists", "round4_image_is_injective",
+          "round4_sum_expression", "round4_N_ge_28", "round4_N_le_28", "round4_sum_S_is_sum_formula",
+          "round1_h7_ce987acc", "round4_S_equiv_Icc", "round5_k_value", "round5_a_real_value",
+          "round5_a_eq_of_a_real_eq", "round5_final_calculation"],
+         ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"]),
+        ("kimina-prover-72b/numbertheory_fxeq4powxp6powxp9powx_f2powmdvdf2pown.lean", ["lemma_1"],
+         ["maxHeartbeats 0"]),
+    ],
+)  # fmt: skip
+def test_published_proofs_with_helpers_go_to_lean_whole(path, helpers, options):
+    """Each helper the file declares (read off the file), in its order, in a section with the file's opens and
+    options; the options set on the theorem too; the theorem's own body; no `#print axioms`."""
+    text, statement = sample(path)
+    command = prepare(text, statement)
+    assert isinstance(command, str), command
+    lines = command.splitlines()
+    declared = [line.split()[1] for line in lines if line.startswith(("lemma ", "theorem "))]
+    assert declared == [*helpers, Path(path).stem]
+    assert lines[0] == "section" and lines.count("end") == 1
+    assert [line for line in lines if line.startswith("set_option") and line.endswith(" in")] == [
+        f"set_option {o} in" for o in options
+    ]
+    assert "#print" not in command
+    body = text[text.index(statement) + len(statement) :]  # the whole rest, or up to a dropped `#print axioms`
+    assert command.endswith(statement + (body.split("#print")[0].rstrip() + "\n" if "#print" in body else body))
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [
+        ("kimina-prover-preview/mathd_numbertheory_12.lean", "forbidden: native_decide"),
+        ("kimina-prover-72b/amc12_2001_p5.lean", "helper `lemma_1`: forbidden: native_decide"),
+    ],
+)
+def test_published_proofs_that_use_native_decide_are_refused_by_policy(path, detail):
+    text, statement = sample(path)
+    assert prepare(text, statement) == refused(detail)
+
+
+# --- item 2: a trailing `#print axioms` ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "after",
+    [f"\n#print axioms {NAME}\n", f"\n  #print axioms {NAME}", f"\n#print axioms _root_.{NAME}\n",
+     f"\n#print axioms {NAME}\n#print axioms {NAME}\n", f"\n\n-- check\n#print axioms {NAME} -- the axioms\n"],
+)  # fmt: skip
+def test_print_axioms_of_the_target_after_the_proof_is_dropped(after):
+    assert prepare(f"{GCD}  norm_num{after}", GCD) == f"{GCD}  norm_num\n"
+
+
+@pytest.mark.parametrize(
+    ("after", "detail"),
+    [
+        ("\n#print axioms Nat.gcd_comm\n", "after the proof: forbidden: #print"),
+        (f"\n#print axioms {NAME}\n  norm_num\n", "after the proof: forbidden: #print"),
+        (f"\n#print {NAME}\n", "after the proof: forbidden: #print"),
+        ("\n#eval 1\n", "after the proof: forbidden: #eval"),
+        ("\n#exit\n", "after the proof: forbidden: #exit"),
+        (f"\n#print axioms {NAME}\n#check {NAME}\n", "after the proof: forbidden: #check"),
+    ],
+)
+def test_any_other_hash_command_after_the_proof_is_refused(after, detail):
+    assert prepare(f"{GCD}  norm_num{after}", GCD) == refused(detail)
+
+
+def test_options_inside_the_proof_keep_working():
+    body = "  set_option maxHeartbeats 400000 in\n  norm_num\n  set_option maxRecDepth 10000 in\n  decide\n"
+    assert prepare(GCD + body, GCD) == GCD + body
+
+
+# --- item 3: configuration by position, named arguments --------------------------------------------------------
+
+NAMED = [
+    "  nlinarith [mul_pos (a := x) (b := y) hx hy]\n",
+    "  rw [Nat.div_add_mod (m := n) (k := 2)]\n",
+    "  exact imo_lemma (hp1 := h512)\n",
+    "  refine Eq.trans (b := b) ?_ ?_\n",
+    # Seed-Prover's (tests/fixtures/prover_proofs/seed-prover/amc12a_2020_p25.lean, and its imo_1990_p3.lean)
+    "  apply Set.infinite_of_injective_forall_mem (f := fun n : ℕ => (n : ℝ))\n",
+    "  exact padicValNat.pow_add_pow (hp1 := h512) (hxy := h513) (hx := h514) (hn := h515)\n",
+    "  have h := foo (x := y + 1)\n  exact h\n",
+    "  exact foo (by simp) (x := bar)\n",  # the `by` block ends with its parenthesis
+    "  exact foo\n    |>.trans (bar (x := baz))\n",
+    "  obtain ⟨x, hx⟩ := foo (n := m * 2)\n  exact hx\n",
+    "  calc a = b := foo (x := c)\n    _ = d := by simp\n",
+    "  simpa using foo (h := bar)\n",
+]
+
+
+@pytest.mark.parametrize("body", NAMED)
+def test_named_arguments_in_terms_are_ordinary_code(body):
+    assert scan_forbidden(body) is None
+    assert prepare(GCD + body, GCD) == GCD + body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  simp (config := { maxSteps := dbgTraceVal 1 })\n",
+        "  all_goals simp (config := { maxSteps := dbgTraceVal 1 })\n",
+        "  try simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo <;> simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo\n  simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo; simp (maxSteps := dbgTraceVal 1)\n",
+        "  first | exact foo | simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact (by simp (maxSteps := dbgTraceVal 1))\n",
+        "  exact foo (x := by simp (maxSteps := dbgTraceVal 1))\n",
+        "  have h : P := by simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo (by\n    exact bar\n    simp (maxSteps := dbgTraceVal 1))\n",
+        "  rw [show a = b by simp (maxSteps := dbgTraceVal 1)]\n",
+        "  exact if h : p then foo else by simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo says simp (maxSteps := dbgTraceVal 1)\n",
+        "  induction n with\n  | zero => simp (maxSteps := dbgTraceVal 1)\n  | succ n ih => simp\n",
+        "  cases h with\n  | inl h => exact h\n  | inr h => simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo\n  · simp (maxSteps := dbgTraceVal 1)\n",
+        "  exact foo <;> [simp (maxSteps := dbgTraceVal 1); rfl]\n",
+        "  field_simp (discharger := simp (maxSteps := dbgTraceVal 1))\n",
+        "  exact foo (disch := simp (maxSteps := dbgTraceVal 1))\n",
+        # brackets deeper than Context.MAX_FRAMES read as a tactic, the strict side
+        "  exact " + "(" * 300 + "foo (x := bar)" + ")" * 300 + "\n",
+    ],
+)
+def test_configuration_in_any_tactic_position_still_needs_literals(body):
+    found = scan_forbidden(body)
+    assert found is not None and found.startswith("forbidden: config term ("), found
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("  exact foo (h := sorry)\n", "sorry"),
+        ("  exact foo (h := by native_decide)\n", "native_decide"),
+        ('  exact foo (h := (IO.println "x").run ())\n', "IO"),
+        ("  exact foo (h := eval% 2 ^ 10)\n", "eval%"),
+    ],
+)
+def test_a_named_arguments_value_is_scanned_like_any_code(body, reason):
+    assert scan_forbidden(body) == f"forbidden: {reason}"
+
+
+# --- item 4: where the proof ends, as Lean sees it --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # a tactic left of the block's column ends the proof; Lean reads it as a command, and it is none
+        ("    simp\n  linarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's column 4: "
+         "Lean ends the proof there and reads a command, which this is not"),
+        (" norm_num\nlinarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's column 1: "
+         "Lean ends the proof there and reads a command, which this is not"),
+        # the same inside a run of symbols (lean_text merges `<;>\n (` into one token)
+        ("  simp <;>\n (norm_num)\n", "after the proof: forbidden: `(` at line 2, left of the proof's column 2: Lean "
+         "ends the proof there and reads a command, which this is not"),
+        # a first tactic on the `by` line sets the column (extract_proof_body keeps it)
+        (" " * 62 + "norm_num\n  linarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's "
+         "column 62: Lean ends the proof there and reads a command, which this is not"),
+        # a command one column left: `open` ends the proof and is refused after it
+        ("  norm_num\n open Nat\n", "after the proof: forbidden: open (a new command: after the proof it could "
+         "change how `#print axioms` reads the theorem's name, or prints it)"),
+    ],
+)  # fmt: skip
+def test_a_line_left_of_the_proofs_column_ends_it(body, expected):
+    assert prepare(GCD + body, GCD) == refused(expected)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  exact foo (bar\n)\n",  # inside brackets columns do not count (Lean parses them `withoutPosition`)
+        "  nlinarith [sq_nonneg (a - b),\nsq_nonneg (a + b)]\n",
+        "  exact trivial\nwhere\n  foo : True := by\n    trivial\n",  # `where` goes on with the declaration
+        "  exact h\ntermination_by n\n",
+        "  norm_num\n  -- done\n",  # comments have no column
+    ],
+)
+def test_what_lean_reads_as_the_same_proof_stays_in_it(body):
+    assert prepare(GCD + body, GCD) == GCD + body
+
+
+@pytest.mark.parametrize(
+    ("after", "kept"),
+    [
+        ("theorem extra : True := trivial\n", "theorem extra : True := trivial\n"),
+        (" lemma extra (n : ℕ) : n = n := by\n   rfl\n", " lemma extra (n : ℕ) : n = n := by\n   rfl\n"),
+        ("  theorem extra : True := trivial\n", "  theorem extra : True := trivial\n"),  # any column
+    ],
+)
+def test_a_declaration_after_the_proof_is_judged_as_a_helper_and_kept(after, kept):
+    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == f"{GCD}  norm_num\n{kept}"
+
+
+@pytest.mark.parametrize(
+    ("after", "detail", "reason"),
+    [
+        ("theorem extra : True := by\n  sorry\n", "helper `extra` after the proof: forbidden: sorry", "sorry"),
+        (f"theorem {NAME}' : True := by\n  native_decide\n",
+         f"helper `{NAME}'` after the proof: forbidden: native_decide", "integrity"),
+        (f"theorem Foo.{NAME} : True := trivial\nopen Foo\n",
+         f"helper `Foo.{NAME}` after the proof: forbidden: redeclares `{NAME}`, {SHADOWS}", "integrity"),
+        ("def cheat : ℕ := 1\n", "after the proof: forbidden: def (a new command)", "integrity"),
+        ("instance : Decidable True := isTrue trivial\n", "after the proof: forbidden: instance (a new command)",
+         "integrity"),
+    ],
+)  # fmt: skip
+def test_a_command_after_the_proof_follows_the_helper_rules(after, detail, reason):
+    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == refused(detail, reason)
+
+
+# --- library search (Seed-Prover's checked proofs use it) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("tactic", ["exact?", "apply?", "rw?"])
+def test_library_search_goes_to_lean_and_a_goal_it_admits_is_a_sorry(tactic):
+    assert prepare(f"{GCD}  {tactic}\n", GCD) == f"{GCD}  {tactic}\n"
+    # What Lean answers when `apply?` admits the goal for want of a complete proof: its `sorry`, as any other
+    # (the REPL transcript of ../shared/LEAN_REPL.md; `#print axioms` then lists sorryAx, as does the audit).
+    warning = {"severity": "warning", "pos": {"line": 2, "column": 2}, "endPos": None,
+               "data": "declaration uses 'sorry'"}  # fmt: skip
+    assert judge_command({"env": 1, "messages": [warning]}).reason == "sorry"
+    assert judge_axioms({"env": 2, "messages": [{"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": None,
+                         "data": f"'{NAME}' depends on axioms: [sorryAx]"}]}, NAME).reason == "sorry"  # fmt: skip

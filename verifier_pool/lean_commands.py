@@ -1,0 +1,349 @@
+"""A model's Lean text as Lean's parser cuts it into commands, and which of them go to Lean with the proof.
+
+Two texts are read (tasks.lean_proof splits the attempt at the canonical statement):
+- the text before the statement (`scan_before`): `import` lines are dropped (the trusted header replaces
+  them); `open`, options from a short harmless list, and helper declarations (`lemma`/`theorem`, each scanned
+  by the rules of a proof body) are kept, in order; anything else is refused, naming it.
+- the proof body and what follows it (`scan_body`): the proof ends where Lean ends it, and each command after
+  it is judged: a trailing `#print axioms <the target>` is dropped (the verifier asks its own, as a separate
+  command); a helper declaration is kept; anything else is refused.
+
+Where a command ends, as Lean's parser sees it: a tactic block (`:= by`) holds the lines at or right of its
+first tactic's column (Lean's `sepByIndent`: `checkColGe`); a line that starts left of it, outside any open
+bracket (brackets parse `withoutPosition`), ends the declaration, and what it starts is a command: judged as
+one, or refused when it is none. A command keyword (COMMAND_WORDS, a `#` command) starts a command at any
+column; `open`/`set_option` do so at column 0, or wherever no declaration's proof is open (inside a proof
+they are the tactics `open ... in`, `set_option ... in`). `where`, `termination_by` and `decreasing_by`
+continue the declaration before them. One pass over the tokens, stopping at the first refusal.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tasks.lean_text import Token, lex, name_parts
+from verifier_pool.lean_scan import COMMAND_WORDS, LINE_START_WORDS, RUN_CHARS, TACTIC, TERM, Scan, forbidden
+
+HELPER_WORDS = frozenset({"theorem", "lemma"})
+# Options a text may set before its statement (each also set, with `in`, on the target theorem): budgets
+# (the verifier's wall-clock limit still bounds them), hygiene of tactic-introduced names (Seed-Prover's files
+# turn it off), linters and printing. None changes what a statement means or what the kernel checks.
+HARMLESS_OPTIONS = frozenset({
+    "maxHeartbeats", "maxRecDepth", "synthInstance.maxHeartbeats", "synthInstance.maxSize", "tactic.hygienic",
+    "exponentiation.threshold",
+})  # fmt: skip
+HARMLESS_OPTION_PREFIXES = ("linter.", "pp.")
+# What continues a declaration after its proof (Lean's `declBody` suffixes), at any column.
+SUFFIX_WORDS = frozenset({"where", "termination_by", "decreasing_by"})
+# Words that start a command wherever the text is not inside a declaration's proof.
+_COMMAND_STARTS = COMMAND_WORDS | {"open", "set_option", "import", "scoped"}
+_OPTION_VALUE = re.compile(r"[0-9]+|true|false")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str  # `forbidden: ...` (scan_forbidden's wording)
+    where: str = ""  # "" (the proof body), "helper `NAME`", "before the statement", "after the proof"
+
+    @property
+    def detail(self) -> str:
+        return f"{self.where}: {self.reason}" if self.where else self.reason
+
+
+@dataclass
+class Kept:
+    """What a text keeps: its commands' texts in order (each at its own column, ending in a newline), the
+    options to set on the target theorem, whether an `open` or option is among them (they need a section),
+    how many helper declarations."""
+
+    commands: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+    scoped: bool = False
+    helpers: int = 0
+    body_end: int = -1  # scan_body: where the proof body ends (its last token's end); -1: the whole text
+    body_tokens: int = 0  # scan_body: the body's code tokens (none: an empty proof)
+
+
+@dataclass
+class _Command:
+    kind: str  # body | import | open | option | helper | print | attributed
+    start: int  # offset of its first token (the first prefix's)
+    col: int
+    scan: Scan
+    end: int = 0  # the end of its last code token
+    tokens: int = 0  # code tokens after its keyword
+    name: str = ""  # a helper's or option's name
+    value: str = ""  # an option's value
+    words: list[str] = field(default_factory=list)  # a `#print` command's first words
+    pending: bool = False  # ends in `in`: a prefix still waiting for its command
+    in_proof: bool = False  # past a declaration's `:=` (or `|`): `open`/`set_option` are tactics there
+    assign: bool = False  # the last token was its `:=` at depth 0
+    await_block: bool = False  # `:= by` read: the next token gives the block's column
+    block_col: int | None = None
+
+
+class _Commands:
+    """`lex`'s `stop` callback over one text: splits it into commands, scans each, keeps the first refusal."""
+
+    def __init__(self, text: str, phase: str, names: frozenset[str], target: str, term: bool = False) -> None:
+        self.text, self.phase, self.names, self.target = text, phase, names, target  # phase: before | body
+        self.kept = Kept()
+        self.refusal: Refusal | None = None
+        self.line = 0  # the line the last code token ended on
+        self.cmd: _Command | None = None
+        if phase == "body":
+            self.cmd = _Command("body", 0, 0, Scan(text, TERM if term else TACTIC), in_proof=True,
+                                await_block=not term)  # fmt: skip
+
+    def __call__(self, token: Token) -> bool:
+        kind = token.kind
+        if kind != "comment":
+            first = token.line != self.line
+            self.line = token.line if kind == "ident" or kind == "number" else token.line + token.text.count("\n")
+            self.refusal = self._step(token, first)
+        return self.refusal is not None
+
+    def finish(self) -> None:
+        """After the last token: the last command's own checks. A body that is the last command keeps the
+        whole text (its trailing comments too: nothing follows them)."""
+        cmd = self.cmd
+        if cmd is not None and cmd.kind == "body":
+            self.kept.body_end = len(self.text) if cmd.tokens else 0
+            reason = cmd.scan.end()
+            self.refusal = None if reason is None else Refusal(f"forbidden: {reason}")
+        elif cmd is not None:
+            self.refusal = self._close(cmd, last=True)
+
+    def _step(self, token: Token, first: bool) -> Refusal | None:
+        cmd = self.cmd
+        if cmd is None:  # before the first command: prose around a code block, never sent to Lean
+            return self._begin(token) if self._opens(token) else None
+        if first and self._dedent(cmd, token):
+            if token.kind == "ident" and token.text in SUFFIX_WORDS:
+                cmd.block_col = None  # the declaration goes on: its `where` declarations have proofs of their own
+            else:
+                return self._begin(token, dedent=cmd.block_col)
+        elif first:
+            cmd.scan.context.newline()
+        if (token.kind == "ident" or token.kind == "hash") and self._starts_command(cmd, token):
+            return self._core(cmd, token) if cmd.pending else self._begin(token)
+        return self._inside(cmd, token, first)
+
+    def _dedent(self, cmd: _Command, token: Token) -> bool:
+        return cmd.block_col is not None and token.col < cmd.block_col and cmd.scan.context.depth == 0
+
+    @staticmethod
+    def _opens(token: Token) -> bool:
+        """Whether the text before the statement has its first command at `token` (what precedes is dropped)."""
+        if token.kind == "hash" or token.text == "@[":
+            return True
+        return token.kind == "ident" and (token.text in _COMMAND_STARTS or forbidden(token) is not None)
+
+    def _starts_command(self, cmd: _Command, token: Token) -> bool:
+        if token.kind == "hash":
+            return True
+        if token.kind != "ident":
+            return False
+        if token.text in COMMAND_WORDS:
+            return True
+        if token.text in LINE_START_WORDS and token.col == 0:
+            return True
+        return token.text in ("open", "set_option", "import") and (not cmd.in_proof or cmd.pending)
+
+    def _begin(self, token: Token, dedent: int | None = None) -> Refusal | None:
+        """Close the current command and start one at `token` (a line left of the proof's column `dedent`)."""
+        if self.cmd is not None and (refusal := self._close(self.cmd)) is not None:
+            return refusal
+        where = "before the statement" if self.phase == "before" else "after the proof"
+        kind = self._kind(token)
+        if kind is None and (reason := forbidden(token)) is not None:
+            return Refusal(f"forbidden: {reason}", where)
+        if kind is None and token.kind == "ident" and token.text in _COMMAND_STARTS:
+            return Refusal(f"forbidden: {token.text} (a new command)", where)
+        if kind is None:
+            return _not_a_command(token.text, token.kind, token.line, dedent, where)
+        self.cmd = _Command(kind, token.start, token.col, Scan(self.text, TERM))
+        self.cmd.end = token.start + len(token.text)
+        if kind == "print":
+            self.cmd.words.append(token.text)
+        elif kind == "attributed":  # `@[attr] decl`: the attribute rule refuses it at its name
+            self.cmd.scan(token)
+        return None
+
+    def _kind(self, token: Token) -> str | None:
+        """The kind of command `token` starts, or None for one never accepted here."""
+        if token.kind == "hash":
+            return "print" if token.text == "#print" and self.phase == "body" else None
+        if token.text == "@[":
+            return "attributed"
+        if token.text in HELPER_WORDS:
+            return "helper"
+        if token.text == "import":
+            return "import" if self.phase == "before" else None
+        return {"open": "open", "set_option": "option"}.get(token.text)
+
+    def _core(self, cmd: _Command, token: Token) -> Refusal | None:
+        """`token` is the command an `open ... in` or `set_option ... in` prefix applies to."""
+        kind = self._kind(token)
+        if kind not in ("helper", "open", "option"):
+            return Refusal(f"forbidden: {forbidden(token) or f'{token.text} (a new command)'}", self._where(cmd))
+        cmd.kind, cmd.pending, cmd.tokens, cmd.name, cmd.value = kind, False, 0, "", ""
+        cmd.end = token.start + len(token.text)
+        return None
+
+    def _where(self, cmd: _Command) -> str:
+        if cmd.kind == "body":
+            return ""
+        if cmd.kind == "helper" and cmd.name:
+            return f"helper `{cmd.name}`" + (" after the proof" if self.phase == "body" else "")
+        return "before the statement" if self.phase == "before" else "after the proof"
+
+    def _inside(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
+        """A token of the current command: its kind's bookkeeping, then the token rules."""
+        if token.kind == "symbol" and (at := cmd.scan.context.symbol(token.text, cmd.block_col)) >= 0:
+            line = token.line + token.text.count("\n", 0, at)
+            where = "before the statement" if self.phase == "before" else "after the proof"
+            return _not_a_command(token.text[at:], "symbol", line, cmd.block_col, where)
+        if cmd.await_block:
+            cmd.block_col, cmd.await_block = token.col, False
+        cmd.tokens += 1
+        cmd.end = token.start + len(token.text)
+        if cmd.kind == "body":
+            self.kept.body_tokens += 1
+        elif (refusal := self._bookkeeping(cmd, token, first)) is not None:
+            return refusal
+        if cmd.kind in ("import", "print"):
+            return None  # dropped or judged whole when it ends: its words are no code
+        reason = cmd.scan(token)
+        return None if reason is None else Refusal(f"forbidden: {reason}", self._where(cmd))
+
+    def _bookkeeping(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
+        """What a token of a helper, `open`, option or `#print` command says about the command itself."""
+        assign, cmd.assign = cmd.assign, False
+        depth = cmd.scan.context.depth
+        if cmd.kind == "print":
+            cmd.words.append(token.text)
+        elif cmd.kind == "helper" and cmd.tokens == 1:
+            cmd.name = token.text if token.kind == "ident" else ""
+            return self._name_problem(cmd)
+        elif cmd.kind == "helper" and not cmd.in_proof and depth == 0 and token.text in (":=", "|"):
+            # its proof starts: `:=`, or (at a line's start) the first alternative of a definition by patterns
+            cmd.in_proof, cmd.assign = token.text == ":=" or first, token.text == ":="
+        elif cmd.kind == "helper" and assign:
+            cmd.await_block = token.text == "by"
+        elif cmd.kind in ("open", "option") and token.text == "in" and depth == 0:
+            cmd.pending = True
+            return self._option_problem(cmd) if cmd.kind == "option" else None
+        elif cmd.kind == "option" and cmd.tokens <= 2:
+            cmd.name, cmd.value = (token.text, "") if cmd.tokens == 1 else (cmd.name, token.text)
+        return None
+
+    def _name_problem(self, cmd: _Command) -> Refusal | None:
+        """A helper must be named, and by no name the statement uses: a shadowing helper could change which
+        constant a name of the statement means (the audit would catch it; this says so before any Lean run)."""
+        if not cmd.name:
+            return Refusal("forbidden: a declaration without a name", self._where(cmd))
+        parts = name_parts(cmd.name)
+        parts = parts[1:] if parts[:1] == ["_root_"] else parts
+        for k in range(len(parts)):
+            if (suffix := ".".join(parts[k:])) in self.names:
+                return Refusal(f"forbidden: redeclares `{suffix}`, a name the statement uses", self._where(cmd))
+        return None
+
+    def _option_problem(self, cmd: _Command) -> Refusal | None:
+        if not cmd.name.startswith(HARMLESS_OPTION_PREFIXES) and cmd.name not in HARMLESS_OPTIONS:
+            return Refusal(f"forbidden: set_option {cmd.name} (options allowed outside a proof: "
+                           f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)", self._where(cmd))  # fmt: skip
+        if not _OPTION_VALUE.fullmatch(cmd.value):
+            return Refusal(f"forbidden: set_option {cmd.name} {cmd.value[:40]} (a number, true or false)",
+                           self._where(cmd))  # fmt: skip
+        return None
+
+    def _close(self, cmd: _Command, last: bool = False) -> Refusal | None:
+        """The checks owed when a command ends, and what it keeps."""
+        if (reason := cmd.scan.end()) is not None:
+            return Refusal(f"forbidden: {reason}", self._where(cmd))
+        if cmd.kind == "body":
+            self.kept.body_end = cmd.end if cmd.tokens else 0
+            return None
+        if cmd.pending:
+            return self._close_prefix(cmd, last)
+        if cmd.kind == "option" and (refusal := self._option_problem(cmd)) is not None:
+            return refusal
+        if cmd.kind == "helper" and not cmd.name:
+            return Refusal("forbidden: a declaration without a name", self._where(cmd))
+        if cmd.kind == "helper" and not cmd.in_proof:
+            return Refusal("forbidden: a declaration without a proof", self._where(cmd))
+        if cmd.kind == "print":
+            return self._close_print(cmd)
+        if cmd.kind in ("open", "option") and self.phase == "body":
+            word = "open" if cmd.kind == "open" else "set_option"
+            return Refusal(f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
+                           "reads the theorem's name, or prints it)", self._where(cmd))  # fmt: skip
+        if cmd.kind == "option":
+            self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
+        if cmd.kind != "import":
+            self.kept.commands.append(" " * cmd.col + self.text[cmd.start : cmd.end] + "\n")
+            self.kept.scoped |= cmd.kind in ("open", "option")
+            self.kept.helpers += cmd.kind == "helper"
+        return None
+
+    def _close_prefix(self, cmd: _Command, last: bool) -> Refusal | None:
+        """A prefix with no command after it. Before the statement it applies to the target theorem: an option is
+        set on it (with `in`), an `open` is dropped (the statement is the trusted one, read as the header has
+        it). Anywhere else it prefixes nothing Lean accepts."""
+        if not (last and self.phase == "before"):
+            return Refusal("forbidden: `in` followed by no declaration", self._where(cmd))
+        if cmd.kind == "option":
+            self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
+        return None
+
+    def _close_print(self, cmd: _Command) -> Refusal | None:
+        """`#print axioms <the target>` after the proof is dropped: the verifier asks it itself, in a separate
+        command whose answer the proof cannot write. Any other `#` command is refused."""
+        if len(cmd.words) == 3 and cmd.words[1] == "axioms" and _constant(cmd.words[2]) == _constant(self.target):
+            return None
+        return Refusal("forbidden: #print", self._where(cmd))
+
+
+def _not_a_command(text: str, kind: str, line: int, column: int | None, where: str) -> Refusal:
+    """A line left of the proof's column that starts with no command (`text` from its first character)."""
+    what = text[0] if kind == "symbol" and text[0] in RUN_CHARS else text.split("\n", 1)[0][:40]
+    return Refusal(f"forbidden: `{what}` at line {line}, left of the proof's column {column}: Lean ends the proof "
+                   "there and reads a command, which this is not", where)  # fmt: skip
+
+
+def _constant(name: str) -> list[str]:
+    parts = name_parts(name)
+    return parts[1:] if parts[:1] == ["_root_"] else parts
+
+
+def _run(text: str, commands: _Commands) -> Kept | Refusal:
+    lex(text, merge=True, stop=commands)
+    if commands.refusal is None:
+        commands.finish()
+    return commands.kept if commands.refusal is None else commands.refusal
+
+
+def scan_before(text: str, names: frozenset[str]) -> Kept | Refusal:
+    """The text before the statement: what of it goes to Lean, or why the attempt is refused. `names`: every
+    name the canonical statement uses (`statement_names`)."""
+    return _run(text, _Commands(text, "before", names, target=""))
+
+
+def scan_body(text: str, target: str, names: frozenset[str] = frozenset(), term: bool = False) -> Kept | Refusal:
+    """The proof body (a tactic block, or a term with `term`) and the commands after it: where the body ends
+    (`Kept.body_end`) and which trailing commands go to Lean, or why the attempt is refused. `target`: the
+    theorem's name, whose `#print axioms` may end the text."""
+    return _run(text, _Commands(text, "body", names, target, term=term))
+
+
+def statement_names(statement: str) -> frozenset[str]:
+    """Every identifier of the canonical statement, with each of its dotted suffixes (`Real.sqrt`, `sqrt`)."""
+    names = set()
+    for token in lex(statement):
+        if token.kind == "ident":
+            parts = name_parts(token.text)
+            names.update(".".join(parts[k:]) for k in range(len(parts)))
+    return frozenset(names)
