@@ -60,7 +60,7 @@ from streams import samples
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
-from streams.settings import RoleSettings, SettingsError
+from streams.settings import RoleSettings, SettingsError, SettingsParser
 
 NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
 
@@ -72,6 +72,9 @@ class OpsSettings(RoleSettings):
 
     timeout_s: float = Field(5.0, gt=1.0, description="seconds to wait for Redis to connect or answer")
 
+
+# Shared settings ops has no use for: it never settles (WAIT) and logs nothing of its own.
+NOT_OPS = ("log_level", "settle_replicas", "settle_wait_ms")
 
 Command = Callable[[Redis, Keys, argparse.Namespace], Awaitable[int]]
 
@@ -201,12 +204,6 @@ async def cmd_dlq_purge(redis: Redis, keys: Keys, args: argparse.Namespace) -> i
 # -- parsing ------------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        """One line, no usage dump: the operator sees what was wrong and where to look."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 _ENTRY_ID = re.compile(r"^\d+-\d+$")
 
 
@@ -224,8 +221,8 @@ def _count(value: str) -> int:
 
 def _shared() -> argparse.ArgumentParser:
     """Settings flags and --json, for the top level and every command alike."""
-    p = _Parser(add_help=False)
-    OpsSettings.add_arguments(p)
+    p = SettingsParser(add_help=False)
+    OpsSettings.add_arguments(p, exclude=NOT_OPS)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--run-dir", dest="run_dir", metavar="DIR",
                    help="a finished local run's directory: its Redis data, opened on a copy, instead of --redis-url "
@@ -238,7 +235,7 @@ def _shared() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     shared = _shared()
-    parser = _Parser(prog="python -m ops", description="Inspect a proofstream run.", parents=[shared])
+    parser = SettingsParser(prog="python -m ops", description="Inspect a proofstream run.", parents=[shared])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def leaf(subs, name: str, fn: Command, help: str) -> argparse.ArgumentParser:
@@ -277,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
              "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
     p = leaf(sub, "samples", cmd_samples, about)
     p.add_argument("--version", type=int, help="only this policy version's samples")
-    p.add_argument("--verdict", choices=("proved", "rejected", "timeout"))
+    p.add_argument("--verdict", choices=("proved", "rejected", "timeout"), help="only samples with this verdict")
     p.add_argument("--theorem", help="only this theorem id")
     p.add_argument("--kind", choices=("all", "train", "eval"), default="all", help="training or held-out samples")
     p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")

@@ -32,7 +32,7 @@ from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import sleep_or_stop
-from streams.settings import SettingsError
+from streams.settings import SettingsError, SettingsParser
 from tasks.problems import DataError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
@@ -43,6 +43,7 @@ from trainer.loop import FINISHED_BEFORE, RunFinished
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
 from weights.model import resolve_model
 
+LOCAL = "unset: this machine runs the whole pipeline, a private redis-server, a generator and verifiers"
 SHARDED_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun for each rank it starts
 
 
@@ -170,10 +171,15 @@ def headline_of(run: str, summary: dict) -> str:
     return line + (f"; {samples} training samples" if samples else "")
 
 
+def build_parser() -> SettingsParser:
+    parser = SettingsParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
+                            usage="python -m trainer [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
+    TrainerSettings.add_arguments(parser, defaults={"redis_url": LOCAL})
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
-    TrainerSettings.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         settings = TrainerSettings.from_args(args)
     except SettingsError as e:
