@@ -49,8 +49,10 @@ from evals.runs import EvalError, run_redis
 from streams.embedded import die_with_parent
 from streams.keys import Keys
 from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
+from trainer.curves import curve, plot_runs, samples_used
 from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records, update_records
+from trainer.result import INFO
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")
@@ -118,32 +120,6 @@ def plan(algo: str, budget: int, per_version: int, eval_points: int, flags: tupl
     return Plan(algo, per_version, iterations, max(1, iterations // max(1, eval_points)), flags)
 
 
-def curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Held-out points from a run's metrics records, in version order, each with the training samples the
-    updates up to its version consumed (`samples` where the record has it, else the running sum of
-    `attempts`). Version 0 is at 0 samples."""
-    at = {0: 0}
-    total = 0
-    for r in sorted(update_records(records), key=lambda r: r["version"]):
-        total += int(r.get("attempts", 0))
-        at[int(r["version"])] = int(r["samples"]) if "samples" in r else total
-    points = []
-    for r in sorted((r for r in records if r.get("eval")), key=lambda r: r["version"]):
-        v = int(r["version"])
-        points.append({"version": v, "samples": at.get(v), "held_out_reward": r["held_out_reward"],
-                       "held_out_exact": r["held_out_exact"], "problems": r.get("problems")})  # fmt: skip
-    return points
-
-
-def samples_used(records: list[dict[str, Any]]) -> int:
-    """Training attempts consumed by the run's updates (the last version's x)."""
-    updates = update_records(records)
-    if not updates:
-        return 0
-    last = max(updates, key=lambda r: r["version"])
-    return int(last["samples"]) if "samples" in last else sum(int(r.get("attempts", 0)) for r in updates)
-
-
 def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]]) -> int | None:
     """Attempts the run's generators published (their own final count, in the run's Redis, opened again from
     its AOF in `run_dir/redis`), less those of evaluation orders (one per held-out problem each). None when
@@ -191,7 +167,7 @@ def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, 
 def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
     records = read_records(run_dir / "metrics.jsonl")
     report = _json(run_dir / "report.json")
-    points = curve(records)
+    points = curve(records, _json(run_dir / INFO).get("started"))
     return {
         "plan": {**asdict(p), "flags": list(p.flags), "samples": p.samples},
         "command": argv,
@@ -321,20 +297,11 @@ def _minutes(seconds: float | None) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """x = training samples, y = held-out reward (solid) and exact success (dashed), one colour per algo."""
-    if (plt := plots.pyplot()) is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for algo, r in result["algos"].items():
-        pts = [p for p in r["curve"] if p["samples"] is not None]
-        x = [p["samples"] for p in pts]
-        ax.plot(x, [p["held_out_reward"] for p in pts], marker="o", color=COLORS[algo],
-                label=f"{LABELS[algo]} held-out reward (shaped)")  # fmt: skip
-        ax.plot(x, [p["held_out_exact"] for p in pts], marker="^", linestyle="--", color=COLORS[algo],
-                label=f"{LABELS[algo]} held-out exact success")  # fmt: skip
-    ax.axvline(result["budget"], color="grey", linewidth=0.8, linestyle=":")
+    """Held-out reward (solid) and exact success (dashed) against training samples and against wall time, a
+    colour per algorithm: trainer/curves.py's plot, the one `python -m ops compare` draws."""
+    runs = [{"label": LABELS[algo], "color": COLORS[algo], "curve": r["curve"]} for algo, r in result["algos"].items()]
     title = f"ES vs GRPO, {result['settings']['task']}, greedy on {result['settings']['held_out']} held-out"
-    return plots.save(plt, fig, ax, path, title, "held-out reward / exact success")
+    return plot_runs(runs, path, title, budget=result["budget"])
 
 
 def write(result: dict[str, Any], out: Path) -> None:

@@ -49,18 +49,9 @@ from typing import Any
 import orjson
 
 from evals import plots
-from evals.compare import (
-    INTERRUPTED,
-    _json,
-    _minutes,
-    curve,
-    endpoints,
-    plan,
-    run_one,
-    samples_per_version,
-    samples_used,
-)
+from evals.compare import INTERRUPTED, _json, _minutes, endpoints, plan, run_one, samples_per_version
 from trainer.config import PRESETS, TrainerSettings
+from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records
 

@@ -33,7 +33,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,6 +53,8 @@ from ops import (
     dlq,
     finished,
     inspect,
+    judged,
+    runs,
     text,
     verdicts,
 )
@@ -61,6 +63,7 @@ from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError, SettingsParser
+from trainer.curves import plot_runs
 
 NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
 
@@ -80,19 +83,29 @@ Command = Callable[[Redis, Keys, argparse.Namespace], Awaitable[int]]
 
 
 def _print(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str]) -> None:
-    print(orjson.dumps(data).decode() if getattr(args, "json", False) else render(data), flush=True)
+    """`--json` or the text view; a command that changed a finished run's copy (`--run-dir`) says so."""
+    copy = getattr(args, "run_dir", None) if getattr(args, "command_fn", None) in CHANGES else None
+    if copy:
+        data = {**data, "copy_of": str(copy)}
+    shown = orjson.dumps(data).decode() if getattr(args, "json", False) else render(data)
+    if copy and not getattr(args, "json", False):
+        shown += "\n" + text.on_copy(copy)
+    print(shown, flush=True)
 
 
 # -- commands -----------------------------------------------------------------------------------------
 
 
 async def cmd_run(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await inspect.run_report(redis, keys), text.run)
+    run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
+    data = {"result": await runs.from_redis(redis, keys, run_dir), **await inspect.run_report(redis, keys)}
+    _print(args, inspect.without_idle(data) if run_dir else data, text.run)
     return 0
 
 
 async def cmd_streams(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await inspect.stream_report(redis, keys), text.streams)
+    data = await inspect.stream_report(redis, keys)
+    _print(args, inspect.without_idle(data) if getattr(args, "run_dir", None) else data, text.streams)
     return 0
 
 
@@ -138,37 +151,82 @@ async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
 SCAN_REWARDS = 10_000  # `samples` from Redis: the newest rewards the filters look through
 
 
-def _wanted(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
-    def wanted(s: dict[str, Any]) -> bool:
-        return ((args.version is None or s["policy_version"] == args.version)
-                and (args.verdict is None or s["verdict"] == args.verdict)
-                and (args.theorem is None or s["theorem_id"] == args.theorem)
-                and (args.kind == "all" or s["eval"] == (args.kind == "eval")))  # fmt: skip
-
-    return wanted
+def _filters(args: argparse.Namespace) -> judged.Filters:
+    return judged.Filters(args.version, args.verdict, args.theorem, args.kind, args.text)
 
 
-def _show_samples(args: argparse.Namespace, found: Iterable[dict[str, Any]], source: str) -> int:
-    wanted = _wanted(args)
-    matched = [s for s in found if wanted(s)]
-    shown = matched[-args.count :]
-    _print(args, {"source": source, "matched": len(matched), "shown": len(shown), "samples": shown}, text.samples)
+def _show_samples(args: argparse.Namespace, matched: int, shown: list[dict[str, Any]], source: str) -> int:
+    _print(args, {"source": source, "matched": matched, "shown": len(shown), "samples": shown}, text.samples)
     return 0
 
 
 async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    """The newest judged attempts still in the streams (their history_s), joined with their text."""
-    found = await samples.from_redis(redis, keys, SCAN_REWARDS)
-    return _show_samples(args, found, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
+    """The newest judged attempts still in the streams (their history_s), joined with their text and problem."""
+    matched, shown = judged.pick(await samples.from_redis(redis, keys, SCAN_REWARDS), _filters(args), args.count)
+    shown = await judged.with_problems(redis, keys, shown)
+    return _show_samples(args, matched, shown, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
 
 
 def samples_from_run_dir(args: argparse.Namespace) -> int:
-    """The run's traces: every sample it read, from its directory's files (no Redis needed)."""
+    """The run's traces: every sample it read, from its directory's files; their problems from a copy of its
+    Redis data, where the directory has it (ops.finished)."""
     run_dir = Path(args.run_dir).expanduser()
     if not (run_dir / samples.FOLDER).is_dir():
         return _fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
                      "before traces were kept", 2)  # fmt: skip
-    return _show_samples(args, samples.read_dir(run_dir, args.version), f"traces in {run_dir / samples.FOLDER}")
+    matched, shown = judged.pick(samples.read_dir(run_dir, args.version), _filters(args), args.count)
+    try:
+        with finished.FinishedRun(run_dir) as run:
+            keys = Keys(getattr(args, "run", None) or run.run_id or "default")
+            shown = asyncio.run(_problems_at(run.url, keys, shown))
+    except finished.NotARunDir:  # no Redis data (a run against another Redis): the samples without problems
+        pass
+    return _show_samples(args, matched, shown, f"traces in {run_dir / samples.FOLDER}")
+
+
+async def _problems_at(url: str, keys: Keys, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    redis = connect(url)
+    try:
+        return await judged.with_problems(redis, keys, shown)
+    finally:
+        await redis.aclose()
+
+
+async def cmd_theorem(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """One problem of the run, as the verifier judges attempts at it."""
+    found = (await judged.problems(redis, keys, [args.id]))[args.id]
+    if found is None:
+        held = await redis.hlen(keys.theorems)
+        some = [k.decode() for k in (await redis.hscan(keys.theorems, count=5))[1]][:3]
+        raise dlq.OpsError(f"run {keys.run!r} has no theorem {args.id!r} in {keys.theorems} ({held} problems"
+                           + (f", e.g. {', '.join(some)})" if some else ")"))  # fmt: skip
+    _print(args, found, text.theorem)
+    return 0
+
+
+# -- runs from their directories (no Redis) -------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    folder = Path(args.dir).expanduser()
+    if not folder.is_dir():
+        return _fail(f"{folder} does not exist: name the folder of the runs with --dir (default runs)", 2)
+    _print(args, {"dir": str(folder), "runs": runs.listing(folder)}, text.runs)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    folder = Path(args.dir).expanduser()
+    try:
+        data = runs.compare([runs.resolve(name, folder) for name in args.runs])
+    except FileNotFoundError as e:
+        return _fail(str(e), 2)
+    path = Path(args.plot).expanduser() if args.plot else (folder if folder.is_dir() else Path()) / "compare.png"
+    title = "held-out reward and exact success: " + ", ".join(r["name"] for r in data["runs"])
+    plotted = plot_runs([{"label": r["name"], "curve": r["curve"]} for r in data["runs"]], path, title)
+    data |= {"plot": str(plotted) if plotted else None, "elsewhere": runs.elsewhere(data["runs"])}
+    _print(args, data, text.compare)
+    return 0
 
 
 async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -201,6 +259,9 @@ async def cmd_dlq_purge(redis: Redis, keys: Keys, args: argparse.Namespace) -> i
     return 0
 
 
+CHANGES = (cmd_dlq_requeue, cmd_dlq_purge)  # commands that write (verdicts clear says it itself)
+
+
 # -- parsing ------------------------------------------------------------------------------------------
 
 
@@ -231,6 +292,20 @@ def _shared() -> argparse.ArgumentParser:
     for action in p._actions:
         action.default = argparse.SUPPRESS
     return p
+
+
+def _local() -> argparse.ArgumentParser:
+    """--json alone: the commands that read run directories need no Redis and no run id."""
+    p = SettingsParser(add_help=False)
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object")
+    return p
+
+
+def _regex(value: str):
+    try:
+        return judged.regex(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,12 +347,28 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
     about = ("judged attempts with their text, proof, verdict and the checker's message (with --run-dir: the "
              "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
-    p = leaf(sub, "samples", cmd_samples, about)
-    p.add_argument("--version", type=int, help="only this policy version's samples")
-    p.add_argument("--verdict", choices=("proved", "rejected", "timeout"), help="only samples with this verdict")
-    p.add_argument("--theorem", help="only this theorem id")
-    p.add_argument("--kind", choices=("all", "train", "eval"), default="all", help="training or held-out samples")
+    p = leaf(sub, "samples", cmd_samples, about + "; each with its problem")
+    p.add_argument("--version", type=int, help="only this policy version's samples (default: every version)")
+    p.add_argument("--verdict", choices=judged.VERDICTS, help="only samples with this verdict (default: any)")
+    p.add_argument("--theorem", help="only this theorem id (default: any)")
+    p.add_argument("--kind", choices=judged.KINDS, default="all", help="training or held-out samples (default all)")
+    p.add_argument("--text", type=_regex, metavar="REGEX",
+                   help="only samples whose text, proof or checker's message this regular expression finds "
+                   "(Python's re; (?i) for any case)")  # fmt: skip
     p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
+    p = leaf(sub, "theorem", cmd_theorem, "one problem of the run as the verifier judges it: a Countdown target and "
+             "numbers, a Lean statement")  # fmt: skip
+    p.add_argument("id", help="the theorem id (as `ops samples` shows it, e.g. cd-17)")
+
+    for name, fn, about in (("runs", cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward "
+                             "and exact first -> last, wall time, start (from their files; no Redis)"),
+                            ("compare", cmd_compare, "runs side by side: their table, the settings they differ in, "
+                             "and one plot of held-out reward and exact against samples and wall time")):  # fmt: skip
+        p = sub.add_parser(name, help=about, description=about, parents=[_local()])
+        p.set_defaults(local_fn=fn)
+        p.add_argument("--dir", default="runs", help="the folder of the runs (default runs)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or a run's name under --dir")
+    p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: compare.png in --dir)")
     p = leaf(
         sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
     )
@@ -314,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error argparse has already printed
         return int(e.code or 0)
+    if getattr(args, "local_fn", None):
+        return args.local_fn(args)
     if args.command == "bench":
         if is_cluster_url(getattr(args, "redis_url", None) or ""):
             return _fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
