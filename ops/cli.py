@@ -373,9 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --token)")
-    p.add_argument("--port", type=int, default=8765, help="0: any free port")
-    p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer)")
-    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0, help="how often the page asks again")
+    p.add_argument("--port", type=int, default=8765, help="0: any free port (default 8765)")
+    p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer); default none")
+    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0,
+                   help="how often the page asks again (default 2.0)")  # fmt: skip
+    p.add_argument("--dir", help="the runs the page's selector offers (default: the folder of --run-dir, else runs)")
     leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")

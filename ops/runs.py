@@ -102,8 +102,10 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         status = "live"  # a copy of a finished run's data (--run-dir) is never live, even with a lease left in it
     else:
         status = "interrupted"
-    wall_s = (report or {}).get("wall_s") if status != "live" else None
-    started = info.get("started")
+    started, ended = info.get("started"), info.get("ended")
+    wall_s = None
+    if status != "live":  # the trainer's own measure, else from the end it recorded in {ps:R}:run
+        wall_s = (report or {}).get("wall_s") or (ended - started if ended and started else None)
     if started is None and report and wall_s is not None:  # a run from before run.json: its report's time less its wall
         started = (run_dir / REPORT).stat().st_mtime - wall_s
     out = result.summary(settings, version=state.get("version"), counts=state.get("counts") or {},

@@ -96,6 +96,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
             started = time.monotonic()
             try:
                 summary = await fresh_run().run(stop)
+                await _ended(settings, redis, stop.is_set())
                 break
             except UNAVAILABLE as e:
                 if local is not None or not _outage(e):  # our own Redis child: the watchdog says what happened
@@ -136,6 +137,16 @@ async def _announce(settings: TrainerSettings, redis, started_at: float) -> None
             "host": socket.gethostname()}  # fmt: skip
     files.write_bytes(settings.directory() / INFO, orjson.dumps(info, option=orjson.OPT_INDENT_2))
     await redis.set(Keys(settings.run).run_info, orjson.dumps(info))
+
+
+async def _ended(settings: TrainerSettings, redis, interrupted: bool) -> None:
+    """When this trainer's part of the run ended, in `{ps:R}:run` beside its start: a finished run read from
+    its Redis alone (no report.json at hand) still says when it finished and how long it took. Best effort:
+    Redis going away now costs the run nothing else."""
+    key = Keys(settings.run).run_info
+    with contextlib.suppress(*UNAVAILABLE):
+        info = orjson.loads(await redis.get(key) or b"{}")
+        await redis.set(key, orjson.dumps({**info, "ended": time.time(), "interrupted": interrupted}))
 
 
 def _outage(e: BaseException) -> bool:
