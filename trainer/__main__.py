@@ -175,12 +175,23 @@ async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
+BAR = "{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed, ETA {remaining} ({rate_fmt})"
+
+
 def _progress(total: int):
-    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr)
+    """The policy versions as a bar with the time left. A resumed run's first report sets where the bar starts,
+    so its rate and ETA count only the versions made by this trainer."""
+    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr, bar_format=BAR)
+    started = [False]
 
     def update(version: int | None) -> None:
         if version is None:
             bar.close()
+        elif not started[0]:
+            started[0] = True
+            bar.initial = bar.n = version
+            bar.start_t = bar.last_print_t = bar._time()
+            bar.refresh()
         else:
             bar.update(version - bar.n)
 
