@@ -6,7 +6,8 @@ success against samples, for each seed in `OUT/seed<K>/` (a table `compare.md`, 
 `compare.png`), and over the seeds in `OUT/` itself: mean and spread of the held-out reward and exact success
 at the end, the gain from version 0, proofs verified per version (the case study's measure: training
 attempts judged `proved` per update), wall time and training samples per second, per algorithm; a plot of
-the mean curves with their min-max band. Resumable: a seed whose two runs finished is not run again.
+the mean curves with their min-max band. Resumable: a seed whose two runs finished is not run again. It says
+how many versions it will run, an estimate once the first is done and an ETA after each (evals/eta.py).
 
 The two runs go one after the other as `python -m trainer` subprocesses, each with its own local pipeline
 (private Redis, generator, verifier), the same seed and so the same problems and held-out split, the same
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ import orjson
 import redis
 
 from evals import plots
+from evals.eta import Eta
 from evals.runs import EvalError, run_redis
 from streams.embedded import die_with_parent
 from streams.keys import Keys
@@ -59,6 +62,7 @@ ALGOS = ("es", "grpo")
 LABELS = {"es": "ES", "grpo": "GRPO"}
 COLORS = {"es": "tab:blue", "grpo": "tab:orange"}
 INTERRUPTED = (130, -2, -15)  # python -m trainer's exit after SIGINT/SIGTERM, or killed by either signal
+TICK_S = 10.0  # how often a running trainer's progress is read for the ETA
 # Trainer flags this module sets itself (same value for both runs, or per algorithm from the budget).
 OWNED = {
     "--algo": "(both run)",
@@ -145,23 +149,33 @@ def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: lis
             "--eval-every", str(p.eval_every), *p.flags, "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
 
 
-def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, float]:
-    """Run one trainer to the end, its output in `log_path`. (exit status, wall seconds). A SIGTERM to this
-    process is passed on to the trainer, which stops its pipeline and exits 130; if this process dies, the
-    kernel sends the trainer SIGTERM (PR_SET_PDEATHSIG), so no trainer is left running without it."""
+def run_one(argv: list[str], env: dict[str, str], log_path: Path, tick: Callable[[], object] | None = None,
+            every_s: float = TICK_S) -> tuple[int, float]:  # fmt: skip
+    """Run one trainer to the end, its output in `log_path`, calling `tick` every `every_s` while it runs (the
+    ETA, evals/eta.py). (exit status, wall seconds). A SIGTERM to this process is passed on to the trainer,
+    which stops its pipeline and exits 130; if this process dies, the kernel sends the trainer SIGTERM
+    (PR_SET_PDEATHSIG), so no trainer is left running without it."""
     started = time.monotonic()
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=die_with_parent)  # fmt: skip
         previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            code = proc.wait()
+            code = _wait(proc, tick, every_s)
         except KeyboardInterrupt:  # the trainer got the Ctrl-C too (same process group): let it stop its pipeline
             code = proc.wait()
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
     return code, round(time.monotonic() - started, 1)
+
+
+def _wait(proc: subprocess.Popen, tick: Callable[[], object] | None, every_s: float) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=every_s if tick else None)
+        except subprocess.TimeoutExpired:  # still running: time to say how far the job is
+            tick()
 
 
 def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
@@ -401,6 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    eta = Eta("compare", versions_to_run(args.seeds, out, todo))
+    print(
+        f"compare: {eta.total} versions to run ({', '.join(f'{p.algo} {p.iterations}' for p in todo)} a seed, "
+        f"seeds {args.seeds}, less what finished before); an estimate follows the first version",
+        file=sys.stderr,
+    )
     results: dict[int, dict[str, Any]] = {}
     summary: dict[str, Any] = {}
     for seed in args.seeds:
@@ -410,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare: seed {seed}: finished before, not run again", file=sys.stderr)
             results[seed] = done
         else:
-            results[seed] = compare_seed(args, seed, seed_out, todo, extra)
+            results[seed] = compare_seed(args, seed, seed_out, todo, extra, eta)
         summary = summarize(results, args)
         write_summary(summary, out)  # after each seed: a comparison cut short keeps its summary
         if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
@@ -421,7 +441,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["ok"] else 1
 
 
-def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str]) -> dict[str, Any]:
+def versions_to_run(seeds: list[int], out: Path, todo: list[Plan]) -> int:
+    """The versions the comparison still has to make: every seed's runs but those that finished before."""
+    total = 0
+    for seed in seeds:
+        done = _json(out / f"seed{seed}" / "compare.json")
+        if done.get("ok") and set(done.get("algos", {})) == set(ALGOS):
+            continue
+        total += sum(p.iterations for p in todo if done.get("algos", {}).get(p.algo, {}).get("returncode") != 0)
+    return total
+
+
+def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str],
+                 eta: Eta | None = None) -> dict[str, Any]:  # fmt: skip
     """ES then GRPO on one seed (the same problems and held-out split for both), in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
@@ -460,7 +492,11 @@ def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan
         argv = trainer_argv(p, common, run, run_dir, extra)
         print(f"compare: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
               f"log {out / p.algo}.log", file=sys.stderr)  # fmt: skip
-        code, wall_s = run_one(argv, env, out / f"{p.algo}.log")
+        if eta is not None:
+            eta.start(run_dir)
+        code, wall_s = run_one(argv, env, out / f"{p.algo}.log", tick=eta.tick if eta else None)
+        if eta is not None:
+            eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its result was written: read it
         result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
         result["ok"] = result["ok"] and code == 0

@@ -19,7 +19,8 @@ Where the cells run:
   without running anything).
 
 Resumable: a cell whose run finished (its `cell.json` says exit 0) is not run again, so a sweep cut short is
-finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume).
+finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume). It says
+how many versions it will run, an estimate once the first is done and an ETA after each (evals/eta.py).
 
 Budget: `--iterations` versions a cell, or `--samples N` training samples a cell (each cell gets the versions
 they buy at its cost a version, evaluated at `--eval-points` even steps): cells that differ in population or
@@ -50,6 +51,7 @@ import orjson
 
 from evals import plots
 from evals.compare import INTERRUPTED, _json, _minutes, endpoints, plan, run_one, samples_per_version
+from evals.eta import Eta
 from trainer.config import PRESETS, TrainerSettings
 from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
@@ -308,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"out": str(out), "argv": argv, "iterations": args.iterations, "samples": args.samples, "extra": extra}
     results, ran, skipped, started, ok = [], 0, 0, time.monotonic(), True
+    eta = Eta("sweep", sum(budgets[c.key][0] for c in todo if finished(out / "cells" / c.key) is None))
+    print(f"sweep: {eta.total} versions to run in {len(todo)} cells (less those finished before); an estimate "
+          "follows the first version", file=sys.stderr)  # fmt: skip
     for cell in todo:
         run_dir, run = out / "cells" / cell.key, run_id(out, cell)
         if (done := finished(run_dir)) is not None:
@@ -319,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(iterations),
                    "--eval-every", str(eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
-        code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")
+        eta.start(run_dir)
+        code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log", tick=eta.tick)
+        eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its cell.json was written: read it
         result = cell_result(cell, run_dir, run, command, code, wall_s)
         (run_dir / "cell.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))

@@ -1,5 +1,9 @@
 """`python -m ops`: the operator's view of a run, from the same Redis the roles use.
 
+    python -m ops run                          the run's result first (ops/runs.py), then its health
+    python -m ops runs [--dir runs]            the runs in a folder, from their files (no Redis)
+    python -m ops compare R1 R2 ... [--plot P] runs side by side: table, differences, one plot
+    python -m ops theorem ID                   one problem of the run, as the verifier judges it
     python -m ops streams                      lengths, group lag / pending, consumers and their idle time
     python -m ops dlq list [--limit N]         dead letters, oldest first
     python -m ops dlq show ID                  one dead letter, its original fields byte for byte
@@ -9,9 +13,9 @@
     python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
     python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/dashboard.py)
-    python -m ops samples [--version V] [--verdict X] [--theorem ID] [-n N]
-                                               judged attempts: text, proof, verdict (the run dir's traces
-                                               with --run-dir, else the streams' history)
+    python -m ops samples [--version V] [--verdict X] [--theorem ID] [--text REGEX] [-n N]
+                                               judged attempts: problem, text, proof, verdict (the run dir's
+                                               traces with --run-dir, else the streams' history)
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
@@ -35,7 +39,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import orjson
 from pydantic import Field
@@ -58,12 +62,11 @@ from ops import (
     text,
     verdicts,
 )
-from streams import samples
+from ops.text import emit, fail
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
 from streams.settings import RoleSettings, SettingsError, SettingsParser
-from trainer.curves import plot_runs
 
 NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
 
@@ -82,30 +85,19 @@ NOT_OPS = ("log_level", "settle_replicas", "settle_wait_ms")
 Command = Callable[[Redis, Keys, argparse.Namespace], Awaitable[int]]
 
 
-def _print(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str]) -> None:
-    """`--json` or the text view; a command that changed a finished run's copy (`--run-dir`) says so."""
-    copy = getattr(args, "run_dir", None) if getattr(args, "command_fn", None) in CHANGES else None
-    if copy:
-        data = {**data, "copy_of": str(copy)}
-    shown = orjson.dumps(data).decode() if getattr(args, "json", False) else render(data)
-    if copy and not getattr(args, "json", False):
-        shown += "\n" + text.on_copy(copy)
-    print(shown, flush=True)
-
-
 # -- commands -----------------------------------------------------------------------------------------
 
 
 async def cmd_run(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
     data = {"result": await runs.from_redis(redis, keys, run_dir), **await inspect.run_report(redis, keys)}
-    _print(args, inspect.without_idle(data) if run_dir else data, text.run)
+    emit(args, inspect.without_idle(data) if run_dir else data, text.run)
     return 0
 
 
 async def cmd_streams(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     data = await inspect.stream_report(redis, keys)
-    _print(args, inspect.without_idle(data) if getattr(args, "run_dir", None) else data, text.streams)
+    emit(args, inspect.without_idle(data) if getattr(args, "run_dir", None) else data, text.streams)
     return 0
 
 
@@ -114,7 +106,7 @@ async def cmd_tail(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     entries = await inspect.tail(redis, keys, args.stream, args.count)
     if not args.follow:
         data = {"stream": args.stream, "key": keys.stream(args.stream), "entries": entries}
-        _print(args, data, lambda d: "\n".join(map(text.entry, d["entries"])) or f"{d['key']} has no entries")
+        emit(args, data, lambda d: "\n".join(map(text.entry, d["entries"])) or f"{d['key']} has no entries")
         return 0
     # Following: one line per entry as it comes, JSON lines under --json, so a pipe sees each at once.
     after = entries[-1]["id"] if entries else "0-0"
@@ -140,92 +132,11 @@ def _stop_on_signals() -> asyncio.Event:
 async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     """Keep the copy of a finished run's Redis up for redis-cli (or another ops) until Ctrl-C or SIGTERM."""
     url = args.settings.redis_url
-    _print(args, {"redis_url": url, "run": keys.run},
+    emit(args, {"redis_url": url, "run": keys.run},
            lambda d: f"run {d['run']!r} of {args.run_dir} served (a copy) at {d['redis_url']} until Ctrl-C:\n"
            f"  redis-cli -u {d['redis_url']} XLEN '{{ps:{d['run']}}}:rewards'\n"
            f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run")  # fmt: skip
     await _stop_on_signals().wait()
-    return 0
-
-
-SCAN_REWARDS = 10_000  # `samples` from Redis: the newest rewards the filters look through
-
-
-def _filters(args: argparse.Namespace) -> judged.Filters:
-    return judged.Filters(args.version, args.verdict, args.theorem, args.kind, args.text)
-
-
-def _show_samples(args: argparse.Namespace, matched: int, shown: list[dict[str, Any]], source: str) -> int:
-    _print(args, {"source": source, "matched": matched, "shown": len(shown), "samples": shown}, text.samples)
-    return 0
-
-
-async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    """The newest judged attempts still in the streams (their history_s), joined with their text and problem."""
-    matched, shown = judged.pick(await samples.from_redis(redis, keys, SCAN_REWARDS), _filters(args), args.count)
-    shown = await judged.with_problems(redis, keys, shown)
-    return _show_samples(args, matched, shown, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
-
-
-def samples_from_run_dir(args: argparse.Namespace) -> int:
-    """The run's traces: every sample it read, from its directory's files; their problems from a copy of its
-    Redis data, where the directory has it (ops.finished)."""
-    run_dir = Path(args.run_dir).expanduser()
-    if not (run_dir / samples.FOLDER).is_dir():
-        return _fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
-                     "before traces were kept", 2)  # fmt: skip
-    matched, shown = judged.pick(samples.read_dir(run_dir, args.version), _filters(args), args.count)
-    try:
-        with finished.FinishedRun(run_dir) as run:
-            keys = Keys(getattr(args, "run", None) or run.run_id or "default")
-            shown = asyncio.run(_problems_at(run.url, keys, shown))
-    except finished.NotARunDir:  # no Redis data (a run against another Redis): the samples without problems
-        pass
-    return _show_samples(args, matched, shown, f"traces in {run_dir / samples.FOLDER}")
-
-
-async def _problems_at(url: str, keys: Keys, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    redis = connect(url)
-    try:
-        return await judged.with_problems(redis, keys, shown)
-    finally:
-        await redis.aclose()
-
-
-async def cmd_theorem(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    """One problem of the run, as the verifier judges attempts at it."""
-    found = (await judged.problems(redis, keys, [args.id]))[args.id]
-    if found is None:
-        held = await redis.hlen(keys.theorems)
-        some = [k.decode() for k in (await redis.hscan(keys.theorems, count=5))[1]][:3]
-        raise dlq.OpsError(f"run {keys.run!r} has no theorem {args.id!r} in {keys.theorems} ({held} problems"
-                           + (f", e.g. {', '.join(some)})" if some else ")"))  # fmt: skip
-    _print(args, found, text.theorem)
-    return 0
-
-
-# -- runs from their directories (no Redis) -------------------------------------------------------------
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    folder = Path(args.dir).expanduser()
-    if not folder.is_dir():
-        return _fail(f"{folder} does not exist: name the folder of the runs with --dir (default runs)", 2)
-    _print(args, {"dir": str(folder), "runs": runs.listing(folder)}, text.runs)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    folder = Path(args.dir).expanduser()
-    try:
-        data = runs.compare([runs.resolve(name, folder) for name in args.runs])
-    except FileNotFoundError as e:
-        return _fail(str(e), 2)
-    path = Path(args.plot).expanduser() if args.plot else (folder if folder.is_dir() else Path()) / "compare.png"
-    title = "held-out reward and exact success: " + ", ".join(r["name"] for r in data["runs"])
-    plotted = plot_runs([{"label": r["name"], "curve": r["curve"]} for r in data["runs"]], path, title)
-    data |= {"plot": str(plotted) if plotted else None, "elsewhere": runs.elsewhere(data["runs"])}
-    _print(args, data, text.compare)
     return 0
 
 
@@ -235,12 +146,12 @@ async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> i
 
 
 async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
+    emit(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
     return 0
 
 
 async def cmd_dlq_show(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await dlq.show_letter(redis, keys, args.id), text.dlq_show)
+    emit(args, await dlq.show_letter(redis, keys, args.id), text.dlq_show)
     return 0
 
 
@@ -249,17 +160,14 @@ async def cmd_dlq_requeue(redis: Redis, keys: Keys, args: argparse.Namespace) ->
         data = await dlq.requeue_all(redis, keys)
     else:
         data = {"requeued": [await dlq.requeue(redis, keys, args.id)], "failed": []}
-    _print(args, data, text.requeued)
+    emit(args, data, text.requeued, changed=True)
     return 1 if data["failed"] else 0
 
 
 async def cmd_dlq_purge(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     data = await (dlq.purge_all(redis, keys) if args.all else dlq.purge(redis, keys, args.id))
-    _print(args, data, text.purged)
+    emit(args, data, text.purged, changed=True)
     return 0
-
-
-CHANGES = (cmd_dlq_requeue, cmd_dlq_purge)  # commands that write (verdicts clear says it itself)
 
 
 # -- parsing ------------------------------------------------------------------------------------------
@@ -318,57 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(command_fn=fn)
         return p
 
-    leaf(sub, "run", cmd_run, "a run's health on one screen: trainer, in flight, generators, dead letters, groups")
+    leaf(sub, "run", cmd_run, "a run on one screen: its result first (held-out reward and problems solved, samples, "
+         "wall time or ETA), then its health: trainer, in flight, generators, dead letters, groups")  # fmt: skip
     leaf(sub, "streams", cmd_streams, "stream lengths, consumer groups (lag, pending, oldest pending), consumers")
 
     p = leaf(sub, "tail", cmd_tail, "the last entries of a stream, decoded")
     p.add_argument("stream", choices=STREAMS)
     p.add_argument("--count", "-n", type=_count, default=10, help="entries to show (default 10)")
     p.add_argument("--follow", "-f", action="store_true", help="then wait for new ones (XREAD BLOCK) until Ctrl-C")
-
-    d = sub.add_parser("dlq", help="dead letters: list, show, requeue, purge").add_subparsers(
-        dest="dlq_command", metavar="ACTION", required=True
-    )
-    p = leaf(d, "list", cmd_dlq_list, "dead letters, oldest first")
-    p.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
-    p = leaf(d, "show", cmd_dlq_show, "every field of one dead letter, with its original fields")
-    p.add_argument("id", type=_entry_id)
-    requeue = leaf(d, "requeue", cmd_dlq_requeue, "put dead letters back on their source stream, delete them")
-    purge = leaf(d, "purge", cmd_dlq_purge, "delete dead letters")
-    purge.add_argument("--yes", action="store_true", help="confirm `purge --all`")
-    for p in (requeue, purge):
-        which = p.add_mutually_exclusive_group(required=True)
-        which.add_argument("id", nargs="?", type=_entry_id, help="the dead letter's entry id")
-        which.add_argument("--all", action="store_true", help="every dead letter of the run")
-
-    v = sub.add_parser("verdicts", help="the run's verdict cache").add_subparsers(
-        dest="verdicts_command", metavar="ACTION", required=True
-    )
-    leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
-    about = ("judged attempts with their text, proof, verdict and the checker's message (with --run-dir: the "
-             "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
-    p = leaf(sub, "samples", cmd_samples, about + "; each with its problem")
-    p.add_argument("--version", type=int, help="only this policy version's samples (default: every version)")
-    p.add_argument("--verdict", choices=judged.VERDICTS, help="only samples with this verdict (default: any)")
-    p.add_argument("--theorem", help="only this theorem id (default: any)")
-    p.add_argument("--kind", choices=judged.KINDS, default="all", help="training or held-out samples (default all)")
-    p.add_argument("--text", type=_regex, metavar="REGEX",
-                   help="only samples whose text, proof or checker's message this regular expression finds "
-                   "(Python's re; (?i) for any case)")  # fmt: skip
-    p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
-    p = leaf(sub, "theorem", cmd_theorem, "one problem of the run as the verifier judges it: a Countdown target and "
-             "numbers, a Lean statement")  # fmt: skip
-    p.add_argument("id", help="the theorem id (as `ops samples` shows it, e.g. cd-17)")
-
-    for name, fn, about in (("runs", cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward "
-                             "and exact first -> last, wall time, start (from their files; no Redis)"),
-                            ("compare", cmd_compare, "runs side by side: their table, the settings they differ in, "
-                             "and one plot of held-out reward and exact against samples and wall time")):  # fmt: skip
-        p = sub.add_parser(name, help=about, description=about, parents=[_local()])
-        p.set_defaults(local_fn=fn)
-        p.add_argument("--dir", default="runs", help="the folder of the runs (default runs)")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or a run's name under --dir")
-    p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: compare.png in --dir)")
+    _dead_letters(sub, leaf)
+    _samples(sub, leaf)
+    _files(sub)
     p = leaf(
         sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
     )
@@ -387,12 +255,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dead_letters(sub, leaf) -> None:
+    d = sub.add_parser("dlq", help="dead letters: list, show, requeue, purge").add_subparsers(
+        dest="dlq_command", metavar="ACTION", required=True
+    )
+    p = leaf(d, "list", cmd_dlq_list, "dead letters, oldest first")
+    p.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
+    p = leaf(d, "show", cmd_dlq_show, "every field of one dead letter, with its original fields")
+    p.add_argument("id", type=_entry_id)
+    requeue = leaf(d, "requeue", cmd_dlq_requeue, "put dead letters back on their source stream, delete them")
+    purge = leaf(d, "purge", cmd_dlq_purge, "delete dead letters")
+    purge.add_argument("--yes", action="store_true", help="confirm `purge --all`")
+    for p in (requeue, purge):
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("id", nargs="?", type=_entry_id, help="the dead letter's entry id")
+        which.add_argument("--all", action="store_true", help="every dead letter of the run")
+    v = sub.add_parser("verdicts", help="the run's verdict cache").add_subparsers(
+        dest="verdicts_command", metavar="ACTION", required=True
+    )
+    leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
+
+
+def _samples(sub, leaf) -> None:
+    about = ("judged attempts with their problem, text, proof, verdict and the checker's message (with --run-dir: "
+             "the run's traces, the whole run; else the streams' last hour)")  # fmt: skip
+    p = leaf(sub, "samples", judged.cmd_samples, about)
+    p.add_argument("--version", type=int, help="only this policy version's samples (default: every version)")
+    p.add_argument("--verdict", choices=judged.VERDICTS, help="only samples with this verdict (default: any)")
+    p.add_argument("--theorem", help="only this theorem id (default: any)")
+    p.add_argument("--kind", choices=judged.KINDS, default="all", help="training or held-out samples (default all)")
+    p.add_argument("--text", type=_regex, metavar="REGEX",
+                   help="only samples whose text, proof or checker's message this regular expression finds "
+                   "(Python's re; (?i) for any case)")  # fmt: skip
+    p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
+    about = "one problem of the run as the verifier judges it: a Countdown target and numbers, a Lean statement"
+    p = leaf(sub, "theorem", judged.cmd_theorem, about)
+    p.add_argument("id", help="the theorem id (as `ops samples` shows it, e.g. cd-17)")
+
+
+def _files(sub) -> None:
+    """The commands that read run directories: no Redis, no run id."""
+    commands = (
+        ("runs", runs.cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward and exact "
+         "first -> last, wall time, start (from their files; no Redis)"),
+        ("compare", runs.cmd_compare, "runs side by side: their table, the settings they differ in, and one plot "
+         "of held-out reward and exact against samples and wall time"),
+    )  # fmt: skip
+    for name, fn, about in commands:
+        p = sub.add_parser(name, help=about, description=about, parents=[_local()])
+        p.set_defaults(local_fn=fn)
+        p.add_argument("--dir", default="runs", help="the folder of the runs (default runs)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or a run's name under --dir")
+    p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: compare.png in --dir)")
+
+
 # -- running ------------------------------------------------------------------------------------------
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"ops: {message}", file=sys.stderr)
-    return code
 
 
 async def _run(fn: Command, redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -411,37 +328,37 @@ def main(argv: list[str] | None = None) -> int:
         return args.local_fn(args)
     if args.command == "bench":
         if is_cluster_url(getattr(args, "redis_url", None) or ""):
-            return _fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
+            return fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
                          "(a master of the cluster), or none for a private one", 2)  # fmt: skip
         return args.func(args)
     if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
-        return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
+        return fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
     if getattr(args, "verdicts_command", None) == "clear" and not getattr(args, "run", None):
-        return _fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
+        return fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
     try:
         settings = OpsSettings.from_args(args)
         Keys(settings.run)  # a run id that cannot be a key's hash tag fails here
     except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     run_dir = getattr(args, "run_dir", None)
     if args.command_fn is cmd_dashboard and not dashboard.loopback(args.host) and not args.token:
-        return _fail(f"dashboard on {args.host} would serve the run to the network: give --token T too", 2)
-    if run_dir is not None and args.command_fn is cmd_samples:
-        return samples_from_run_dir(args)
+        return fail(f"dashboard on {args.host} would serve the run to the network: give --token T too", 2)
+    if run_dir is not None and args.command_fn is judged.cmd_samples:
+        return judged.samples_from_run_dir(args)
     if run_dir is None and args.command_fn is cmd_open:
-        return _fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
+        return fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
     if run_dir is not None:
         if settings.redis_url:
-            return _fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
+            return fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
         try:
             with finished.FinishedRun(run_dir) as run:
                 named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
                 update = {"redis_url": run.url} | ({} if named or run.run_id is None else {"run": run.run_id})
                 return _inspect(args, settings.model_copy(update=update))
         except finished.NotARunDir as e:
-            return _fail(str(e), 2)
+            return fail(str(e), 2)
     if not settings.redis_url:
-        return _fail(NO_REDIS, 2)
+        return fail(NO_REDIS, 2)
     return _inspect(args, settings)
 
 
@@ -452,19 +369,19 @@ def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:
         t = settings.timeout_s
         redis = connect(settings.redis_url, socket_connect_timeout=t, socket_timeout=t)
     except ValueError as e:  # from_url: a scheme or a query it does not know
-        return _fail(f"bad redis url {shown_url(settings.redis_url)!r}: {e}", 2)
+        return fail(f"bad redis url {shown_url(settings.redis_url)!r}: {e}", 2)
     try:
         return asyncio.run(_run(args.command_fn, redis, keys, args))
     except KeyboardInterrupt:
         return 0 if getattr(args, "follow", False) else 130  # Ctrl-C is how --follow ends
     except (rx.ConnectionError, rx.TimeoutError) as e:
-        return _fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
+        return fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
     except rx.ResponseError as e:
-        return _fail(f"Redis refused: {e}", 1)
+        return fail(f"Redis refused: {e}", 1)
     except rx.RedisClusterException as e:  # e.g. a redis+cluster:// URL naming a server without cluster mode
-        return _fail(f"Redis Cluster at {shown_url(settings.redis_url)}: {e}", 1)
+        return fail(f"Redis Cluster at {shown_url(settings.redis_url)}: {e}", 1)
     except dlq.OpsError as e:
-        return _fail(str(e), 1)
+        return fail(str(e), 1)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

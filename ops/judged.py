@@ -1,17 +1,24 @@
 """Judged samples picked by what a user asks (verdict, version, kind, theorem, a regex over the text) and joined
 with their problem, the canonical record in `{ps:R}:theorems` the verifier judged them against: what
-`python -m ops samples`, `ops theorem` and the dashboard show."""
+`python -m ops samples` and `ops theorem` print (commands below) and the dashboard shows."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
+from ops import finished, text
+from ops.dlq import OpsError
+from streams import samples
+from streams.connect import connect
 from streams.keys import Keys
 from streams.schema import SchemaError
 from streams.theorems import Theorem
@@ -73,11 +80,59 @@ async def with_problems(redis: Redis, keys: Keys, shown: list[dict[str, Any]]) -
     return [{**s, "problem": found.get(s["theorem_id"])} for s in shown]
 
 
-def problem_lines(p: dict[str, Any] | None) -> list[str]:
-    """A problem in words: Countdown's target and numbers; a Lean statement (with its informal text)."""
-    if p is None:
-        return ["(not in the run's {ps:R}:theorems)"]
-    if p["task"] == "countdown":
-        return [f"reach {p['target']} from {', '.join(map(str, p['numbers']))}, each number once"]
-    lines = [f"informal: {p['informal']}"] if p.get("informal") else []
-    return lines + p["statement"].split("\n")
+# -- the commands ---------------------------------------------------------------------------------------
+
+SCAN_REWARDS = 10_000  # `samples` from Redis: the newest rewards the filters look through
+
+
+def _filters(args: argparse.Namespace) -> Filters:
+    return Filters(args.version, args.verdict, args.theorem, args.kind, args.text)
+
+
+def _show_samples(args: argparse.Namespace, matched: int, shown: list[dict[str, Any]], source: str) -> int:
+    text.emit(args, {"source": source, "matched": matched, "shown": len(shown), "samples": shown}, text.samples)
+    return 0
+
+
+async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """The newest judged attempts still in the streams (their history_s), joined with their text and problem."""
+    matched, shown = pick(await samples.from_redis(redis, keys, SCAN_REWARDS), _filters(args), args.count)
+    shown = await with_problems(redis, keys, shown)
+    return _show_samples(args, matched, shown, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
+
+
+def samples_from_run_dir(args: argparse.Namespace) -> int:
+    """The run's traces: every sample it read, from its directory's files; their problems from a copy of its
+    Redis data, where the directory has it (ops.finished)."""
+    run_dir = Path(args.run_dir).expanduser()
+    if not (run_dir / samples.FOLDER).is_dir():
+        return text.fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
+                     "before traces were kept", 2)  # fmt: skip
+    matched, shown = pick(samples.read_dir(run_dir, args.version), _filters(args), args.count)
+    try:
+        with finished.FinishedRun(run_dir) as run:
+            keys = Keys(getattr(args, "run", None) or run.run_id or "default")
+            shown = asyncio.run(_problems_at(run.url, keys, shown))
+    except finished.NotARunDir:  # no Redis data (a run against another Redis): the samples without problems
+        pass
+    return _show_samples(args, matched, shown, f"traces in {run_dir / samples.FOLDER}")
+
+
+async def _problems_at(url: str, keys: Keys, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    redis = connect(url)
+    try:
+        return await with_problems(redis, keys, shown)
+    finally:
+        await redis.aclose()
+
+
+async def cmd_theorem(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
+    """One problem of the run, as the verifier judges attempts at it."""
+    found = (await problems(redis, keys, [args.id]))[args.id]
+    if found is None:
+        held = await redis.hlen(keys.theorems)
+        some = [k.decode() for k in (await redis.hscan(keys.theorems, count=5))[1]][:3]
+        raise OpsError(f"run {keys.run!r} has no theorem {args.id!r} in {keys.theorems} ({held} problems"
+                           + (f", e.g. {', '.join(some)})" if some else ")"))  # fmt: skip
+    text.emit(args, found, text.theorem)
+    return 0

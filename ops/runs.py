@@ -11,6 +11,7 @@ From a directory, without any Redis: `run.json` (what the trainer runs and since
 
 from __future__ import annotations
 
+import argparse
 import socket
 import time
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from ops import text
 from streams.keys import Keys
 from trainer import result
-from trainer.curves import curve, samples_used
+from trainer.curves import curve, plot_runs, samples_used
 from trainer.metrics import read_records, update_records
 from trainer.result import INFO
 
@@ -194,3 +196,28 @@ def elsewhere(runs: list[dict[str, Any]]) -> list[str]:
 
 def stamp(epoch: float | None) -> str:
     return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+# -- the commands (no Redis) ---------------------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    folder = Path(args.dir).expanduser()
+    if not folder.is_dir():
+        return text.fail(f"{folder} does not exist: name the folder of the runs with --dir (default runs)", 2)
+    text.emit(args, {"dir": str(folder), "runs": listing(folder)}, text.runs)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    folder = Path(args.dir).expanduser()
+    try:
+        data = compare([resolve(name, folder) for name in args.runs])
+    except FileNotFoundError as e:
+        return text.fail(str(e), 2)
+    path = Path(args.plot).expanduser() if args.plot else (folder if folder.is_dir() else Path()) / "compare.png"
+    title = "held-out reward and exact success: " + ", ".join(r["name"] for r in data["runs"])
+    plotted = plot_runs([{"label": r["name"], "curve": r["curve"]} for r in data["runs"]], path, title)
+    data |= {"plot": str(plotted) if plotted else None, "elsewhere": elsewhere(data["runs"])}
+    text.emit(args, data, text.compare)
+    return 0

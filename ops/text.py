@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from ops.judged import problem_lines
 from streams.settings import shown_default
 from trainer.result import duration as minutes
 from trainer.result import evaluation_line
@@ -26,6 +28,22 @@ NOT_KEPT = ("IDLE: not kept in a finished run's data (Redis counts it from when 
 def on_copy(run_dir: str) -> str:
     """What a command that changed a finished run's data (`--run-dir`) adds: it was the copy's data."""
     return f"(done on a copy of {run_dir}'s Redis data, gone when this command ends: the run directory is unchanged)"
+
+
+def emit(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str], changed: bool = False) -> None:
+    """Print `data`: one JSON object under `--json`, else its text view. A command that `changed` a finished
+    run's data (`--run-dir`: a copy) says so."""
+    copy = getattr(args, "run_dir", None) if changed else None
+    if copy:
+        data = {**data, "copy_of": str(copy)}
+    as_json = getattr(args, "json", False)
+    shown = orjson.dumps(data).decode() if as_json else render(data)
+    print(shown + ("\n" + on_copy(copy) if copy and not as_json else ""), flush=True)
+
+
+def fail(message: str, code: int) -> int:
+    print(f"ops: {message}", file=sys.stderr)
+    return code
 
 
 def duration(ms: int | None) -> str:
@@ -285,6 +303,16 @@ def samples(data: dict[str, Any]) -> str:
         if s["detail"]:
             out.append(f"   checker: {_shown(s['detail'])}")
     return "\n".join(out)
+
+
+def problem_lines(p: dict[str, Any] | None) -> list[str]:
+    """A problem in words: Countdown's target and numbers; a Lean statement (with its informal text)."""
+    if p is None:
+        return ["(not in the run's {ps:R}:theorems)"]
+    if p["task"] == "countdown":
+        return [f"reach {p['target']} from {', '.join(map(str, p['numbers']))}, each number once"]
+    lines = [f"informal: {p['informal']}"] if p.get("informal") else []
+    return lines + p["statement"].split("\n")
 
 
 def theorem(p: dict[str, Any]) -> str:

@@ -52,8 +52,9 @@ def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
-    """The evaluations' first, last and best point (best: the highest reward, the earliest of equals), each
-    with the problems solved exactly; None before the first evaluation."""
+    """The evaluations' first, last and best point (best: the highest reward, the latest of equals, so a run
+    that ends at its best says no more than its last), each with the problems solved exactly; None before
+    the first evaluation."""
     points = []
     for version, e in sorted(evals.items(), key=lambda kv: int(kv[0])):
         problems = int(e.get("problems") or 0)
@@ -61,7 +62,7 @@ def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
                        "solved": round(e["held_out_exact"] * problems), "problems": problems})  # fmt: skip
     if not points:
         return None
-    best = max(points, key=lambda p: (p["reward"], -p["version"]))
+    best = max(points, key=lambda p: (p["reward"], p["version"]))
     return {"first": points[0], "last": points[-1], "best": best, "evaluations": len(points)}
 
 

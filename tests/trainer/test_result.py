@@ -62,3 +62,10 @@ def test_the_reading_says_what_countdowns_shaped_credit_means():
     assert "0.1 is the answer format only" in text and "0.5 the right numbers" in text and "up to 0.8" in text
     assert "reward and exact are the same measure" in result.reading("lean")
     assert [result.duration(s) for s in (None, 41.4, 397, 7500)] == ["-", "41 s", "6 min 37 s", "2 h 05 min"]
+
+
+def test_a_run_that_ends_at_its_best_names_no_other_best():
+    tied = {**EVALS, "8": {"held_out_reward": 0.2, "held_out_exact": 0.09375, "problems": 32}}  # v8 equals v4
+    h = result.held_out(tied)
+    assert h["best"]["version"] == 8
+    assert result.evaluation_line(h) == "held-out reward 0.090 (v0) -> 0.200 (v8); exact 0/32 -> 3/32"
