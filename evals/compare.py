@@ -51,6 +51,7 @@ from evals.eta import Eta
 from evals.runs import EvalError, run_redis
 from streams.embedded import die_with_parent
 from streams.keys import Keys
+from streams.settings import DefaultsFormatter
 from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
 from trainer.curves import curve, plot_runs, samples_used
 from trainer.loop import FINISHED_BEFORE
@@ -337,8 +338,9 @@ def summary_line(summary: dict[str, Any]) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evals.compare", description=__doc__.split("\n\n")[1],
-                                epilog="Any other flag goes to both `python -m trainer` runs.")  # fmt: skip
-    p.add_argument("--task", choices=("countdown", "lean"), default="countdown")
+                                epilog="Any other flag goes to both `python -m trainer` runs.",
+                                formatter_class=DefaultsFormatter)  # fmt: skip
+    p.add_argument("--task", choices=("countdown", "lean"), default="countdown", help="the task both runs train on")
     p.add_argument("--budget", type=int, required=True, help="training samples (generated attempts) per algorithm")
     p.add_argument("--out", default="", help="output folder (default runs/compare-<timestamp>)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one comparison per seed")
@@ -349,7 +351,7 @@ def parser() -> argparse.ArgumentParser:
         help="GRPO's sampling temperature (the trainer's default; ES members: --es-temperature, default 0; "
         "evaluation: 0)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most (both runs)")
     p.add_argument("--held-out", type=int, default=32, help="held-out problems")
     p.add_argument("--problems", type=int, default=256, help="countdown training problems")
     p.add_argument("--eval-points", type=int, default=4, help="evaluations after version 0, per algorithm")
@@ -359,14 +361,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                    help="the generators' weights precision (PROOFSTREAM_DTYPE for the runs' generators)")  # fmt: skip
     cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
-    p.add_argument("--es-population", type=int, default=cpu["population"], help="default: the cpu preset's")
-    p.add_argument("--es-batch", type=int, default=cpu["batch"],
-                   help="problems every ES member answers, per version (default: the cpu preset's)")  # fmt: skip
-    p.add_argument("--es-sigma", type=float, default=None, help="default: the cpu preset's")
-    p.add_argument("--es-alpha", type=float, default=None, help="default: the cpu preset's")
+    p.add_argument("--es-population", type=int, default=cpu["population"],
+                   help=f"ES members a version (default: the cpu preset's, {cpu['population']})")  # fmt: skip
+    p.add_argument(
+        "--es-batch",
+        type=int,
+        default=cpu["batch"],
+        help=f"problems every ES member answers a version (default: the cpu preset's, {cpu['batch']})",
+    )
+    p.add_argument(
+        "--es-sigma", type=float, default=None, help=f"ES noise scale (default: the cpu preset's, {cpu['sigma']})"
+    )
+    p.add_argument(
+        "--es-alpha", type=float, default=None, help=f"ES step size (default: the cpu preset's, {cpu['alpha']})"
+    )
     p.add_argument("--grpo-batch", type=int, default=GRPO_BATCH, help="theorems (groups) per GRPO step")
-    p.add_argument("--grpo-group-size", type=int, default=trainer["group_size"].default)
-    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="default: the trainer's")
+    p.add_argument(
+        "--grpo-group-size", type=int, default=trainer["group_size"].default, help="GRPO: samples per theorem"
+    )
+    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="GRPO's AdamW learning rate")
     return p
 
 

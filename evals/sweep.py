@@ -52,6 +52,7 @@ import orjson
 from evals import plots
 from evals.compare import INTERRUPTED, _json, _minutes, endpoints, plan, run_one, samples_per_version
 from evals.eta import Eta
+from streams.settings import DefaultsFormatter
 from trainer.config import PRESETS, TrainerSettings
 from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
@@ -251,7 +252,8 @@ def write(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) ->
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.split("\n\n")[1],
-                                epilog="Any other flag goes to every `python -m trainer` run.")  # fmt: skip
+                                epilog="Any other flag goes to every `python -m trainer` run.",
+                                formatter_class=DefaultsFormatter)  # fmt: skip
     p.add_argument("--out", required=True, help="the sweep's folder: cells, tables, plot (resumes what it holds)")
     p.add_argument("--algo", nargs="+", default=["es"], choices=("es", "grpo"),
                    help="es: a cell per sigma x alpha x population x antithetic; grpo: per lr x group size x "
@@ -259,19 +261,20 @@ def parser() -> argparse.ArgumentParser:
     cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
     p.add_argument("--sigma", type=float, nargs="+", default=[cpu["sigma"]], help="ES (default: the cpu preset's)")
     p.add_argument("--alpha", type=float, nargs="+", default=[cpu["alpha"]], help="ES (default: the cpu preset's)")
-    p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES")
+    p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES members a version")
     p.add_argument("--antithetic", nargs="+", default=[cpu["antithetic"]], type=_on_off, metavar="on|off",
                    help="ES: mirrored pairs (+eps, -eps) or independent members")  # fmt: skip
-    p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO")
+    p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO's learning rate")
     p.add_argument("--group-size", dest="group_size", type=int, nargs="+", default=[trainer["group_size"].default],
                    help="GRPO: samples per theorem")  # fmt: skip
     p.add_argument("--temperature", type=float, nargs="+", default=[trainer["temperature"].default],
                    help="GRPO's sampling temperature (ES members: es_temperature, greedy by default)")  # fmt: skip
     p.add_argument("--batch", type=int, nargs="+", default=[cpu["batch"]],
                    help="problems every ES member answers; theorems (groups) per GRPO step")  # fmt: skip
-    p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"))
+    p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"),
+                   help="Countdown's problems: easy = 2-3 numbers, + - * only")  # fmt: skip
     p.add_argument("--problems", type=int, nargs="+", default=[256], help="Countdown training problems")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="a cell per seed of each configuration")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--iterations", type=int, default=10, help="policy versions per cell")
     budget.add_argument("--samples", type=int,

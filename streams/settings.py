@@ -267,3 +267,15 @@ class SettingsParser(argparse.ArgumentParser):
                 if isinstance(action, argparse._SubParsersAction):
                     todo += list(action.choices.values())
         return found
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """argparse's help with each option's default, `(default: X)`, where its own words do not already say what
+    it defaults to (the commands whose flags are not settings: evals.compare, evals.sweep, ...)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unsaid = action.default is None or action.default is argparse.SUPPRESS or action.default is False
+        if "default" in text or unsaid or action.default == "" or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".strip()

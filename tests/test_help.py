@@ -97,3 +97,21 @@ def test_the_generators_help_shows_its_defaults():
         assert f"[PROOFSTREAM_{name.upper()}, TOML " in shown[name]
         if name not in own_words:
             assert default_in(shown[name]) == shown_default(getattr(loaded, name)), name
+
+
+def test_the_evaluation_commands_say_each_flags_default():
+    """evals.compare, evals.sweep and evals.members have their own flags (not settings): each has help, and
+    each that has a value by default says it (argparse's `(default: X)`, or the help's own words)."""
+    from evals import compare, members, sweep
+
+    for parser in (compare.parser(), sweep.parser(), members.parser()):
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, (parser.prog, action.dest)
+            if action.default not in (None, False, "", argparse.SUPPRESS) and "default" not in action.help:
+                assert f"(default: {action.default})" in text, (parser.prog, action.dest)
+    assert "--es-population ES_POPULATION ES members a version (default: the cpu preset's, 8)" in " ".join(
+        compare.parser().format_help().split()
+    )

@@ -219,6 +219,13 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         assert "held-out reward (greedy) (other)" in page.text("legend")
         page.set("overlay-select", "")
         wait.until(lambda d: len(page.lines()) == 4)
+        # the run selector: the other run's result and curves take the panel's place; this run's come back
+        page.set("run-select", "other")
+        wait.until(lambda d: (page.text("result-head") or "").startswith("GRPO on countdown"))
+        assert {line["run"] for line in page.lines()} == {"other"} and len(page.lines()) == 4
+        assert page.text("result-held-out").startswith("held-out reward 0.050 (v0) → 0.400 (v1); exact 0/8 → 2/8")
+        page.set("run-select", "")
+        wait.until(lambda d: {line["run"] for line in page.lines()} == {RUN})
 
         assert page.text("checks-per-s-vm-1") == "-"  # one report seen: no rate yet
         await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker | {"processed": 30, "updated_ms": 3_000}))
