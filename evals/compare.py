@@ -6,7 +6,8 @@ success against samples, for each seed in `OUT/seed<K>/` (a table `compare.md`, 
 `compare.png`), and over the seeds in `OUT/` itself: mean and spread of the held-out reward and exact success
 at the end, the gain from version 0, proofs verified per version (the case study's measure: training
 attempts judged `proved` per update), wall time and training samples per second, per algorithm; a plot of
-the mean curves with their min-max band. Resumable: a seed whose two runs finished is not run again.
+the mean curves with their min-max band. Resumable: a seed whose two runs finished is not run again. It says
+how many versions it will run, an estimate once the first is done and an ETA after each (evals/eta.py).
 
 The two runs go one after the other as `python -m trainer` subprocesses, each with its own local pipeline
 (private Redis, generator, verifier), the same seed and so the same problems and held-out split, the same
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,18 +47,23 @@ import orjson
 import redis
 
 from evals import plots
+from evals.eta import Eta
 from evals.runs import EvalError, run_redis
 from streams.embedded import die_with_parent
 from streams.keys import Keys
+from streams.settings import DefaultsFormatter
 from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
+from trainer.curves import curve, plot_runs, samples_used
 from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records, update_records
+from trainer.result import INFO
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("es", "grpo")
 LABELS = {"es": "ES", "grpo": "GRPO"}
 COLORS = {"es": "tab:blue", "grpo": "tab:orange"}
 INTERRUPTED = (130, -2, -15)  # python -m trainer's exit after SIGINT/SIGTERM, or killed by either signal
+TICK_S = 10.0  # how often a running trainer's progress is read for the ETA
 # Trainer flags this module sets itself (same value for both runs, or per algorithm from the budget).
 OWNED = {
     "--algo": "(both run)",
@@ -118,32 +125,6 @@ def plan(algo: str, budget: int, per_version: int, eval_points: int, flags: tupl
     return Plan(algo, per_version, iterations, max(1, iterations // max(1, eval_points)), flags)
 
 
-def curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Held-out points from a run's metrics records, in version order, each with the training samples the
-    updates up to its version consumed (`samples` where the record has it, else the running sum of
-    `attempts`). Version 0 is at 0 samples."""
-    at = {0: 0}
-    total = 0
-    for r in sorted(update_records(records), key=lambda r: r["version"]):
-        total += int(r.get("attempts", 0))
-        at[int(r["version"])] = int(r["samples"]) if "samples" in r else total
-    points = []
-    for r in sorted((r for r in records if r.get("eval")), key=lambda r: r["version"]):
-        v = int(r["version"])
-        points.append({"version": v, "samples": at.get(v), "held_out_reward": r["held_out_reward"],
-                       "held_out_exact": r["held_out_exact"], "problems": r.get("problems")})  # fmt: skip
-    return points
-
-
-def samples_used(records: list[dict[str, Any]]) -> int:
-    """Training attempts consumed by the run's updates (the last version's x)."""
-    updates = update_records(records)
-    if not updates:
-        return 0
-    last = max(updates, key=lambda r: r["version"])
-    return int(last["samples"]) if "samples" in last else sum(int(r.get("attempts", 0)) for r in updates)
-
-
 def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]]) -> int | None:
     """Attempts the run's generators published (their own final count, in the run's Redis, opened again from
     its AOF in `run_dir/redis`), less those of evaluation orders (one per held-out problem each). None when
@@ -169,17 +150,19 @@ def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: lis
             "--eval-every", str(p.eval_every), *p.flags, "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
 
 
-def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, float]:
-    """Run one trainer to the end, its output in `log_path`. (exit status, wall seconds). A SIGTERM to this
-    process is passed on to the trainer, which stops its pipeline and exits 130; if this process dies, the
-    kernel sends the trainer SIGTERM (PR_SET_PDEATHSIG), so no trainer is left running without it."""
+def run_one(argv: list[str], env: dict[str, str], log_path: Path, tick: Callable[[], object] | None = None,
+            every_s: float = TICK_S) -> tuple[int, float]:  # fmt: skip
+    """Run one trainer to the end, its output in `log_path`, calling `tick` every `every_s` while it runs (the
+    ETA, evals/eta.py). (exit status, wall seconds). A SIGTERM to this process is passed on to the trainer,
+    which stops its pipeline and exits 130; if this process dies, the kernel sends the trainer SIGTERM
+    (PR_SET_PDEATHSIG), so no trainer is left running without it."""
     started = time.monotonic()
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=die_with_parent)  # fmt: skip
         previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            code = proc.wait()
+            code = _wait(proc, tick, every_s)
         except KeyboardInterrupt:  # the trainer got the Ctrl-C too (same process group): let it stop its pipeline
             code = proc.wait()
             raise
@@ -188,10 +171,18 @@ def run_one(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, 
     return code, round(time.monotonic() - started, 1)
 
 
+def _wait(proc: subprocess.Popen, tick: Callable[[], object] | None, every_s: float) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=every_s if tick else None)
+        except subprocess.TimeoutExpired:  # still running: time to say how far the job is
+            tick()
+
+
 def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
     records = read_records(run_dir / "metrics.jsonl")
     report = _json(run_dir / "report.json")
-    points = curve(records)
+    points = curve(records, _json(run_dir / INFO).get("started"))
     return {
         "plan": {**asdict(p), "flags": list(p.flags), "samples": p.samples},
         "command": argv,
@@ -321,20 +312,11 @@ def _minutes(seconds: float | None) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """x = training samples, y = held-out reward (solid) and exact success (dashed), one colour per algo."""
-    if (plt := plots.pyplot()) is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for algo, r in result["algos"].items():
-        pts = [p for p in r["curve"] if p["samples"] is not None]
-        x = [p["samples"] for p in pts]
-        ax.plot(x, [p["held_out_reward"] for p in pts], marker="o", color=COLORS[algo],
-                label=f"{LABELS[algo]} held-out reward (shaped)")  # fmt: skip
-        ax.plot(x, [p["held_out_exact"] for p in pts], marker="^", linestyle="--", color=COLORS[algo],
-                label=f"{LABELS[algo]} held-out exact success")  # fmt: skip
-    ax.axvline(result["budget"], color="grey", linewidth=0.8, linestyle=":")
+    """Held-out reward (solid) and exact success (dashed) against training samples and against wall time, a
+    colour per algorithm: trainer/curves.py's plot, the one `python -m ops compare` draws."""
+    runs = [{"label": LABELS[algo], "color": COLORS[algo], "curve": r["curve"]} for algo, r in result["algos"].items()]
     title = f"ES vs GRPO, {result['settings']['task']}, greedy on {result['settings']['held_out']} held-out"
-    return plots.save(plt, fig, ax, path, title, "held-out reward / exact success")
+    return plot_runs(runs, path, title, budget=result["budget"])
 
 
 def write(result: dict[str, Any], out: Path) -> None:
@@ -356,8 +338,9 @@ def summary_line(summary: dict[str, Any]) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evals.compare", description=__doc__.split("\n\n")[1],
-                                epilog="Any other flag goes to both `python -m trainer` runs.")  # fmt: skip
-    p.add_argument("--task", choices=("countdown", "lean"), default="countdown")
+                                epilog="Any other flag goes to both `python -m trainer` runs.",
+                                formatter_class=DefaultsFormatter)  # fmt: skip
+    p.add_argument("--task", choices=("countdown", "lean"), default="countdown", help="the task both runs train on")
     p.add_argument("--budget", type=int, required=True, help="training samples (generated attempts) per algorithm")
     p.add_argument("--out", default="", help="output folder (default runs/compare-<timestamp>)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one comparison per seed")
@@ -368,7 +351,7 @@ def parser() -> argparse.ArgumentParser:
         help="GRPO's sampling temperature (the trainer's default; ES members: --es-temperature, default 0; "
         "evaluation: 0)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most (both runs)")
     p.add_argument("--held-out", type=int, default=32, help="held-out problems")
     p.add_argument("--problems", type=int, default=256, help="countdown training problems")
     p.add_argument("--eval-points", type=int, default=4, help="evaluations after version 0, per algorithm")
@@ -378,14 +361,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-dtype", choices=("auto", "float32", "bfloat16"), default="float32",
                    help="the generators' weights precision (PROOFSTREAM_DTYPE for the runs' generators)")  # fmt: skip
     cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
-    p.add_argument("--es-population", type=int, default=cpu["population"], help="default: the cpu preset's")
-    p.add_argument("--es-batch", type=int, default=cpu["batch"],
-                   help="problems every ES member answers, per version (default: the cpu preset's)")  # fmt: skip
-    p.add_argument("--es-sigma", type=float, default=None, help="default: the cpu preset's")
-    p.add_argument("--es-alpha", type=float, default=None, help="default: the cpu preset's")
+    p.add_argument("--es-population", type=int, default=cpu["population"],
+                   help=f"ES members a version (default: the cpu preset's, {cpu['population']})")  # fmt: skip
+    p.add_argument(
+        "--es-batch",
+        type=int,
+        default=cpu["batch"],
+        help=f"problems every ES member answers a version (default: the cpu preset's, {cpu['batch']})",
+    )
+    p.add_argument(
+        "--es-sigma", type=float, default=None, help=f"ES noise scale (default: the cpu preset's, {cpu['sigma']})"
+    )
+    p.add_argument(
+        "--es-alpha", type=float, default=None, help=f"ES step size (default: the cpu preset's, {cpu['alpha']})"
+    )
     p.add_argument("--grpo-batch", type=int, default=GRPO_BATCH, help="theorems (groups) per GRPO step")
-    p.add_argument("--grpo-group-size", type=int, default=trainer["group_size"].default)
-    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="default: the trainer's")
+    p.add_argument(
+        "--grpo-group-size", type=int, default=trainer["group_size"].default, help="GRPO: samples per theorem"
+    )
+    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="GRPO's AdamW learning rate")
     return p
 
 
@@ -434,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    eta = Eta("compare", versions_to_run(args.seeds, out, todo))
+    print(
+        f"compare: {eta.total} versions to run ({', '.join(f'{p.algo} {p.iterations}' for p in todo)} a seed, "
+        f"seeds {args.seeds}, less what finished before); an estimate follows the first version",
+        file=sys.stderr,
+    )
     results: dict[int, dict[str, Any]] = {}
     summary: dict[str, Any] = {}
     for seed in args.seeds:
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare: seed {seed}: finished before, not run again", file=sys.stderr)
             results[seed] = done
         else:
-            results[seed] = compare_seed(args, seed, seed_out, todo, extra)
+            results[seed] = compare_seed(args, seed, seed_out, todo, extra, eta)
         summary = summarize(results, args)
         write_summary(summary, out)  # after each seed: a comparison cut short keeps its summary
         if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
@@ -454,7 +454,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["ok"] else 1
 
 
-def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str]) -> dict[str, Any]:
+def versions_to_run(seeds: list[int], out: Path, todo: list[Plan]) -> int:
+    """The versions the comparison still has to make: every seed's runs but those that finished before."""
+    total = 0
+    for seed in seeds:
+        done = _json(out / f"seed{seed}" / "compare.json")
+        if done.get("ok") and set(done.get("algos", {})) == set(ALGOS):
+            continue
+        total += sum(p.iterations for p in todo if done.get("algos", {}).get(p.algo, {}).get("returncode") != 0)
+    return total
+
+
+def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str],
+                 eta: Eta | None = None) -> dict[str, Any]:  # fmt: skip
     """ES then GRPO on one seed (the same problems and held-out split for both), in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ}
@@ -493,7 +505,11 @@ def compare_seed(args: argparse.Namespace, seed: int, out: Path, todo: list[Plan
         argv = trainer_argv(p, common, run, run_dir, extra)
         print(f"compare: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
               f"log {out / p.algo}.log", file=sys.stderr)  # fmt: skip
-        code, wall_s = run_one(argv, env, out / f"{p.algo}.log")
+        if eta is not None:
+            eta.start(run_dir)
+        code, wall_s = run_one(argv, env, out / f"{p.algo}.log", tick=eta.tick if eta else None)
+        if eta is not None:
+            eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its result was written: read it
         result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
         result["ok"] = result["ok"] and code == 0

@@ -32,6 +32,7 @@ import orjson
 
 from producers.engine import Sampling
 from producers.engines import choose, make_engine
+from streams.settings import DefaultsFormatter
 from tasks.countdown import countdown_messages, countdown_problems, extract_countdown, reward
 from tasks.prompts import tokenize
 from trainer.es import members_for, zscore
@@ -116,16 +117,17 @@ def _round(x: float | None) -> float | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evals.members", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sigma", type=float, nargs="+", default=[0.001, 0.003, 0.01])
-    p.add_argument("--population", type=int, default=8)
+    p = argparse.ArgumentParser(prog="python -m evals.members", description=__doc__.split("\n\n")[0],
+                                formatter_class=DefaultsFormatter)  # fmt: skip
+    p.add_argument("--sigma", type=float, nargs="+", default=[0.001, 0.003, 0.01], help="the noise scales measured")
+    p.add_argument("--population", type=int, default=8, help="ES members at each sigma")
     p.add_argument("--batch", type=int, default=32, help="Countdown training problems every member answers")
-    p.add_argument("--antithetic", action="store_true")
+    p.add_argument("--antithetic", action="store_true", help="mirrored member pairs (+eps, -eps); default off")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the trainer's es_temperature default")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most")
     p.add_argument("--engine", default="hf", help="hf | vllm | auto")
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the problems and the members' seeds follow from it")
     p.add_argument("--out", default="", help="also write the JSON here (e.g. docs/results/es-members.json)")
     return p
 

@@ -54,18 +54,29 @@ from producers.engine import in_engine_thread
 from producers.policy import PolicyMismatch
 from streams import files, logs
 from streams.connect import connect
-from streams.settings import SettingsError
+from streams.settings import SettingsError, SettingsParser
 from trainer.config import TrainerSettings
 from trainer.local import lean_backend_problem
 from verifier_pool.pool import backends, make_checkers
 from verifier_pool.sandbox import SandboxError
 from weights.model import MissingDependency, ModelNotFound
 
-# Trainer settings that shape training only: `--help` does not offer them (an evaluation has no use for them).
-TRAINING_ONLY = ("iterations", "batch", "eval_every", "preset", "population", "sigma", "alpha", "antithetic",
-                 "es_temperature", "max_staleness", "quorum", "deadline_s", "order_timeout_s", "lease_s", "history_s",
-                 "group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "verifiers",
-                 "mlflow_uri", "mlflow_experiment")  # fmt: skip
+# The trainer settings an evaluation reads (which run, its problems, its model and prompts, its checkers):
+# `--help` offers these and no other (the ones that shape training only are no use here).
+EVAL_FLAGS = ("run", "run_dir", "redis_url", "log_level", "task", "seed", "dataset", "problems", "held_out",
+              "curriculum", "model", "prompt_format", "max_new_tokens", "sandbox",
+              "verifier_concurrency", "kimina_url", "lean_repl_cmd", "lean_workdir", "lean_image", "lean_audit_cmd",
+              "lean_second_line")  # fmt: skip
+TEMPERATURE = 1.0  # the eval's own sampling temperature (pass@k samples), not the run's
+LOG_LEVEL = "warning"  # the eval's own: its table and JSON line are what it prints
+# What each flag defaults to here, where it is not the trainer's default: most come from the run itself.
+EVAL_DEFAULTS = {
+    **dict.fromkeys(EVAL_FLAGS, "the run's"),
+    "run": "the one run the Redis holds, else default",
+    "run_dir": "runs/<run>",
+    "log_level": LOG_LEVEL,
+    "redis_url": "the run's embedded Redis (<run dir>/redis, restarted for the eval if stopped)",
+}
 
 
 # ------------------------------------------------------------------------------------------ the estimator
@@ -100,18 +111,35 @@ class Options:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m evals.passk", description=__doc__.split("\n\n")[1])
-    # --run, --run-dir, --redis-url, --config, --max-new-tokens, the task and data, the model, the sandboxes
-    TrainerSettings.add_arguments(parser, exclude=TRAINING_ONLY)
-    parser.add_argument("--version", dest="eval_version", required=True, help="policy version, or 'latest'")
-    parser.add_argument("--samples", dest="eval_samples", type=int, default=8, help="samples per problem (n)")
-    parser.add_argument("--k", dest="eval_k", default=None, help="e.g. 1,4,8 (each <= n); default 1,4,8 up to n, and n")
-    parser.add_argument("--limit", dest="eval_limit", type=int, default=None, help="first N held-out problems only")
-    parser.add_argument("--sample-seed", dest="eval_seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--device", dest="eval_device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--es-snapshots", dest="eval_snapshots", default=None,
-                        help="ES: replay from the newest snapshot in this folder (a generator's snapshot_dir) "
-                        "instead of from the base; default: from the base, trusting nothing else")  # fmt: skip
+    parser = SettingsParser(prog="python -m evals.passk", description=__doc__.split("\n\n")[1],
+                            epilog="\"the run's\": what the finished run's report.json holds (a flag that contradicts "
+                            "it where it defines the run is refused); while the run has not finished, the flags, "
+                            "config and PROOFSTREAM_* as given.")  # fmt: skip
+    TrainerSettings.add_arguments(parser, only=EVAL_FLAGS, defaults=EVAL_DEFAULTS)
+    own = parser.add_argument_group("the evaluation")
+    own.add_argument("--version", dest="eval_version", required=True, metavar="V",
+                     help="policy version to evaluate, or 'latest' (required)")  # fmt: skip
+    own.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        metavar="X",
+        help=f"the samples' temperature (the eval's own, not the run's); default {TEMPERATURE}",
+    )
+    own.add_argument("--samples", dest="eval_samples", type=int, default=8, metavar="N",
+                     help="samples per problem (n); default 8")  # fmt: skip
+    own.add_argument("--k", dest="eval_k", default=None, metavar="K,K,...",
+                     help="e.g. 1,4,8 (each <= n); default 1, 4, 8 up to n, and n")  # fmt: skip
+    own.add_argument("--limit", dest="eval_limit", type=int, default=None, metavar="N",
+                     help="the first N held-out problems only; default all")  # fmt: skip
+    own.add_argument("--sample-seed", dest="eval_seed", type=int, default=0, metavar="N",
+                     help="sampling seed; default 0")  # fmt: skip
+    own.add_argument("--device", dest="eval_device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where the policy generates; auto: where the run drew its ES noise, else cuda when "
+                     "available; default auto")  # fmt: skip
+    own.add_argument("--es-snapshots", dest="eval_snapshots", default=None, metavar="DIR",
+                     help="ES: replay from the newest snapshot in this folder (a generator's snapshot_dir) "
+                     "instead of from the base; default: from the base, trusting nothing else")  # fmt: skip
     return parser
 
 
@@ -129,10 +157,7 @@ def _options(args: argparse.Namespace) -> Options:
         if not ks or ks[0] < 1 or ks[-1] > n:
             raise EvalError(f"--k {args.eval_k}: each k must be in 1..n, and n = --samples = {n}")
     version = None if args.eval_version == "latest" else _int(args.eval_version, "--version", low=0)
-    try:
-        temperature = float(getattr(args, "temperature", 1.0))  # the eval's own default, not the run's
-    except ValueError:
-        temperature = -1.0
+    temperature = args.temperature
     if temperature < 0 or (args.eval_limit is not None and args.eval_limit < 1):
         raise EvalError("--temperature must be a number >= 0 and --limit an integer >= 1")
     if args.eval_snapshots and not Path(args.eval_snapshots).is_dir():
@@ -288,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = _options(args)
         given = {k: v for k, v in vars(args).items() if k in TrainerSettings.model_fields and k != "temperature"}
         cli = TrainerSettings.load(config_path=args.config, flags=given)
-        logs.configure(args.log_level if "log_level" in vars(args) else "warning")
+        logs.configure(cli.log_level if "log_level" in cli.model_fields_set else LOG_LEVEL)
         run_dir = cli.directory()
         settings, settings_source = run_settings(cli, run_dir)
         with run_redis(settings, run_dir) as (url, how):

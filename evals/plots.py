@@ -6,19 +6,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-X_LABEL = "training samples (generated attempts used by updates)"
+from trainer.curves import SAMPLES_LABEL, pyplot
 
+__all__ = ["X_LABEL", "mean_band", "pyplot", "save"]
 
-def pyplot() -> Any | None:
-    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed (no plot then)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
+X_LABEL = SAMPLES_LABEL
 
 
 def mean_band(ax: Any, curves: list[list[dict[str, Any]]], label: str, color: str | None = None) -> None:

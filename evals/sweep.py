@@ -19,7 +19,8 @@ Where the cells run:
   without running anything).
 
 Resumable: a cell whose run finished (its `cell.json` says exit 0) is not run again, so a sweep cut short is
-finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume).
+finished by the same command; a cell cut short resumes from its checkpoint (the trainer's own resume). It says
+how many versions it will run, an estimate once the first is done and an ETA after each (evals/eta.py).
 
 Budget: `--iterations` versions a cell, or `--samples N` training samples a cell (each cell gets the versions
 they buy at its cost a version, evaluated at `--eval-points` even steps): cells that differ in population or
@@ -49,18 +50,11 @@ from typing import Any
 import orjson
 
 from evals import plots
-from evals.compare import (
-    INTERRUPTED,
-    _json,
-    _minutes,
-    curve,
-    endpoints,
-    plan,
-    run_one,
-    samples_per_version,
-    samples_used,
-)
+from evals.compare import INTERRUPTED, _json, _minutes, endpoints, plan, run_one, samples_per_version
+from evals.eta import Eta
+from streams.settings import DefaultsFormatter
 from trainer.config import PRESETS, TrainerSettings
+from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records
 
@@ -258,7 +252,8 @@ def write(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) ->
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.split("\n\n")[1],
-                                epilog="Any other flag goes to every `python -m trainer` run.")  # fmt: skip
+                                epilog="Any other flag goes to every `python -m trainer` run.",
+                                formatter_class=DefaultsFormatter)  # fmt: skip
     p.add_argument("--out", required=True, help="the sweep's folder: cells, tables, plot (resumes what it holds)")
     p.add_argument("--algo", nargs="+", default=["es"], choices=("es", "grpo"),
                    help="es: a cell per sigma x alpha x population x antithetic; grpo: per lr x group size x "
@@ -266,19 +261,20 @@ def parser() -> argparse.ArgumentParser:
     cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
     p.add_argument("--sigma", type=float, nargs="+", default=[cpu["sigma"]], help="ES (default: the cpu preset's)")
     p.add_argument("--alpha", type=float, nargs="+", default=[cpu["alpha"]], help="ES (default: the cpu preset's)")
-    p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES")
+    p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES members a version")
     p.add_argument("--antithetic", nargs="+", default=[cpu["antithetic"]], type=_on_off, metavar="on|off",
                    help="ES: mirrored pairs (+eps, -eps) or independent members")  # fmt: skip
-    p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO")
+    p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO's learning rate")
     p.add_argument("--group-size", dest="group_size", type=int, nargs="+", default=[trainer["group_size"].default],
                    help="GRPO: samples per theorem")  # fmt: skip
     p.add_argument("--temperature", type=float, nargs="+", default=[trainer["temperature"].default],
                    help="GRPO's sampling temperature (ES members: es_temperature, greedy by default)")  # fmt: skip
     p.add_argument("--batch", type=int, nargs="+", default=[cpu["batch"]],
                    help="problems every ES member answers; theorems (groups) per GRPO step")  # fmt: skip
-    p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"))
+    p.add_argument("--curriculum", nargs="+", default=["easy"], choices=("easy", "ramp", "none"),
+                   help="Countdown's problems: easy = 2-3 numbers, + - * only")  # fmt: skip
     p.add_argument("--problems", type=int, nargs="+", default=[256], help="Countdown training problems")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="a cell per seed of each configuration")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--iterations", type=int, default=10, help="policy versions per cell")
     budget.add_argument("--samples", type=int,
@@ -317,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"out": str(out), "argv": argv, "iterations": args.iterations, "samples": args.samples, "extra": extra}
     results, ran, skipped, started, ok = [], 0, 0, time.monotonic(), True
+    eta = Eta("sweep", sum(budgets[c.key][0] for c in todo if finished(out / "cells" / c.key) is None))
+    print(f"sweep: {eta.total} versions to run in {len(todo)} cells (less those finished before); an estimate "
+          "follows the first version", file=sys.stderr)  # fmt: skip
     for cell in todo:
         run_dir, run = out / "cells" / cell.key, run_id(out, cell)
         if (done := finished(run_dir)) is not None:
@@ -328,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(iterations),
                    "--eval-every", str(eval_every), "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
-        code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log")
+        eta.start(run_dir)
+        code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log", tick=eta.tick)
+        eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its cell.json was written: read it
         result = cell_result(cell, run_dir, run, command, code, wall_s)
         (run_dir / "cell.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))

@@ -169,13 +169,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=("auto", "cpu", "cuda"),
         help="where the engine runs (default auto: cuda when torch sees a GPU)",
     )
-    p.add_argument("--kv-cache", default="dynamic", choices=("dynamic", "static"),
-                   help="hf engine: static lets transformers compile the decoding step on a GPU (producers/hf.py)")
+    p.add_argument(
+        "--kv-cache",
+        default="dynamic",
+        choices=("dynamic", "static"),
+        help="hf engine: static lets transformers compile the decoding step on a GPU (producers/hf.py)",
+    )
     p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
     p.add_argument("--orders", type=int, default=3, help="work orders per round")
     p.add_argument("--prompts", type=int, default=4, help="Countdown problems per order")
     p.add_argument("--n", type=int, default=2, help="samples per problem")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens a sample generates at most (default 48)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="engine CPU threads (0: the library's default)")
     p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")

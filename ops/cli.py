@@ -1,5 +1,9 @@
 """`python -m ops`: the operator's view of a run, from the same Redis the roles use.
 
+    python -m ops run                          the run's result first (ops/runs.py), then its health
+    python -m ops runs [--dir runs]            the runs in a folder, from their files (no Redis)
+    python -m ops compare R1 R2 ... [--plot P] runs side by side: table, differences, one plot
+    python -m ops theorem ID                   one problem of the run, as the verifier judges it
     python -m ops streams                      lengths, group lag / pending, consumers and their idle time
     python -m ops dlq list [--limit N]         dead letters, oldest first
     python -m ops dlq show ID                  one dead letter, its original fields byte for byte
@@ -10,9 +14,9 @@
     python -m ops verdicts reasons             the newest verdicts counted, refusals by reason and rule
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
     python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/dashboard.py)
-    python -m ops samples [--version V] [--verdict X] [--theorem ID] [-n N]
-                                               judged attempts: text, proof, verdict (the run dir's traces
-                                               with --run-dir, else the streams' history)
+    python -m ops samples [--version V] [--verdict X] [--theorem ID] [--text REGEX] [-n N]
+                                               judged attempts: problem, text, proof, verdict (the run dir's
+                                               traces with --run-dir, else the streams' history)
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
@@ -34,9 +38,9 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import orjson
 from pydantic import Field
@@ -54,14 +58,16 @@ from ops import (
     dlq,
     finished,
     inspect,
+    judged,
+    runs,
     text,
     verdicts,
 )
-from streams import samples
+from ops.text import emit, fail
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
-from streams.settings import RoleSettings, SettingsError
+from streams.settings import RoleSettings, SettingsError, SettingsParser
 from weights.device import NoDevice
 
 NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
@@ -75,23 +81,25 @@ class OpsSettings(RoleSettings):
     timeout_s: float = Field(5.0, gt=1.0, description="seconds to wait for Redis to connect or answer")
 
 
+# Shared settings ops has no use for: it never settles (WAIT) and logs nothing of its own.
+NOT_OPS = ("log_level", "settle_replicas", "settle_wait_ms")
+
 Command = Callable[[Redis, Keys, argparse.Namespace], Awaitable[int]]
-
-
-def _print(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str]) -> None:
-    print(orjson.dumps(data).decode() if getattr(args, "json", False) else render(data), flush=True)
 
 
 # -- commands -----------------------------------------------------------------------------------------
 
 
 async def cmd_run(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await inspect.run_report(redis, keys), text.run)
+    run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
+    data = {"result": await runs.from_redis(redis, keys, run_dir), **await inspect.run_report(redis, keys)}
+    emit(args, inspect.without_idle(data) if run_dir else data, text.run)
     return 0
 
 
 async def cmd_streams(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await inspect.stream_report(redis, keys), text.streams)
+    data = await inspect.stream_report(redis, keys)
+    emit(args, inspect.without_idle(data) if getattr(args, "run_dir", None) else data, text.streams)
     return 0
 
 
@@ -100,7 +108,7 @@ async def cmd_tail(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     entries = await inspect.tail(redis, keys, args.stream, args.count)
     if not args.follow:
         data = {"stream": args.stream, "key": keys.stream(args.stream), "entries": entries}
-        _print(args, data, lambda d: "\n".join(map(text.entry, d["entries"])) or f"{d['key']} has no entries")
+        emit(args, data, lambda d: "\n".join(map(text.entry, d["entries"])) or f"{d['key']} has no entries")
         return 0
     # Following: one line per entry as it comes, JSON lines under --json, so a pipe sees each at once.
     after = entries[-1]["id"] if entries else "0-0"
@@ -126,48 +134,12 @@ def _stop_on_signals() -> asyncio.Event:
 async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     """Keep the copy of a finished run's Redis up for redis-cli (or another ops) until Ctrl-C or SIGTERM."""
     url = args.settings.redis_url
-    _print(args, {"redis_url": url, "run": keys.run},
+    emit(args, {"redis_url": url, "run": keys.run},
            lambda d: f"run {d['run']!r} of {args.run_dir} served (a copy) at {d['redis_url']} until Ctrl-C:\n"
            f"  redis-cli -u {d['redis_url']} XLEN '{{ps:{d['run']}}}:rewards'\n"
            f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run")  # fmt: skip
     await _stop_on_signals().wait()
     return 0
-
-
-SCAN_REWARDS = 10_000  # `samples` from Redis: the newest rewards the filters look through
-
-
-def _wanted(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
-    def wanted(s: dict[str, Any]) -> bool:
-        return ((args.version is None or s["policy_version"] == args.version)
-                and (args.verdict is None or s["verdict"] == args.verdict)
-                and (args.theorem is None or s["theorem_id"] == args.theorem)
-                and (args.kind == "all" or s["eval"] == (args.kind == "eval")))  # fmt: skip
-
-    return wanted
-
-
-def _show_samples(args: argparse.Namespace, found: Iterable[dict[str, Any]], source: str) -> int:
-    wanted = _wanted(args)
-    matched = [s for s in found if wanted(s)]
-    shown = matched[-args.count :]
-    _print(args, {"source": source, "matched": len(matched), "shown": len(shown), "samples": shown}, text.samples)
-    return 0
-
-
-async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    """The newest judged attempts still in the streams (their history_s), joined with their text."""
-    found = await samples.from_redis(redis, keys, SCAN_REWARDS)
-    return _show_samples(args, found, f"the newest {SCAN_REWARDS} rewards of {keys.rewards}")
-
-
-def samples_from_run_dir(args: argparse.Namespace) -> int:
-    """The run's traces: every sample it read, from its directory's files (no Redis needed)."""
-    run_dir = Path(args.run_dir).expanduser()
-    if not (run_dir / samples.FOLDER).is_dir():
-        return _fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
-                     "before traces were kept", 2)  # fmt: skip
-    return _show_samples(args, samples.read_dir(run_dir, args.version), f"traces in {run_dir / samples.FOLDER}")
 
 
 async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -176,12 +148,12 @@ async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> i
 
 
 async def cmd_dlq_list(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
+    emit(args, await dlq.list_letters(redis, keys, args.limit), text.dlq_list)
     return 0
 
 
 async def cmd_dlq_show(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    _print(args, await dlq.show_letter(redis, keys, args.id), text.dlq_show)
+    emit(args, await dlq.show_letter(redis, keys, args.id), text.dlq_show)
     return 0
 
 
@@ -190,23 +162,17 @@ async def cmd_dlq_requeue(redis: Redis, keys: Keys, args: argparse.Namespace) ->
         data = await dlq.requeue_all(redis, keys)
     else:
         data = {"requeued": [await dlq.requeue(redis, keys, args.id)], "failed": []}
-    _print(args, data, text.requeued)
+    emit(args, data, text.requeued, changed=True)
     return 1 if data["failed"] else 0
 
 
 async def cmd_dlq_purge(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     data = await (dlq.purge_all(redis, keys) if args.all else dlq.purge(redis, keys, args.id))
-    _print(args, data, text.purged)
+    emit(args, data, text.purged, changed=True)
     return 0
 
 
 # -- parsing ------------------------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        """One line, no usage dump: the operator sees what was wrong and where to look."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 _ENTRY_ID = re.compile(r"^\d+-\d+$")
@@ -226,8 +192,8 @@ def _count(value: str) -> int:
 
 def _shared() -> argparse.ArgumentParser:
     """Settings flags and --json, for the top level and every command alike."""
-    p = _Parser(add_help=False)
-    OpsSettings.add_arguments(p)
+    p = SettingsParser(add_help=False)
+    OpsSettings.add_arguments(p, exclude=NOT_OPS)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--run-dir", dest="run_dir", metavar="DIR",
                    help="a finished local run's directory: its Redis data, opened on a copy, instead of --redis-url "
@@ -238,9 +204,23 @@ def _shared() -> argparse.ArgumentParser:
     return p
 
 
+def _local() -> argparse.ArgumentParser:
+    """--json alone: the commands that read run directories need no Redis and no run id."""
+    p = SettingsParser(add_help=False)
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object")
+    return p
+
+
+def _regex(value: str):
+    try:
+        return judged.regex(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def build_parser() -> argparse.ArgumentParser:
     shared = _shared()
-    parser = _Parser(prog="python -m ops", description="Inspect a proofstream run.", parents=[shared])
+    parser = SettingsParser(prog="python -m ops", description="Inspect a proofstream run.", parents=[shared])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def leaf(subs, name: str, fn: Command, help: str) -> argparse.ArgumentParser:
@@ -248,14 +228,36 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(command_fn=fn)
         return p
 
-    leaf(sub, "run", cmd_run, "a run's health on one screen: trainer, in flight, generators, dead letters, groups")
+    leaf(sub, "run", cmd_run, "a run on one screen: its result first (held-out reward and problems solved, samples, "
+         "wall time or ETA), then its health: trainer, in flight, generators, dead letters, groups")  # fmt: skip
     leaf(sub, "streams", cmd_streams, "stream lengths, consumer groups (lag, pending, oldest pending), consumers")
 
     p = leaf(sub, "tail", cmd_tail, "the last entries of a stream, decoded")
     p.add_argument("stream", choices=STREAMS)
     p.add_argument("--count", "-n", type=_count, default=10, help="entries to show (default 10)")
     p.add_argument("--follow", "-f", action="store_true", help="then wait for new ones (XREAD BLOCK) until Ctrl-C")
+    _dead_letters(sub, leaf)
+    _samples(sub, leaf)
+    _files(sub)
+    p = leaf(
+        sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --token)")
+    p.add_argument("--port", type=int, default=8765, help="0: any free port (default 8765)")
+    p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer); default none")
+    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0,
+                   help="how often the page asks again (default 2.0)")  # fmt: skip
+    p.add_argument("--dir", help="the runs the page's selector offers (default: the folder of --run-dir, else runs)")
+    leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
+    b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
+    benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    for module in (bench_wire, bench_generator, bench_es, bench_grpo, bench_pipeline, bench_verifier):
+        module.add_parser(benches)
+    return parser
+
+
+def _dead_letters(sub, leaf) -> None:
     d = sub.add_parser("dlq", help="dead letters: list, show, requeue, purge").add_subparsers(
         dest="dlq_command", metavar="ACTION", required=True
     )
@@ -270,43 +272,48 @@ def build_parser() -> argparse.ArgumentParser:
         which = p.add_mutually_exclusive_group(required=True)
         which.add_argument("id", nargs="?", type=_entry_id, help="the dead letter's entry id")
         which.add_argument("--all", action="store_true", help="every dead letter of the run")
-
     v = sub.add_parser("verdicts", help="the run's verdict cache").add_subparsers(
         dest="verdicts_command", metavar="ACTION", required=True
     )
     leaf(v, "clear", verdicts.cmd_clear, "delete a finished run's verdict cache ({ps:R}:verdicts); needs --run")
     p = leaf(v, "reasons", verdicts.cmd_reasons, "the newest verdicts counted, the refusals by reason and by rule")
     p.add_argument("--newest", type=_count, default=verdicts.NEWEST, help=f"counted (default {verdicts.NEWEST})")
-    about = ("judged attempts with their text, proof, verdict and the checker's message (with --run-dir: the "
-             "run's traces, the whole run; else the streams' last hour)")  # fmt: skip
-    p = leaf(sub, "samples", cmd_samples, about)
-    p.add_argument("--version", type=int, help="only this policy version's samples")
-    p.add_argument("--verdict", choices=("proved", "rejected", "timeout"))
-    p.add_argument("--theorem", help="only this theorem id")
-    p.add_argument("--kind", choices=("all", "train", "eval"), default="all", help="training or held-out samples")
-    p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
-    p = leaf(
-        sub, "dashboard", cmd_dashboard, "a live page of the run on 127.0.0.1 (reads only; --run-dir: a finished run)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --token)")
-    p.add_argument("--port", type=int, default=8765, help="0: any free port")
-    p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer)")
-    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0, help="how often the page asks again")
-    leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
-    b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
-    benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    for module in (bench_wire, bench_generator, bench_es, bench_grpo, bench_pipeline, bench_verifier):
-        module.add_parser(benches)
-    return parser
+
+def _samples(sub, leaf) -> None:
+    about = ("judged attempts with their problem, text, proof, verdict and the checker's message (with --run-dir: "
+             "the run's traces, the whole run; else the streams' last hour)")  # fmt: skip
+    p = leaf(sub, "samples", judged.cmd_samples, about)
+    p.add_argument("--version", type=int, help="only this policy version's samples (default: every version)")
+    p.add_argument("--verdict", choices=judged.VERDICTS, help="only samples with this verdict (default: any)")
+    p.add_argument("--theorem", help="only this theorem id (default: any)")
+    p.add_argument("--kind", choices=judged.KINDS, default="all", help="training or held-out samples (default all)")
+    p.add_argument("--text", type=_regex, metavar="REGEX",
+                   help="only samples whose text, proof or checker's message this regular expression finds "
+                   "(Python's re; (?i) for any case)")  # fmt: skip
+    p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
+    about = "one problem of the run as the verifier judges it: a Countdown target and numbers, a Lean statement"
+    p = leaf(sub, "theorem", judged.cmd_theorem, about)
+    p.add_argument("id", help="the theorem id (as `ops samples` shows it, e.g. cd-17)")
+
+
+def _files(sub) -> None:
+    """The commands that read run directories: no Redis, no run id."""
+    commands = (
+        ("runs", runs.cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward and exact "
+         "first -> last, wall time, start (from their files; no Redis)"),
+        ("compare", runs.cmd_compare, "runs side by side: their table, the settings they differ in, and one plot "
+         "of held-out reward and exact against samples and wall time"),
+    )  # fmt: skip
+    for name, fn, about in commands:
+        p = sub.add_parser(name, help=about, description=about, parents=[_local()])
+        p.set_defaults(local_fn=fn)
+        p.add_argument("--dir", default="runs", help="the folder of the runs (default runs)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or a run's name under --dir")
+    p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: compare.png in --dir)")
 
 
 # -- running ------------------------------------------------------------------------------------------
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"ops: {message}", file=sys.stderr)
-    return code
 
 
 async def _run(fn: Command, redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
@@ -321,42 +328,44 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error argparse has already printed
         return int(e.code or 0)
+    if getattr(args, "local_fn", None):
+        return args.local_fn(args)
     if args.command == "bench":
         if is_cluster_url(getattr(args, "redis_url", None) or ""):
-            return _fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
+            return fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
                          "(a master of the cluster), or none for a private one", 2)  # fmt: skip
         try:
             return args.func(args)
         except NoDevice as e:  # --device cuda where torch sees no GPU: never measured on the CPU instead
-            return _fail(str(e), 2)
+            return fail(str(e), 2)
     if getattr(args, "dlq_command", None) == "purge" and args.all and not args.yes:
-        return _fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
+        return fail("purge --all deletes every dead letter of the run; add --yes to confirm", 2)
     if getattr(args, "verdicts_command", None) == "clear" and not getattr(args, "run", None):
-        return _fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
+        return fail("verdicts clear deletes a run's verdict cache: name the run with --run R", 2)
     try:
         settings = OpsSettings.from_args(args)
         Keys(settings.run)  # a run id that cannot be a key's hash tag fails here
     except (SettingsError, ValueError) as e:  # ValueError: a run id that cannot be a key's hash tag
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     run_dir = getattr(args, "run_dir", None)
     if args.command_fn is cmd_dashboard and not dashboard.loopback(args.host) and not args.token:
-        return _fail(f"dashboard on {args.host} would serve the run to the network: give --token T too", 2)
-    if run_dir is not None and args.command_fn is cmd_samples:
-        return samples_from_run_dir(args)
+        return fail(f"dashboard on {args.host} would serve the run to the network: give --token T too", 2)
+    if run_dir is not None and args.command_fn is judged.cmd_samples:
+        return judged.samples_from_run_dir(args)
     if run_dir is None and args.command_fn is cmd_open:
-        return _fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
+        return fail("open serves a finished local run: name its directory with --run-dir DIR", 2)
     if run_dir is not None:
         if settings.redis_url:
-            return _fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
+            return fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
         try:
             with finished.FinishedRun(run_dir) as run:
                 named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
                 update = {"redis_url": run.url} | ({} if named or run.run_id is None else {"run": run.run_id})
                 return _inspect(args, settings.model_copy(update=update))
         except finished.NotARunDir as e:
-            return _fail(str(e), 2)
+            return fail(str(e), 2)
     if not settings.redis_url:
-        return _fail(NO_REDIS, 2)
+        return fail(NO_REDIS, 2)
     return _inspect(args, settings)
 
 
@@ -367,19 +376,19 @@ def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:
         t = settings.timeout_s
         redis = connect(settings.redis_url, socket_connect_timeout=t, socket_timeout=t)
     except ValueError as e:  # from_url: a scheme or a query it does not know
-        return _fail(f"bad redis url {shown_url(settings.redis_url)!r}: {e}", 2)
+        return fail(f"bad redis url {shown_url(settings.redis_url)!r}: {e}", 2)
     try:
         return asyncio.run(_run(args.command_fn, redis, keys, args))
     except KeyboardInterrupt:
         return 0 if getattr(args, "follow", False) else 130  # Ctrl-C is how --follow ends
     except (rx.ConnectionError, rx.TimeoutError) as e:
-        return _fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
+        return fail(f"cannot reach Redis at {shown_url(settings.redis_url)}: {e}", 1)
     except rx.ResponseError as e:
-        return _fail(f"Redis refused: {e}", 1)
+        return fail(f"Redis refused: {e}", 1)
     except rx.RedisClusterException as e:  # e.g. a redis+cluster:// URL naming a server without cluster mode
-        return _fail(f"Redis Cluster at {shown_url(settings.redis_url)}: {e}", 1)
+        return fail(f"Redis Cluster at {shown_url(settings.redis_url)}: {e}", 1)
     except dlq.OpsError as e:
-        return _fail(str(e), 1)
+        return fail(str(e), 1)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,15 +1,23 @@
-"""`python -m ops dashboard`: one run's live page, served on 127.0.0.1 (`--port`, default 8765).
+"""`python -m ops dashboard`: one run's page, served on 127.0.0.1 (`--port`, default 8765).
 
-The page (one HTML file with its script inline: no build step, nothing fetched from elsewhere) asks
-`/api/state` every `--refresh-s` seconds and draws: the trainer (version, in flight, counts), its reward,
-exact-success and held-out curves, the staleness of the last update, every stream with its groups' lag,
-pending and oldest pending, the generators (tokens/s, busy share) and verifiers (utilization, checks,
-sandbox restarts), the verdict mix, dead letters by reason with the newest letters' fields, and the latest
-judged samples, each opening to its whole text. `/api/state` is the same snapshot as JSON.
+The page (one HTML file with its script inline: no build step, nothing fetched from elsewhere) asks the API
+every `--refresh-s` seconds and draws, first, whether the run learned: its result (trainer/result.py: what ran,
+how far, the held-out evaluation first -> last and best, the samples, the wall time or ETA, how to read the
+numbers) and a chart of the members' reward and exact success beside the held-out reward and exact success
+(axes with values, a tooltip on every point, x by version, training samples or minutes, the PNG plots'
+colours), with a run selector over the runs `ops runs` finds (`--dir`) and a second run to overlay; the
+throughput over time (generated tokens/s, checks/s); then the trainer's counts, the staleness of the last
+update, every stream with its groups, the generators and verifiers, the verdict mix, dead letters by kind with
+the newest ones' fields, and the judged samples, filtered by verdict, version, kind and a regular expression,
+each opening to its problem, the model's text, the proof judged and the checker's message.
+
+API (JSON): `/api/state` the served run's snapshot; `/api/samples?verdict=&version=&kind=&text=&n=` samples
+(the run's traces with `--run-dir`, else the newest rewards in Redis) with their problems; `/api/runs` the
+runs under `--dir`; `/api/run?name=N` one of them from its files (result and curves).
 
 It only reads (XRANGE, XLEN, XINFO, XPENDING, HGET*, never a consumer group), so it can watch a live run from
 anywhere; `--run-dir DIR` shows a finished local run from its directory (ops.finished). Served by the standard
-library's ThreadingHTTPServer in a thread; each request's snapshot is read on the command's event loop with
+library's ThreadingHTTPServer in a thread; each request's Redis reads run on the command's event loop with
 the command's client. Bound to 127.0.0.1 by default; another `--host` needs `--token`, which every request
 must then carry (`?token=` or `Authorization: Bearer`): the page passes its own on.
 """
@@ -30,12 +38,14 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from ops import dlq, inspect
+from ops import dlq, inspect, judged, runs, verdicts
 from streams import samples
 from streams.keys import Keys
+from trainer.metrics import COLORS, read_records, update_records
 
 PAGE = Path(__file__).with_name("dashboard.html")
-SAMPLES = 40  # the newest judged samples on the page
+SAMPLES = 40  # judged samples on the page: the newest that match its filters
+SCAN_REWARDS = 10_000  # without traces (a live run): the newest rewards the filters look through
 VERSIONS = 1_000  # the newest versions' metrics in the chart (each ~1-2 KB, read every refresh)
 LETTERS = 10  # the newest dead letters shown with their fields
 SNAPSHOT_TTL_S = 0.5  # several tabs (or a fast refresh) share one read of Redis
@@ -50,35 +60,101 @@ def loopback(host: str) -> bool:
         return False
 
 
-async def snapshot(redis: Redis, keys: Keys) -> dict[str, Any]:
-    """Everything the page draws, read from the run's Redis."""
+def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], started: float | None) -> dict[str, Any]:
+    """What the charts draw: per update its version, training samples so far, minutes since the trainer's start,
+    members' reward and exact, throughput; per evaluation the same x and its held-out figures. An evaluation
+    without a time of its own (the trainer's state keeps none) sits at its version's update."""
+    minutes = lambda t: None if t is None or started is None else round((t - started) / 60, 3)  # noqa: E731
+    updates, total = [], 0
+    for r in sorted(update_records(records), key=lambda r: r["version"]):
+        total = int(r["samples"]) if "samples" in r else total + int(r.get("attempts", 0))
+        updates.append({"version": r["version"], "samples": total, "minutes": minutes(r.get("time")),
+                        **{k: r.get(k) for k in ("reward_mean", "pass_rate", "rewards_per_s",
+                                                  "generator_tokens_per_s")}})  # fmt: skip
+    at = {0: (0, 0.0 if started is not None else None)} | {u["version"]: (u["samples"], u["minutes"]) for u in updates}
+    points = []
+    for version, e in sorted(evals.items(), key=lambda kv: int(kv[0])):
+        samples_at, minutes_at = at.get(int(version), (None, None))
+        problems = int(e.get("problems") or 0)
+        own = minutes(e.get("time"))
+        points.append({"version": int(version), "samples": samples_at, "minutes": minutes_at if own is None else own,
+                       "held_out_reward": e["held_out_reward"], "held_out_exact": e["held_out_exact"],
+                       "solved": round(e["held_out_exact"] * problems), "problems": problems})  # fmt: skip
+    return {"updates": updates, "evals": points}
+
+
+async def snapshot(redis: Redis, keys: Keys, run_dir: Path | None = None) -> dict[str, Any]:
+    """Everything the page draws of the served run, read from its Redis (its files too, with `--run-dir`)."""
     streams = await inspect.stream_report(redis, keys)
     report = await inspect.run_report(redis, keys, streams)  # its group figures from the same read
+    result = await runs.from_redis(redis, keys, run_dir)
+    if run_dir is not None:
+        streams, report = inspect.without_idle(streams), inspect.without_idle(report)
     raw_state = await redis.hget(keys.trainer_state, "state")
     evals = orjson.loads(raw_state).get("eval_results", {}) if raw_state else {}
     newest = reversed(await redis.xrevrange(keys.metrics, count=VERSIONS))
     metrics = [orjson.loads(f[b"json"]) for _, f in newest if b"json" in f]
+    if run_dir is not None and (run_dir / runs.METRICS).is_file():  # the file also has the evaluations' times
+        records = read_records(run_dir / runs.METRICS)
+        metrics, evals = update_records(records), {r["version"]: r for r in records if r.get("eval")} or evals
     generators = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
     verifiers = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.verifier_stats)).items()}
     newest = [eid.decode() for eid, _ in await redis.xrevrange(keys.dlq, count=LETTERS)]
     letters = [await dlq.show_letter(redis, keys, eid) for eid in newest]
     return {
-        "run": keys.run, "now_ms": report["now_ms"], "trainer": report["trainer"],
+        "run": keys.run, "now_ms": report["now_ms"], "result": result, "trainer": report["trainer"],
         "lease": None if report["lease"] is None else {k: v for k, v in report["lease"].items() if k != "token"},
-        "metrics": metrics, "evals": {str(v): r for v, r in sorted(evals.items(), key=lambda kv: int(kv[0]))},
+        "last_metrics": metrics[-1] if metrics else {},
+        "series": series(metrics, evals, result["started"] if result else None), "colors": COLORS,
         "streams": streams["streams"], "redis_version": streams["redis_version"],
-        "generators": generators, "verifiers": verifiers, "dead_letters": report["dead_letters"],
-        "letters": letters, "samples": await samples.from_redis(redis, keys, SAMPLES),
+        "idle_kept": run_dir is None, "generators": generators, "verifiers": verifiers,
+        "dead_letters": report["dead_letters"], "letters": letters,
+        "alert": report["alert"],  # the run makes no progress, and why (trainer/progress.py)
+        "refusals": await verdicts.reasons(redis, keys),  # the newest verdicts, refusals by reason and rule
     }  # fmt: skip
+
+
+async def samples_of(redis: Redis, keys: Keys, run_dir: Path | None, filters: judged.Filters, count: int) -> dict:
+    """The samples the page's filters pick: from the run's traces (the whole run) where it has them, else from
+    the newest rewards in Redis; each with its problem."""
+    if run_dir is not None and (run_dir / samples.FOLDER).is_dir():
+        found, source = samples.read_dir(run_dir, filters.version), "the run's traces"
+    else:
+        found, source = await samples.from_redis(redis, keys, SCAN_REWARDS), f"the newest {SCAN_REWARDS} rewards"
+    matched, shown = judged.pick(found, filters, count)
+    return {"source": source, "matched": matched, "samples": await judged.with_problems(redis, keys, shown)}
+
+
+def other_run(folder: Path, name: str) -> dict[str, Any] | None:
+    """A run under `folder` (one `ops runs` lists: no other path is read) from its files: result and series."""
+    wanted = next((r for r in runs.listing(folder) if r["name"] == name), None)
+    if wanted is None:
+        return None
+    records = read_records(Path(wanted["dir"]) / runs.METRICS)
+    evals = {r["version"]: r for r in records if r.get("eval")}
+    return {"result": wanted, "series": series(records, evals, wanted["started"])}
+
+
+def sample_filters(query: dict[str, list[str]]) -> tuple[judged.Filters, int]:
+    """The page's filters from a query string; ValueError naming a bad one."""
+    one = {k: v[0] for k, v in query.items() if v and v[0] != ""}
+    version = int(one["version"]) if "version" in one else None
+    verdict, kind = one.get("verdict"), one.get("kind", "all")
+    if verdict not in (None, *judged.VERDICTS) or kind not in judged.KINDS:
+        raise ValueError(f"verdict {verdict!r} or kind {kind!r} is not one the page offers")
+    text = judged.regex(one["text"]) if "text" in one else None
+    return judged.Filters(version, verdict, None, kind, text), min(int(one.get("n", SAMPLES)), 500)
 
 
 class Dashboard:
     """The HTTP side: a ThreadingHTTPServer whose handlers read snapshots on the command's event loop."""
 
     def __init__(self, redis: Redis, keys: Keys, loop: asyncio.AbstractEventLoop, *, host: str, port: int,
-                 token: str | None, refresh_s: float) -> None:  # fmt: skip
+                 token: str | None, refresh_s: float, run_dir: Path | None = None,
+                 runs_dir: Path | None = None) -> None:  # fmt: skip
         self.redis, self.keys, self.loop = redis, keys, loop
         self.token, self.refresh_s = token, refresh_s
+        self.run_dir, self.runs_dir = run_dir, runs_dir
         self._cached: tuple[float, bytes] | None = None
         self._lock = threading.Lock()
         dashboard = self
@@ -103,14 +179,34 @@ class Dashboard:
         self.server.shutdown()
         self.server.server_close()
 
+    def _on_loop(self, coroutine) -> Any:
+        """Run a Redis read on the command's loop (the client belongs to it) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
     def state(self) -> bytes:
         with self._lock:
             if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_TTL_S:
                 return self._cached[1]
-            future = asyncio.run_coroutine_threadsafe(snapshot(self.redis, self.keys), self.loop)
-            body = orjson.dumps(future.result(timeout=30))
+            body = orjson.dumps(self._on_loop(snapshot(self.redis, self.keys, self.run_dir)))
             self._cached = (time.monotonic(), body)
             return body
+
+    def api(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        """(status, document) of an API path."""
+        if path == "/api/samples":
+            try:
+                filters, count = sample_filters(query)
+            except ValueError as e:
+                return 400, {"error": str(e)}
+            return 200, self._on_loop(samples_of(self.redis, self.keys, self.run_dir, filters, count))
+        if path == "/api/runs":
+            folder = self.runs_dir
+            listed = runs.listing(folder) if folder is not None and folder.is_dir() else []
+            return 200, {"dir": None if folder is None else str(folder), "served": self.keys.run, "runs": listed}
+        if path == "/api/run":
+            found = other_run(self.runs_dir, query.get("name", [""])[0]) if self.runs_dir else None
+            return (200, found) if found else (404, {"error": "no such run under the dashboard's --dir"})
+        return 404, {"error": "not found"}
 
     def answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
         url = urllib.parse.urlsplit(request.path)
@@ -119,13 +215,15 @@ class Dashboard:
         if url.path == "/":
             page = PAGE.read_bytes().replace(b"__REFRESH_MS__", str(int(self.refresh_s * 1000)).encode())
             return self._send(request, 200, page, "text/html; charset=utf-8")
-        if url.path == "/api/state":
-            try:
-                body = self.state()
-            except Exception as e:  # noqa: BLE001 - Redis away, a timeout: the page shows it and asks again
-                return self._send(request, 503, orjson.dumps({"error": f"{type(e).__name__}: {e}"}), "application/json")
-            return self._send(request, 200, body, "application/json")
-        return self._send(request, 404, b"not found", "text/plain")
+        try:
+            if url.path == "/api/state":
+                status, body = 200, self.state()
+            else:
+                status, doc = self.api(url.path, urllib.parse.parse_qs(url.query))
+                body = orjson.dumps(doc)
+        except Exception as e:  # noqa: BLE001 - Redis away, a timeout: the page shows it and asks again
+            return self._send(request, 503, orjson.dumps({"error": f"{type(e).__name__}: {e}"}), "application/json")
+        return self._send(request, status, body, "application/json")
 
     def _authorized(self, request: http.server.BaseHTTPRequestHandler, url: urllib.parse.SplitResult) -> bool:
         given = urllib.parse.parse_qs(url.query).get("token", [""])[0]
@@ -146,8 +244,10 @@ class Dashboard:
 
 async def serve(redis: Redis, keys: Keys, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """Serve until `stop` is set (Ctrl-C, SIGTERM)."""
+    run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
+    runs_dir = Path(args.dir).expanduser() if args.dir else (run_dir.parent if run_dir else Path("runs"))
     dashboard = Dashboard(redis, keys, asyncio.get_running_loop(), host=args.host, port=args.port,
-                          token=args.token, refresh_s=args.refresh_s)  # fmt: skip
+                          token=args.token, refresh_s=args.refresh_s, run_dir=run_dir, runs_dir=runs_dir)  # fmt: skip
     shown = dashboard.url + (f"?token={args.token}" if args.token else "")
     print(f"dashboard of run {keys.run!r} at {shown} (Ctrl-C to stop)", flush=True)
     dashboard.serve()

@@ -41,6 +41,7 @@ from redis.exceptions import RedisError
 
 from streams.connect import connect_sync
 from streams.keys import Keys
+from streams.settings import DefaultsFormatter
 
 
 def check_generator(client: redis.Redis, keys: Keys, max_age_s: float, name: str = "") -> str | None:
@@ -83,7 +84,8 @@ def check_trainer(client: redis.Redis, keys: Keys) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.health", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.health", description=__doc__.split("\n\n")[0],
+                                     formatter_class=DefaultsFormatter)  # fmt: skip
     parser.add_argument("role", choices=["generator", "verifier", "trainer"])
     parser.add_argument("--max-age-s", type=float, default=None,
                         help="generator, verifier: oldest acceptable report (default 60 s, verifier 90 s)")  # fmt: skip

@@ -95,6 +95,19 @@ async def stream_report(redis: Redis, keys: Keys) -> dict[str, Any]:
     return {"run": keys.run, "redis_version": _key(info["redis_version"]), "now_ms": now, "streams": streams}
 
 
+def without_idle(report: dict[str, Any]) -> dict[str, Any]:
+    """A report of a finished run's copy with its idle times blanked: Redis counts a consumer's idle time, and
+    a pending entry's, from when it loaded the data (the copy's start), so they say nothing about the run."""
+    for stream in report.get("streams", {}).values():
+        for group in stream["groups"].values():
+            group["oldest_pending_idle_ms"] = None
+            for c in group["consumers"]:
+                c["idle_ms"] = c["inactive_ms"] = None
+    for group in report.get("groups", {}).values():
+        group["oldest_pending_idle_ms"] = None
+    return {**report, "idle_kept": False}
+
+
 def _consumer(row: dict) -> dict[str, Any]:
     # `inactive` (ms since the last successful read or claim) exists from Redis 7.2 on.
     return {"name": row["name"], "pending": row["pending"], "idle_ms": row["idle"], "inactive_ms": row.get("inactive")}

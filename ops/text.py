@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES"}
+from streams.settings import shown_default
+from trainer.result import duration as minutes
+from trainer.result import evaluation_line
+
+NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES", "VERSION", "SAMPLES"}
+ALGOS = {"es": "ES", "grpo": "GRPO"}
+# Figures of `ops run` whose bare name is easily misread.
+LABELS = {"reward_mean": "members' mean reward (train)", "pass_rate": "members' exact (train)",
+          "stragglers": "stragglers (orders still out at the update)"}  # fmt: skip
+
+
+NOT_KEPT = ("IDLE: not kept in a finished run's data (Redis counts it from when the copy was loaded); AGE, from "
+            "the entry id, is the entry's own")  # fmt: skip
+
+
+def on_copy(run_dir: str) -> str:
+    """What a command that changed a finished run's data (`--run-dir`) adds: it was the copy's data."""
+    return f"(done on a copy of {run_dir}'s Redis data, gone when this command ends: the run directory is unchanged)"
+
+
+def emit(args: argparse.Namespace, data: dict[str, Any], render: Callable[[dict], str], changed: bool = False) -> None:
+    """Print `data`: one JSON object under `--json`, else its text view. A command that `changed` a finished
+    run's data (`--run-dir`: a copy) says so."""
+    copy = getattr(args, "run_dir", None) if changed else None
+    if copy:
+        data = {**data, "copy_of": str(copy)}
+    as_json = getattr(args, "json", False)
+    shown = orjson.dumps(data).decode() if as_json else render(data)
+    print(shown + ("\n" + on_copy(copy) if copy and not as_json else ""), flush=True)
+
+
+def fail(message: str, code: int) -> int:
+    print(f"ops: {message}", file=sys.stderr)
+    return code
 
 
 def duration(ms: int | None) -> str:
@@ -97,23 +134,59 @@ def streams(report: dict[str, Any]) -> str:
         lines += table(["CONSUMER", "STREAM", "GROUP", "PENDING", "IDLE"], consumers)
     else:
         lines.append("no consumers")
+    if report.get("idle_kept") is False:
+        lines += ["", NOT_KEPT]
     return "\n".join(lines)
 
 
+def clock(epoch: float | None) -> str:
+    return "-" if epoch is None else time.strftime("%H:%M", time.localtime(epoch))
+
+
+def result(r: dict[str, Any]) -> list[str]:
+    """A run's result (trainer/result.py) as the first lines of `ops run`: what ran, how far, the held-out
+    evaluation, the samples, the settings that shape it, and how to read the numbers."""
+    where = f"version {r['version']} of {r['iterations']}"
+    if r["status"] == "live":
+        when = f"live at {where}, {minutes(r['wall_s'])} so far"
+        if r["eta_s"] is not None:
+            when += f", ETA {minutes(r['eta_s'])} (about {clock(time.time() + r['eta_s'])})"
+    else:
+        state = "finished" if r["status"] == "finished" else "interrupted at"
+        ended = f" at {clock(r['ended'])}" if r["ended"] else ""
+        when = f"{state} {where}{ended} after {minutes(r['wall_s'])}"
+    lines = [f"run {r['run']}: {when}", f"  {ALGOS.get(r['algo'], r['algo'])} on {r['task']}, {r['model']}"]
+    h = r["held_out"]
+    if h:
+        lines.append(f"  {evaluation_line(h)} ({h['last']['problems']} held-out problems, greedy; "
+                     f"{h['evaluations']} evaluations)")  # fmt: skip
+    else:
+        lines.append("  held-out: not evaluated yet")
+    lines.append(f"  training: {r['samples']} samples")
+    lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in r["settings"].items()))
+    lines.append(f"  reading: {r['reading']}")
+    return lines
+
+
 def run(report: dict[str, Any]) -> str:
-    """`python -m ops run`: one screen."""
+    """`python -m ops run`: one screen, the result first."""
     name, t = report["run"], report["trainer"]
-    lines = [f"run {name}"]
-    if alert := report.get("alert"):
-        lines.append(f"STALLED at version {alert['version']}: {alert['cause']}")
+    r = report.get("result")
+    lines = [*result(r), "", "health:"] if r else [f"run {name}"]
+    if alert := report.get("alert"):  # the trainer says the run can make no progress (trainer/progress.py)
+        lines.insert(0, f"STALLED at version {alert['version']}: {alert['cause']}")
     if t is None:
         lines.append("trainer: no state in Redis (not started, or another Redis)")
     else:
         c = t["counts"]
-        done = " (finished)" if t["finished"] else ""
-        lines.append(f"trainer: {t['algo']} version {t['version']}{done}; {t['in_flight']} in flight (oldest "
-                     f"{duration(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
-                     f"update, {t['evals_in_flight']} evaluations in flight")  # fmt: skip
+        if t["finished"] or (r and r["status"] != "live"):  # nothing waits any more: say what was left over
+            lines.append(f"trainer: {t['algo']} version {t['version']} ({'finished' if t['finished'] else 'stopped'});"
+                         f" left at the end: {t['complete_waiting']} orders complete but used by no update, "
+                         f"{t['in_flight']} in flight, {t['evals_in_flight']} evaluations")  # fmt: skip
+        else:
+            lines.append(f"trainer: {t['algo']} version {t['version']}; {t['in_flight']} in flight (oldest "
+                         f"{duration(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
+                         f"update, {t['evals_in_flight']} evaluations in flight")  # fmt: skip
         keys = ("samples", "members_issued", "members_used", "members_stale_dropped", "groups_issued", "groups_used",
                 "groups_stale_dropped", "deadline_updates", "late_rewards", "duplicate_rewards", "resumes")  # fmt: skip
         lines.append("  " + ", ".join(f"{k} {c[k]}" for k in keys if k in c))
@@ -136,10 +209,13 @@ def run(report: dict[str, Any]) -> str:
     rows = [[g, str(v["pending"]), str(v["lag"]), v["oldest_pending_id"] or "-", duration(v["oldest_pending_age_ms"]),
              duration(v["oldest_pending_idle_ms"])] for g, v in report["groups"].items()]  # fmt: skip
     lines += table(["STREAM/GROUP", "PENDING", "LAG", "OLDEST PENDING", "AGE", "IDLE"], rows)
+    if report.get("idle_kept") is False:
+        lines.append(NOT_KEPT)
     m = report["last_metrics"]
     if m:
         shown = {k: m[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers", "stale_dropped",
                                    "dead_letters", "work_outstanding", "attempts_outstanding") if k in m}  # fmt: skip
+        shown = {LABELS.get(k, k): v for k, v in shown.items()}
         lines += ["", "last version: " + ", ".join(f"{k} {v}" for k, v in shown.items())]
     return "\n".join(lines)
 
@@ -216,6 +292,9 @@ def samples(data: dict[str, Any]) -> str:
         judged = "cached" if s["cached"] else f"{s['verify_ms']:g} ms in {s['sandbox_id'] or '-'}"
         out += ["", f"== {s['attempt_id']}  v{s['policy_version']}  {who}  theorem {s['theorem_id']}",
                 f"   {verdict}, reward {s['reward']:g}; {judged}"]  # fmt: skip
+        if "problem" in s:
+            first, *rest = problem_lines(s["problem"])
+            out += [f"   problem: {_shown(first)}", *(f"     | {_shown(line)}" for line in rest)]
         if s.get("text_missing"):
             out.append("   text: trimmed from the attempts stream (history_s) before it was read")
         else:
@@ -226,3 +305,71 @@ def samples(data: dict[str, Any]) -> str:
         if s["detail"]:
             out.append(f"   checker: {_shown(s['detail'])}")
     return "\n".join(out)
+
+
+def problem_lines(p: dict[str, Any] | None) -> list[str]:
+    """A problem in words: Countdown's target and numbers; a Lean statement (with its informal text)."""
+    if p is None:
+        return ["(not in the run's {ps:R}:theorems)"]
+    if p["task"] == "countdown":
+        return [f"reach {p['target']} from {', '.join(map(str, p['numbers']))}, each number once"]
+    lines = [f"informal: {p['informal']}"] if p.get("informal") else []
+    return lines + p["statement"].split("\n")
+
+
+def theorem(p: dict[str, Any]) -> str:
+    """`python -m ops theorem ID`: the problem, then its canonical record's fields."""
+    first, *rest = problem_lines(p)
+    lines = [f"theorem {p['theorem_id']} ({p['task']}): {_shown(first)}", *(f"  {_shown(line)}" for line in rest)]
+    if p.get("header"):
+        lines += ["header:", *(f"  {_shown(line)}" for line in p["header"].split("\n"))]
+    return "\n".join(lines)
+
+
+def _held_out_cells(r: dict[str, Any]) -> list[str]:
+    h = r["held_out"]
+    if not h:
+        return ["-", "-"]
+    first, last = h["first"], h["last"]
+    return [f"{first['reward']:.3f} -> {last['reward']:.3f}", f"{first['solved']}/{first['problems']} -> "
+            f"{last['solved']}/{last['problems']}"]  # fmt: skip
+
+
+def _row(r: dict[str, Any]) -> list[str]:
+    wall = minutes(r["wall_s"]) + (f" (ETA {minutes(r['eta_s'])})" if r.get("eta_s") else "")
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
+    return [r["name"], ALGOS.get(r["algo"], r["algo"] or "-"), r["status"], f"{r['version']}/{r['iterations']}",
+            str(r["samples"]), *_held_out_cells(r), wall, started]  # fmt: skip
+
+
+RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD", "EXACT", "WALL", "STARTED"]
+
+
+def runs(data: dict[str, Any]) -> str:
+    """`python -m ops runs`: a row per run, oldest first."""
+    if not data["runs"]:
+        return f"no runs in {data['dir']} (a run directory holds run.json, report.json or metrics.jsonl)"
+    lines = table(RUN_COLUMNS, [_row(r) for r in data["runs"]])
+    return "\n".join([f"{len(data['runs'])} runs in {data['dir']}", "", *lines])
+
+
+def compare(data: dict[str, Any]) -> str:
+    """`python -m ops compare`: the runs' rows, where they differ, the best evaluation, the plot."""
+    rs = data["runs"]
+    lines = table(RUN_COLUMNS, [_row(r) for r in rs])
+    width = max(len(r["name"]) for r in rs)
+    lines += ["", "best held-out evaluation:"]
+    for r in rs:
+        best = r["held_out"]["best"] if r["held_out"] else None
+        shown = f"reward {best['reward']:.3f}, exact {best['solved']}/{best['problems']} at v{best['version']}" \
+            if best else "none yet"  # fmt: skip
+        lines.append(f"  {r['name'].ljust(width)}  {shown}")
+    if data["differ"]:
+        lines += ["", "they differ in:"]
+        for key, values in data["differ"].items():
+            lines.append(f"  {key}: " + " | ".join(shown_default(v) for v in values))
+    tasks = {r["task"] for r in rs}
+    lines += ["", *(f"reading: {r['reading']}" for r in {r["task"]: r for r in rs}.values())] if tasks else []
+    lines.append(f"plot: {data['plot']}" if data["plot"] else "plot: none (matplotlib is not installed)")
+    lines += data["elsewhere"]
+    return "\n".join(lines)

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from ops.text import on_copy
 from streams.cluster import transaction
 from streams.codec import decode
 from streams.keys import Keys
@@ -47,11 +48,14 @@ async def clear(redis: Redis, keys: Keys) -> dict[str, Any]:
 
 
 def render_cleared(data: dict[str, Any]) -> str:
-    return f"removed {data['removed']} cached verdicts of run {data['run']} ({data['key']})"
+    line = f"removed {data['removed']} cached verdicts of run {data['run']} ({data['key']})"
+    return line + ("\n" + on_copy(data["copy_of"]) if data.get("copy_of") else "")
 
 
 async def cmd_clear(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     data = await clear(redis, keys)
+    if getattr(args, "run_dir", None):
+        data["copy_of"] = str(args.run_dir)
     print(orjson.dumps(data).decode() if getattr(args, "json", False) else render_cleared(data), flush=True)
     return 0
 

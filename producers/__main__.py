@@ -8,7 +8,6 @@ Ctrl-C stops it after the order in hand is settled (or released for another gene
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 import sys
@@ -21,7 +20,7 @@ from producers.engines import choose, make_engine
 from producers.service import GeneratorService
 from streams import logs
 from streams.connect import connect
-from streams.settings import SettingsError
+from streams.settings import SettingsError, SettingsParser
 from weights import device as devices
 from weights.model import MissingDependency, ModelNotFound, resolve_model
 
@@ -73,10 +72,15 @@ async def serve(settings: GeneratorSettings) -> int:
     return 0
 
 
+def build_parser() -> SettingsParser:
+    parser = SettingsParser(prog="python -m producers", description=__doc__.split("\n\n")[0],
+                            usage="python -m producers [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
+    GeneratorSettings.add_arguments(parser, defaults={"redis_url": "unset: refused (a generator serves a run's Redis)"})
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m producers", description=__doc__.split("\n\n")[0])
-    GeneratorSettings.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         settings = GeneratorSettings.from_args(args)
     except SettingsError as e:

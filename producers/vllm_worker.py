@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
+from streams import logs
 from weights.es import ESWeights, Weights, digest, load_master, save_weights
+
+# The logger of vLLM's "Attempted to load weight %s with dtype %s into parameter with dtype %s" (its
+# model_executor/models/utils.py): said once, then counted (streams.logs.SaidOnce).
+VLLM_DTYPE_WARNING = "vllm.model_executor.models.utils"
 
 
 def _iter_safetensors(folder: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
@@ -63,6 +68,8 @@ class ESWorkerExtension:
     ) -> dict[str, Any]:
         """Create the worker's ESWeights (base: the model folder's checkpoint, read in fp32 on first use)."""
         device = "cuda" if torch.device(self.device).type == "cuda" else "cpu"
+        # Our writes hand fp32 masters to a bf16 (or fp16) model on purpose; vLLM warns per tensor per write.
+        self._es_said_once = logs.say_once(VLLM_DTYPE_WARNING)
         self._es_model_path = model_path
         self._es_counters = {"writes": 0, "write_s": 0.0, "tensors_written": 0, "last_write": {}}
         self._es = ESWeights(
@@ -169,6 +176,7 @@ class ESWorkerExtension:
             "replayed": es.replayed,
             "snapshots_loaded": es.snapshots_loaded,
             "rss_gib": round(_rss_bytes() / 2**30, 2),
+            "warnings_said_once": {k: n for k, n in self._es_said_once.seen.items() if n > 1},
         }
 
 

@@ -82,6 +82,10 @@ class Keys:
         return self._key("generator_stats")
 
     @property
+    def run_info(self) -> str:  # string: the trainer's settings and start (JSON, trainer/result.py), for ops
+        return self._key("run")
+
+    @property
     def trainer_lease(self) -> str:  # string with a TTL: the one trainer of the run (trainer/lease.py)
         return self._key("trainer_lease")
 

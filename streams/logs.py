@@ -42,3 +42,33 @@ def configure(level: str = "info", *, stream=None) -> None:
         logger_factory=structlog.BytesLoggerFactory(file=stream.buffer if stream is not None else _Stderr()),
         cache_logger_on_first_use=True,
     )
+
+
+class SaidOnce(logging.Filter):
+    """A standard-library logging filter that lets a message through once and then counts it: a library that
+    warns the same thing on every call (vLLM's worker: "Attempted to load weight %s with dtype %s into
+    parameter with dtype %s" for every tensor of every weight write, 7,080 lines of a 7,503-line
+    generator.log) says it the first time, and again, with the count, at the 10th, 100th, 1000th, ... time.
+    Messages are told apart by their template (the format string before its arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, int] = {}  # "<logger>: <template>" -> times it came
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = f"{record.name}: {record.msg}"
+        count = self.seen[key] = self.seen.get(key, 0) + 1
+        if count == 1:
+            return True
+        if count < 10 or f"{count}".rstrip("0") != "1":  # 10, 100, 1000, ...: say how often, once more
+            return False
+        record.msg, record.args = f"{record.getMessage()} [said {count} times so far; counted, not logged]", ()
+        return True
+
+
+def say_once(*logger_names: str) -> SaidOnce:
+    """Attach one SaidOnce to the standard-library loggers named; it is returned for its counts."""
+    said = SaidOnce()
+    for name in logger_names:
+        logging.getLogger(name).addFilter(said)
+    return said

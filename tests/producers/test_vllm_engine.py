@@ -243,3 +243,16 @@ def checkpoint_names(path: Path) -> set[str]:
         with safe_open(str(file), framework="pt") as handle:
             names.update(handle.keys())
     return names
+
+
+def test_the_dtype_warning_said_once_is_the_one_vllm_emits_per_tensor():
+    """The worker quiets vLLM's per-tensor dtype warning by its logger's name (producers.vllm_worker): that
+    logger is the one vLLM's weight loading warns through, and the template is the one it warns with."""
+    import inspect
+
+    import vllm.model_executor.models.utils as loading
+
+    from producers.vllm_worker import VLLM_DTYPE_WARNING
+
+    assert loading.logger.name == VLLM_DTYPE_WARNING
+    assert '"Attempted to load weight %s with dtype %s into "' in inspect.getsource(loading)

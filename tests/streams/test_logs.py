@@ -50,3 +50,32 @@ def test_a_text_only_stderr_gets_the_line_too():
         sys.stderr = saved
         logs.configure("warning")
     assert orjson.loads(out.splitlines()[-1])["event"] == "text_event"
+
+
+def test_a_warning_repeated_on_every_call_is_said_once_then_counted():
+    import logging
+
+    logger = logging.getLogger("test_logs.chatty")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger.addHandler(handler)
+    said = logs.say_once("test_logs.chatty")
+    try:
+        for i in range(1000):  # one warning per tensor per write, each with its own arguments
+            logger.warning("Attempted to load weight %s with dtype %s", f"layers.{i}.weight", "torch.float32")
+        logger.warning("something else %d", 1)
+    finally:
+        logger.removeHandler(handler)
+        logger.filters.clear()
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "Attempted to load weight layers.0.weight with dtype torch.float32",
+        "Attempted to load weight layers.9.weight with dtype torch.float32 [said 10 times so far; counted, not logged]",
+        "Attempted to load weight layers.99.weight with dtype torch.float32 [said 100 times so far; counted, not "
+        "logged]",
+        "Attempted to load weight layers.999.weight with dtype torch.float32 [said 1000 times so far; counted, not "
+        "logged]",
+        "something else 1",
+    ]
+    assert said.seen == {"test_logs.chatty: Attempted to load weight %s with dtype %s": 1000,
+                         "test_logs.chatty: something else %d": 1}  # fmt: skip

@@ -79,16 +79,84 @@ def test_every_role_table_is_a_known_table():
     assert {c.section for c in (OpsSettings, GeneratorSettings, TrainerSettings, VerifierSettings)} == set(SECTIONS)
 
 
-def test_help_names_each_flags_default_and_choices():
+def test_help_names_each_flags_default_choices_variable_and_toml_key():
     from trainer.config import TrainerSettings
 
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert "--algo ALGO one of es, grpo; default es" in text
-    assert "--deadline-s DEADLINE_S default 900.0" in text
-    assert "--group-size GROUP_SIZE G: samples per theorem; default 8" in text
-    assert "--batch BATCH theorems per member (ES; default: the preset's) or per step (GRPO; default 8) --" in text
+    assert "--algo {es,grpo} the algorithm: Evolution Strategies or GRPO; default es [PROOFSTREAM_ALGO, TOML " \
+        "[trainer] algo]" in text  # fmt: skip
+    assert "--deadline-s X an update goes ahead without its quorum after this long (ES: with at least two " \
+        "members); default 900.0 [PROOFSTREAM_DEADLINE_S, TOML [trainer] deadline_s]" in text  # fmt: skip
+    assert "default ES: the preset's (paper 200, cpu 16); GRPO: 8 [PROOFSTREAM_BATCH" in text
+    assert "--run TEXT, --run-id TEXT the run id" in text and "[PROOFSTREAM_RUN, TOML run (top level)]" in text
+
+
+def test_flags_are_grouped_under_headings_and_every_trainer_field_has_one():
+    from trainer.config import TrainerSettings
+
+    named = [n for fields in TrainerSettings.groups.values() for n in fields]
+    assert sorted(named) == sorted(TrainerSettings.model_fields)  # each field under exactly one heading
+    parser = argparse.ArgumentParser()
+    TrainerSettings.add_arguments(parser)
+    headings = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
+    assert headings["ES"] == ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature"]
+    assert "--config" in parser.format_help().split("Redis:")[0]  # with the run's own flags, first
+    assert "other settings" not in headings  # nothing fell through
+
+    unnamed = argparse.ArgumentParser()
+    VerifierLike.add_arguments(unnamed)  # a role without headings: one group, "settings"
+    assert {g.title for g in unnamed._action_groups if g._group_actions} >= {"settings"}
+
+
+def test_every_roles_every_setting_says_what_it_is():
+    from ops.cli import OpsSettings
+    from producers.config import GeneratorSettings
+    from trainer.config import TrainerSettings
+    from verifier_pool.config import VerifierSettings
+
+    for cls in (OpsSettings, GeneratorSettings, TrainerSettings, VerifierSettings):
+        assert [n for n, info in cls.model_fields.items() if not (info.description or "").strip()] == [], cls
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        (
+            "[verifier]\nconcurency = 3\n",
+            r"run.toml: unknown key 'concurency' in \[verifier\] \(did you mean "
+            r"'concurrency'\?\)$",
+        ),
+        ("[verifer]\nconcurrency = 3\n", r"run.toml: unknown table \[verifer\] \(did you mean \[verifier\]\?\)"),
+        ("rn = 'x'\n", r"run.toml: unknown top-level key 'rn' \(did you mean 'run'\?\)"),
+        ("[verifier]\nxyzzy = 3\n", r"run.toml: unknown key 'xyzzy' in \[verifier\]$"),  # nothing close: no guess
+        ("[verifier]\nconcurrency = 'many'\n", r"concurrency \(from .*run.toml\): Input should be a valid integer"),
+    ],
+)
+def test_a_misspelled_key_names_the_file_and_the_closest_valid_name(tmp_path, toml, message):
+    with pytest.raises(SettingsError, match=message) as e:
+        VerifierLike.load(config_path=write(tmp_path, toml), env={})
+    assert "\n" not in str(e.value)
+
+
+def test_a_misspelled_flag_is_one_line_with_the_closest_flag(capsys):
+    from streams.settings import SettingsParser
+
+    parser = SettingsParser(prog="python -m verifier-like")
+    VerifierLike.add_arguments(parser)
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["--concurency", "3"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m verifier-like: unknown flag --concurency (did you mean --concurrency?) (see python -m "
+        "verifier-like --help)\n"
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--zzz"])
+    assert (
+        capsys.readouterr().err == "python -m verifier-like: unknown flag --zzz (see python -m verifier-like --help)\n"
+    )
 
 
 def test_list_settings_from_env_are_json():

@@ -313,14 +313,21 @@ def test_a_missing_or_malformed_dataset_is_a_clear_error_not_a_traceback(one_red
 
 def test_the_end_of_a_run_says_its_result_in_one_line():
     from trainer.__main__ import headline_of
+    from trainer.config import TrainerSettings
 
-    summary = {"version": 8, "counts": {"samples": 1024}, "interrupted": False,
-               "evals": {"8": {"held_out_reward": 0.1, "held_out_exact": 0.03125},
-                         "0": {"held_out_reward": 0.0875, "held_out_exact": 0.0}}}  # fmt: skip
-    assert headline_of("r", summary) == ("run 'r' finished at version 8; held-out reward 0.087 (v0) -> 0.100 (v8), "
-                                         "exact 0.000 -> 0.031; 1024 training samples")  # fmt: skip
-    assert headline_of("r", {"version": 2, "interrupted": True}) == "run 'r' stopped at version 2"
-    assert headline_of("r", {"interrupted": True}) == ""
+    settings = TrainerSettings(run="r", iterations=8)
+    summary = {"version": 8, "counts": {"samples": 1024}, "interrupted": False, "wall_s": 397.2,
+               "evals": {"8": {"held_out_reward": 0.1, "held_out_exact": 0.03125, "problems": 32},
+                         "0": {"held_out_reward": 0.0875, "held_out_exact": 0.0, "problems": 32}}}  # fmt: skip
+    assert headline_of(settings, summary) == (
+        "run 'r' finished at version 8 of 8 (ES on countdown, SmolLM2-135M-Instruct (default), 6 min 37 s); "
+        "held-out reward 0.087 (v0) -> 0.100 (v8); exact 0/32 -> 1/32; 1024 training samples")  # fmt: skip
+    summary["evals"]["4"] = {"held_out_reward": 0.2, "held_out_exact": 0.0625, "problems": 32}  # a better middle
+    assert "-> 0.100 (v8), best 0.200 (v4); exact 0/32 -> 1/32, best 2/32;" in headline_of(settings, summary)
+    assert headline_of(settings, {"version": 2, "interrupted": True}) == (
+        "run 'r' stopped at version 2 of 8 (ES on countdown, SmolLM2-135M-Instruct (default)); 0 training samples"
+    )
+    assert headline_of(settings, {"interrupted": True}) == ""
 
 
 def test_only_a_redis_outage_is_waited_out_not_a_local_failure():

@@ -1,0 +1,183 @@
+"""Runs where users look: `ops runs` lists a folder's runs from their files, `ops compare` puts runs side by
+side (table, plot, where MLflow has them: a real MLflow store), and `ops run --run-dir` leads with the result
+(a real redis-server on the run's data). Every expected figure is worked out by hand from what is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from streams.embedded import EmbeddedRedis
+from streams.keys import Keys
+from streams.theorems import Theorem
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = time.time()
+
+
+def _ops(*argv: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
+    return subprocess.run([sys.executable, "-m", "ops", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+
+
+def _settings(run: str, **changes) -> dict:
+    return {"run": run, "algo": "es", "task": "countdown", "model": None, "iterations": 4, "preset": "cpu",
+            "population": None, "sigma": None, "alpha": None, "batch": 16, "antithetic": True, "es_temperature": 0.0,
+            "seed": 0, "held_out": 8, "max_new_tokens": 64, "eval_every": 2, "quorum": 1.0, "max_staleness": 2,
+            **changes}  # fmt: skip
+
+
+def _evaluation(version: int, reward: float, solved: int, at: float) -> dict:
+    return {"eval": True, "version": version, "held_out_reward": reward, "held_out_exact": solved / 8, "problems": 8,
+            "time": at}  # fmt: skip
+
+
+def _write_run(run_dir: Path, run: str, *, started: float, pid: int, updates: int, evals: list[dict],
+               report: dict | None = None, **changes) -> None:  # fmt: skip
+    """A run directory as the trainer leaves it: run.json, metrics.jsonl (updates of 128 attempts a minute
+    apart), and report.json when it ended."""
+    run_dir.mkdir(parents=True)
+    settings = _settings(run, **changes)
+    info = {"run": run, "settings": settings, "started": started, "pid": pid, "host": socket.gethostname()}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    records = [{"version": v, "algo": "es", "attempts": 128, "reward_mean": 0.1, "time": started + 60 * v}
+               for v in range(1, updates + 1)] + evals  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if report is not None:
+        (run_dir / "report.json").write_text(json.dumps({"settings": settings, **report}))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """Three runs: `a` finished, `b` live (its trainer process runs), `c` killed (its process is gone)."""
+    t0 = NOW - 3600
+    evals = [_evaluation(0, 0.09, 0, t0 + 10), _evaluation(2, 0.3, 2, t0 + 130), _evaluation(4, 0.25, 1, t0 + 250)]
+    _write_run(tmp_path / "a", "a", started=t0, pid=1, updates=4, evals=evals,
+               report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 280.0,
+                       "evals": {str(e["version"]): e for e in evals}})  # fmt: skip
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "python -m trainer"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass", "trainer"])
+    gone.wait()
+    _write_run(tmp_path / "b", "b", started=NOW - 150, pid=live.pid, updates=2, evals=[_evaluation(0, 0.1, 0, NOW)],
+               alpha=0.004)  # fmt: skip
+    _write_run(tmp_path / "nested" / "c", "c", started=t0 + 600, pid=gone.pid, updates=1, evals=[])
+    (tmp_path / "a" / "samples").mkdir()  # a run's own folders are not runs
+    (tmp_path / "a" / "samples" / "metrics.jsonl").write_text("")
+    yield tmp_path
+    live.kill()
+    live.wait()
+
+
+def test_runs_lists_each_run_with_its_status_and_result(folder):
+    done = _ops("runs", "--dir", str(folder), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)["runs"]}
+    assert list(rows) == ["a", "nested/c", "b"]  # by start: a at t0, c at t0 + 600, b 150 s ago
+    a, b, c = rows["a"], rows["b"], rows["nested/c"]
+    assert (a["status"], a["version"], a["iterations"], a["samples"], a["wall_s"]) == ("finished", 4, 4, 512, 280.0)
+    assert (a["held_out"]["first"]["reward"], a["held_out"]["last"]["solved"], a["held_out"]["best"]["version"]) == (
+        0.09, 1, 2)  # fmt: skip
+    assert (b["status"], b["version"], b["samples"]) == ("live", 2, 256)  # two updates of 128 attempts
+    assert 140 < b["wall_s"] < 300 and b["eta_s"] is not None
+    assert (c["status"], c["version"], c["samples"], c["wall_s"]) == ("interrupted", 1, 128, 60.0)
+    text = _ops("runs", "--dir", str(folder)).stdout
+    [line] = [x for x in text.splitlines() if x.startswith("a ")]
+    assert line.split()[:9] == ["a", "ES", "finished", "4/4", "512", "0.090", "->", "0.250", "0/8"]
+    assert "4 min 40 s" in line
+    assert "(ETA " in [x for x in text.splitlines() if x.startswith("b ")][0]
+
+
+def test_compare_prints_the_table_the_differences_and_writes_one_plot(folder):
+    plot = folder / "out" / "cmp.png"
+    (folder / "out").mkdir()
+    done = _ops("compare", "a", str(folder / "b"), "--dir", str(folder), "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    assert "alpha: 0.002 | 0.004" in done.stdout  # a takes the cpu preset's, b set its own
+    assert "a  reward 0.300, exact 2/8 at v2" in done.stdout  # a's best evaluation
+    assert f"plot: {plot}" in done.stdout and plot.stat().st_size > 5000
+    assert "0.1 is the answer format only" in done.stdout
+    doc = json.loads(_ops("compare", "a", "b", "--dir", str(folder), "--json", "--plot", str(plot)).stdout)
+    assert [p["samples"] for p in doc["runs"][0]["curve"]] == [0, 256, 512]
+    assert [p["wall_s"] for p in doc["runs"][0]["curve"]] == [10.0, 130.0, 250.0]
+    missing = _ops("compare", "a", "nope", "--dir", str(folder))
+    assert missing.returncode == 2 and "nope holds no run" in missing.stderr
+
+
+@pytest.mark.timeout(180)
+def test_compare_says_where_mlflow_holds_the_runs(folder, tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    from trainer.metrics import MLflowRun
+
+    store = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    ids = [MLflowRun(folder / name, uri, "proofstream", {"run": name}).run_id for name in ("a", "b")]
+    done = _ops("compare", "a", "b", "--dir", str(folder), "--plot", str(store / "c.png"))
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("MLflow:")]
+    assert f"mlflow ui --backend-store-uri {uri}" in line and "'proofstream'" in line
+    assert all(i in line for i in ids)
+    client = MlflowClient(tracking_uri=uri)
+    assert [client.get_run(i).data.tags["proofstream.run"] for i in ids] == ["a", "b"]  # the runs it names
+
+
+def _finished_with_redis(run_dir: Path) -> None:
+    """A finished local run: its Redis data written by a real server (state, run info, a theorem), files."""
+    evals = {"0": {"version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 8},
+             "4": {"version": 4, "held_out_reward": 0.2, "held_out_exact": 0.125, "problems": 8}}  # fmt: skip
+    _write_run(run_dir, "fin", started=NOW - 900, pid=1, updates=4, evals=[],
+               report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 397.0,
+                       "evals": evals})  # fmt: skip
+    (run_dir / "redis").mkdir()
+    server = EmbeddedRedis(data_dir=run_dir / "redis").start()
+    try:
+        client, keys = redis_sync.Redis.from_url(server.url), Keys("fin")
+        state = {"algo": "es", "version": 4, "finished": True, "members": [], "evals": [], "eval_results": evals,
+                 "counts": {"samples": 512}}  # fmt: skip
+        client.hset(keys.trainer_state, "state", json.dumps(state))
+        client.set(keys.run_info, (run_dir / "run.json").read_text())
+        client.hset(keys.theorems, "cd-7", Theorem("cd-7", "countdown", numbers=[3, 8, 1], target=24).encode())
+        client.xgroup_create(keys.rewards, "trainer", id="0", mkstream=True)
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_run_on_a_finished_run_leads_with_its_result_and_blanks_idle(tmp_path):
+    _finished_with_redis(tmp_path / "fin")
+    done = _ops("run", "--run-dir", str(tmp_path / "fin"))
+    assert done.returncode == 0, done.stderr
+    ended = time.strftime("%H:%M", time.localtime(NOW - 900 + 397))
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"run fin: finished version 4 of 4 at {ended} after 6 min 37 s"
+    assert lines[1] == "  ES on countdown, SmolLM2-135M-Instruct (default)"
+    assert lines[2] == ("  held-out reward 0.100 (v0) -> 0.200 (v4); exact 0/8 -> 1/8 (8 held-out problems, greedy; "
+                        "2 evaluations)")  # fmt: skip
+    assert lines[3] == "  training: 512 samples"
+    assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[4]
+    assert lines[5].startswith("  reading: Countdown's reward is shaped credit: 0.1 is the answer format only")
+    assert "IDLE: not kept in a finished run's data" in done.stdout
+    doc = json.loads(_ops("streams", "--json", "--run-dir", str(tmp_path / "fin")).stdout)
+    group = doc["streams"]["rewards"]["groups"]["trainer"]
+    assert doc["idle_kept"] is False and group["oldest_pending_idle_ms"] is None
+
+
+def test_a_problem_is_shown_by_theorem_and_commands_that_change_a_copy_say_so(tmp_path):
+    _finished_with_redis(tmp_path / "fin")
+    shown = _ops("theorem", "cd-7", "--run-dir", str(tmp_path / "fin"))
+    assert shown.stdout == "theorem cd-7 (countdown): reach 24 from 3, 8, 1, each number once\n"
+    missing = _ops("theorem", "cd-9", "--run-dir", str(tmp_path / "fin"))
+    assert missing.returncode == 1 and "has no theorem 'cd-9'" in missing.stderr and "cd-7" in missing.stderr
+    purged = _ops("dlq", "purge", "--all", "--yes", "--run-dir", str(tmp_path / "fin"))
+    assert purged.stdout.splitlines()[-1].startswith(f"(done on a copy of {tmp_path / 'fin'}'s Redis data")
+    cleared = _ops("verdicts", "clear", "--run", "fin", "--run-dir", str(tmp_path / "fin"))
+    assert "removed 0 cached verdicts" in cleared.stdout and "the run directory is unchanged" in cleared.stdout
+    assert "copy" not in _ops("dlq", "list", "--run-dir", str(tmp_path / "fin")).stdout  # reading changes nothing

@@ -1,0 +1,71 @@
+"""trainer/result.py: a run's result from what the trainer keeps, with every figure worked out by hand."""
+
+from __future__ import annotations
+
+from trainer import result
+
+SETTINGS = {"run": "r", "algo": "es", "task": "countdown", "model": None, "iterations": 8, "preset": "cpu",
+            "population": None, "sigma": None, "alpha": 0.004, "batch": 16, "antithetic": True, "es_temperature": 0.0,
+            "seed": 1, "held_out": 32, "max_new_tokens": 64, "eval_every": 4, "quorum": 1.0,
+            "max_staleness": 2}  # fmt: skip
+EVALS = {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 32},
+         "4": {"held_out_reward": 0.2, "held_out_exact": 0.09375, "problems": 32},
+         "8": {"held_out_reward": 0.15, "held_out_exact": 0.0625, "problems": 32}}  # fmt: skip
+
+
+def test_the_held_out_first_last_and_best_with_the_problems_solved():
+    h = result.held_out(EVALS)
+    assert h["first"] == {"version": 0, "reward": 0.09, "exact": 0.0, "solved": 0, "problems": 32}
+    assert (h["last"]["version"], h["last"]["solved"]) == (8, 2)  # 0.0625 of 32
+    assert (h["best"]["version"], h["best"]["solved"], h["evaluations"]) == (4, 3, 3)  # 0.09375 of 32
+    assert result.evaluation_line(h) == ("held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 (v4); exact 0/32 "
+                                         "-> 2/32, best 3/32")  # fmt: skip
+    assert result.held_out({}) is None
+
+
+def test_the_main_settings_fill_in_the_es_preset():
+    shown = result.main_settings(SETTINGS)
+    assert (shown["population"], shown["sigma"], shown["alpha"]) == (8, 0.001, 0.004)  # cpu's N and sigma; alpha set
+    assert "lr" not in shown and shown["quorum"] == 1.0
+    grpo = result.main_settings({**SETTINGS, "algo": "grpo", "group_size": 8, "lr": 1e-5})
+    assert (grpo["group_size"], grpo["lr"]) == (8, 1e-5) and "population" not in grpo
+
+
+def test_the_eta_is_the_versions_left_at_the_recent_pace_less_the_time_since_the_last():
+    # updates 100 s apart; 5 of 8 done; 30 s since the last: 3 x 100 - 30
+    times = [1000.0, 1100.0, 1200.0, 1300.0, 1400.0]
+    assert result.eta_s(5, 8, times, started=900.0, now=1430.0) == 270.0
+    assert result.eta_s(1, 8, [1060.0], started=1000.0, now=1060.0) == 7 * 60.0  # the first interval from the start
+    assert result.eta_s(0, 8, [], started=1000.0, now=1010.0) is None  # no update yet: nothing to go by
+    assert result.eta_s(8, 8, times, started=900.0, now=2000.0) == 0.0
+    # only the newest ETA_WINDOW intervals count: a slow start (1000 s) no longer weighs once 5 fast ones follow
+    slow_start = [1000.0, 2000.0, 2010.0, 2020.0, 2030.0, 2040.0, 2050.0]
+    assert result.eta_s(7, 8, slow_start, started=0.0, now=2050.0) == 10.0
+
+
+def test_a_live_summary_counts_its_wall_time_from_the_start_and_a_finished_one_keeps_its_own():
+    live = result.summary(SETTINGS, version=5, counts={"samples": 640}, evals=EVALS, status="live", started=900.0,
+                          update_times=[1000.0, 1100.0, 1200.0, 1300.0, 1400.0], now=1430.0)  # fmt: skip
+    assert (live["wall_s"], live["eta_s"], live["ended"], live["samples"]) == (530.0, 270.0, None, 640)
+    done = result.summary(SETTINGS, version=8, counts={"samples": 1024}, evals=EVALS, status="finished",
+                          started=900.0, wall_s=397.0, now=5000.0)  # fmt: skip
+    assert (done["wall_s"], done["eta_s"], done["ended"]) == (397.0, None, 1297.0)
+    assert done["model"] == "SmolLM2-135M-Instruct (default)"
+    assert result.headline(done) == ("run 'r' finished at version 8 of 8 (ES on countdown, SmolLM2-135M-Instruct "
+                                      "(default), 6 min 37 s); held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 "
+                                      "(v4); exact 0/32 -> 2/32, best 3/32; 1024 training samples")  # fmt: skip
+    assert ", ETA 4 min 30 s)" in result.headline(live)
+
+
+def test_the_reading_says_what_countdowns_shaped_credit_means():
+    text = result.reading("countdown")
+    assert "0.1 is the answer format only" in text and "0.5 the right numbers" in text and "up to 0.8" in text
+    assert "reward and exact are the same measure" in result.reading("lean")
+    assert [result.duration(s) for s in (None, 41.4, 397, 7500)] == ["-", "41 s", "6 min 37 s", "2 h 05 min"]
+
+
+def test_a_run_that_ends_at_its_best_names_no_other_best():
+    tied = {**EVALS, "8": {"held_out_reward": 0.2, "held_out_exact": 0.09375, "problems": 32}}  # v8 equals v4
+    h = result.held_out(tied)
+    assert h["best"]["version"] == 8
+    assert result.evaluation_line(h) == "held-out reward 0.090 (v0) -> 0.200 (v8); exact 0/32 -> 3/32"

@@ -1,0 +1,93 @@
+"""Held-out curves from a run's metrics records, and the one plot that compares runs by them: held-out reward
+(solid) and exact success (dashed) against training samples and against wall time, a colour per run. Here,
+below both `python -m ops compare` and `python -m evals.compare` (neither may import the other), next to the
+records the trainer writes.
+
+The x coordinate of an evaluation is the number of training attempts the updates up to its version consumed
+(`samples` where the record has it, GRPO; else the running sum of `attempts`, ES); version 0 is at 0. Its
+wall time is the evaluation record's `time` less the trainer's start (run.json), where both are known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer.metrics import read_records, update_records
+
+SAMPLES_LABEL = "training samples (generated attempts used by updates)"
+WALL_LABEL = "wall time (minutes since the trainer started)"
+
+
+def curve(records: list[dict[str, Any]], started: float | None = None) -> list[dict[str, Any]]:
+    """Held-out points in version order: version, samples, held-out reward and exact, problems, and `wall_s`
+    (None where the start or the record's time is unknown)."""
+    at = {0: 0}
+    total = 0
+    for r in sorted(update_records(records), key=lambda r: r["version"]):
+        total += int(r.get("attempts", 0))
+        at[int(r["version"])] = int(r["samples"]) if "samples" in r else total
+    points = []
+    for r in sorted((r for r in records if r.get("eval")), key=lambda r: r["version"]):
+        v = int(r["version"])
+        wall = r["time"] - started if started is not None and "time" in r else None
+        points.append({"version": v, "samples": at.get(v), "held_out_reward": r["held_out_reward"],
+                       "held_out_exact": r["held_out_exact"], "problems": r.get("problems"),
+                       "wall_s": None if wall is None else round(wall, 1)})  # fmt: skip
+    return points
+
+
+def samples_used(records: list[dict[str, Any]]) -> int:
+    """Training attempts consumed by the run's updates (the last version's x)."""
+    updates = update_records(records)
+    if not updates:
+        return 0
+    last = max(updates, key=lambda r: r["version"])
+    return int(last["samples"]) if "samples" in last else sum(int(r.get("attempts", 0)) for r in updates)
+
+
+def run_curve(run_dir: Path, started: float | None = None) -> list[dict[str, Any]]:
+    return curve(read_records(run_dir / "metrics.jsonl"), started)
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed (no plot then)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | None = None) -> Path | None:
+    """One figure, two panels: held-out reward (solid, o) and exact success (dashed, ^) of each run against
+    training samples (left) and wall time (right). `runs`: [{"label", "curve", "color" (optional)}].
+    `budget`: a dotted line at that many samples. None where matplotlib is missing."""
+    if (plt := pyplot()) is None:
+        return None
+    fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    for i, run in enumerate(runs):
+        color = run.get("color") or f"C{i % 10}"
+        for ax, key, scale in ((by_samples, "samples", 1.0), (by_time, "wall_s", 1 / 60)):
+            pts = [p for p in run["curve"] if p.get(key) is not None]
+            x = [p[key] * scale for p in pts]
+            ax.plot(x, [p["held_out_reward"] for p in pts], marker="o", color=color,
+                    label=f"{run['label']} held-out reward")  # fmt: skip
+            ax.plot(x, [p["held_out_exact"] for p in pts], marker="^", linestyle="--", color=color,
+                    label=f"{run['label']} held-out exact success")  # fmt: skip
+    if budget is not None:
+        by_samples.axvline(budget, color="grey", linewidth=0.8, linestyle=":")
+    by_samples.set_xlabel(SAMPLES_LABEL)
+    by_time.set_xlabel(WALL_LABEL)
+    by_samples.set_ylabel("held-out reward (solid) / exact success (dashed)")
+    for ax in (by_samples, by_time):
+        ax.grid(alpha=0.3)
+    by_samples.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,136 @@
+"""A run's result as a user reads it first: what ran (algorithm, task, model, the main settings), how far it
+got, the held-out evaluation at its first, last and best point with the problems solved, the training
+samples, the wall time (and, while it runs, an ETA), and how to read the numbers. One summary, built from
+what the trainer keeps, so the trainer's end line, `python -m ops run`, `ops runs` and the dashboard say the
+same thing.
+
+What it is built from: the run's settings (`run.json`, which the trainer writes at each start and mirrors to
+`{ps:R}:run`; or the finished run's `report.json`), its version, counts and evaluations (the trainer's state
+or report), and the times of its updates (metrics records), for the ETA.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES
+from trainer.config import PRESETS
+from weights.model import DEFAULT_MODEL_NAME
+
+INFO = "run.json"  # in the run directory: the settings and start of the trainer that runs (or ran) it
+ETA_WINDOW = 5  # the newest update intervals the ETA averages (a run speeds up once its caches are warm)
+
+
+def model_name(settings: dict[str, Any]) -> str:
+    return settings.get("model") or f"{DEFAULT_MODEL_NAME} (default)"
+
+
+def reading(task: str) -> str:
+    """How to read the reward and exact figures of `task`, so nobody takes shaped credit for solved problems."""
+    if task == "countdown":
+        parses, numbers = CREDIT_FORMAT + CREDIT_PARSES, CREDIT_FORMAT + CREDIT_PARSES + CREDIT_NUMBERS
+        return (f"Countdown's reward is shaped credit: {CREDIT_FORMAT:g} is the answer format only (<answer> tags), "
+                f"{parses:g} an expression, {numbers:g} the right numbers, up to {numbers + CREDIT_CLOSE:g} close "
+                "to the target, 1 solved; exact counts solved problems only")  # fmt: skip
+    return "a Lean proof earns 1 when Lean accepts it and 0 otherwise: reward and exact are the same measure"
+
+
+def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that shape what a run learns, with the ES preset's values filled in."""
+    shared = {k: settings.get(k) for k in ("iterations", "seed", "held_out", "max_new_tokens", "eval_every",
+                                            "quorum", "max_staleness")}  # fmt: skip
+    if settings.get("algo", "es") == "es":
+        preset = PRESETS.get(settings.get("preset") or "cpu", PRESETS["cpu"])
+        own = {"preset": settings.get("preset"), **{k: settings.get(k) or preset[k] for k in ("population", "sigma",
+               "alpha")}, "batch": settings.get("batch"), "antithetic": settings.get("antithetic"),
+               "es_temperature": settings.get("es_temperature")}  # fmt: skip
+    else:
+        own = {k: settings.get(k) for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef",
+                                            "train_precision")}  # fmt: skip
+    return {**own, **shared}
+
+
+def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluations' first, last and best point (best: the highest reward, the latest of equals, so a run
+    that ends at its best says no more than its last), each with the problems solved exactly; None before
+    the first evaluation."""
+    points = []
+    for version, e in sorted(evals.items(), key=lambda kv: int(kv[0])):
+        problems = int(e.get("problems") or 0)
+        points.append({"version": int(version), "reward": e["held_out_reward"], "exact": e["held_out_exact"],
+                       "solved": round(e["held_out_exact"] * problems), "problems": problems})  # fmt: skip
+    if not points:
+        return None
+    best = max(points, key=lambda p: (p["reward"], p["version"]))
+    return {"first": points[0], "last": points[-1], "best": best, "evaluations": len(points)}
+
+
+def eta_s(version: int, iterations: int, update_times: list[float], started: float | None, now: float) -> float | None:
+    """Seconds until the last version: the versions left at the mean interval of the newest updates (the first
+    interval counts from the trainer's start), less the time since the last one. None before any update."""
+    left = iterations - version
+    if left <= 0:
+        return 0.0
+    times = sorted(update_times)[-(ETA_WINDOW + 1) :]
+    if len(times) < 2:
+        if not times or started is None or times[0] <= started:
+            return None
+        times = [started, *times]
+    per_version = (times[-1] - times[0]) / (len(times) - 1)
+    return max(0.0, per_version * left - (now - times[-1]))
+
+
+def summary(settings: dict[str, Any], *, version: int | None, counts: dict[str, Any], evals: dict[Any, dict],
+            status: str, started: float | None = None, wall_s: float | None = None,
+            update_times: list[float] = (), now: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The result. `status`: live, finished, interrupted (stopped before its last version). `wall_s`: the
+    trainer's own measure once it ended, else the time since `started`."""
+    now = time.time() if now is None else now
+    iterations = int(settings.get("iterations") or 0)
+    live = status == "live"
+    if wall_s is None and started is not None and live:
+        wall_s = now - started
+    eta = eta_s(version or 0, iterations, list(update_times), started, now) if live else None
+    return {
+        "run": settings.get("run"), "algo": settings.get("algo"), "task": settings.get("task"),
+        "model": model_name(settings), "status": status, "version": version, "iterations": iterations,
+        "samples": int(counts.get("samples") or 0), "held_out": held_out(evals), "wall_s": wall_s,
+        "started": started, "ended": started + wall_s if started is not None and wall_s is not None and not live
+        else None, "eta_s": eta, "settings": main_settings(settings), "reading": reading(settings.get("task", "")),
+    }  # fmt: skip
+
+
+def duration(seconds: float | None) -> str:
+    """`6 min 37 s`, `2 h 05 min`, `41 s`; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def evaluation_line(h: dict[str, Any]) -> str:
+    """`reward 0.075 (v0) -> 0.212 (v2), best 0.212 (v2); exact 0/8 -> 1/8, best 1/8`."""
+    first, last, best = h["first"], h["last"], h["best"]
+    line = f"held-out reward {first['reward']:.3f} (v{first['version']}) -> {last['reward']:.3f} (v{last['version']})"
+    if best["version"] not in (first["version"], last["version"]):
+        line += f", best {best['reward']:.3f} (v{best['version']})"
+    line += f"; exact {first['solved']}/{first['problems']} -> {last['solved']}/{last['problems']}"
+    return line + (f", best {best['solved']}/{best['problems']}" if best["solved"] > last["solved"] else "")
+
+
+def headline(r: dict[str, Any]) -> str:
+    """The result in one line: the trainer's end line, `ops run`'s first."""
+    algo = {"es": "ES", "grpo": "GRPO"}.get(r["algo"], r["algo"])
+    state = {"live": "at", "finished": "finished at", "interrupted": "stopped at"}.get(r["status"], "at")
+    line = f"run {r['run']!r} {state} version {r['version']} of {r['iterations']}"
+    line += f" ({algo} on {r['task']}, {r['model']}"
+    line += f", {duration(r['wall_s'])}" if r["wall_s"] is not None else ""
+    line += f", ETA {duration(r['eta_s'])})" if r["eta_s"] is not None else ")"
+    if r["held_out"]:
+        line += "; " + evaluation_line(r["held_out"])
+    return line + f"; {r['samples']} training samples"
