@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench clean
+.PHONY: test run lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -40,6 +40,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m ops bench wire --json
+
+# On a machine with a GPU: the real pipeline and the benches on it, to docs/results/gpu/<gpu>-<date>.json
+# (ops/gpu_full.py). GPU_ARGS="--device cpu" rehearses it here; an offline GPU box: ops/gpu/box.sh.
+GPU_ARGS ?=
+gpu-check: $(STAMP)
+	$(BIN)/python -m ops.gpu_check --full $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,8 @@
-"""`python -m ops.gpu_check --tokenizer DIR [--out FILE]`: do the engine and trainer paths run on a GPU?
+"""`python -m ops.gpu_check [--full] [--device cuda|cpu]`: do the engine and trainer paths run on a GPU?
+
+`--full` (`make gpu-check`) runs the real pipeline with the real default model on the device and writes
+docs/results/gpu/<gpu>-<date>.json: ops/gpu_full.py says what it runs and records. Without it, the quick
+checks below.
 
 What "runs unchanged on a GPU" needs from our own code, checked on a model small enough to build on the spot
 (the default model's config shrunk to 2 layers of width 64, random weights, the default model's tokenizer;
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 import transformers
 
+from ops import gpu_full
 from producers.engine import Sampling
 from producers.hf import HFEngine
 from trainer.grpo_loss import GRPOConfig, GRPOSample
@@ -110,19 +115,40 @@ def _initial(model: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in load_file(str(model / "model.safetensors")).items()}
 
 
+def quick(tokenizer: Path) -> dict[str, Any]:
+    """The checks above on a 2-layer model built from the tokenizer's config (no Redis, no pipeline)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model(tokenizer, Path(tmp) / "tiny")
+        return {"noise": check_noise(), "engine": check_engine(model), "grpo": check_grpo(model, Path(tmp))}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokenizer", required=True, help="a model folder with tokenizer.json and config.json")
-    p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--full", action="store_true",
+                   help="the real pipeline with the real model on the device: an ES run, a GRPO run, the benches "
+                   "(ops/gpu_full.py); without it, the quick checks on a 2-layer model")  # fmt: skip
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="--full: where to run (default cuda, refused without a GPU; cpu rehearses the script)",
+    )
+    p.add_argument("--tokenizer", default="", help="quick checks: a model folder with tokenizer.json and "
+                   "config.json (default: the default model's folder)")  # fmt: skip
+    p.add_argument("--out", default="", help="also write the JSON here (--full: a folder, default "
+                   "docs/results/gpu; the file is <gpu>-<date>.json)")  # fmt: skip
+    gpu_full.add_arguments(p)
     args = p.parse_args(argv)
+    if args.full:
+        return gpu_full.main(args, quick)
     if not torch.cuda.is_available():
         print(json.dumps({"error": "torch sees no GPU"}))
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        model = tiny_model(Path(args.tokenizer), Path(tmp) / "tiny")
-        result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                  "transformers": transformers.__version__, "noise": check_noise(),
-                  "engine": check_engine(model), "grpo": check_grpo(model, Path(tmp))}  # fmt: skip
+    from weights.model import resolve_model
+
+    tokenizer = Path(args.tokenizer) if args.tokenizer else resolve_model(None)
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "transformers": transformers.__version__, **quick(tokenizer)}  # fmt: skip
     line = json.dumps(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

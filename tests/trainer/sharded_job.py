@@ -86,7 +86,8 @@ def without_weights(model: str, out: Path) -> Path:
 
 def main(model: str, out: str) -> None:
     torch.set_num_threads(1)
-    mesh = sharded.start("cpu", timeout_s=120)
+    # SHARDED_JOB_DEVICE=cuda: the same job on NCCL, one GPU a rank (`python -m ops.gpu_check --full` runs it)
+    mesh = sharded.start(os.environ.get("SHARDED_JOB_DEVICE", "cpu"), timeout_s=120)
     if dist.get_rank() != 0:
         model = str(without_weights(model, Path(out)))
     trainer = sharded.ShardedGRPOTrainer(model, CFG, Path(out), mesh)
