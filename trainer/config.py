@@ -40,7 +40,7 @@ class TrainerSettings(RoleSettings):
         "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature"),
         "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "train_precision",
                  "dist_timeout_s"),
-        "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "lease_s"),
+        "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "stall_timeout_s", "lease_s"),
         "generation": ("engine", "model", "temperature", "max_new_tokens", "prompt_format"),
         "verifiers": ("verifiers", "verifier_concurrency", "sandbox"),
         "Lean": ("kimina_url", "lean_repl_cmd", "lean_workdir", "lean_image", "lean_audit_cmd", "lean_second_line"),

@@ -64,10 +64,11 @@ def folder(tmp_path):
     _write_run(tmp_path / "a", "a", started=t0, pid=1, updates=4, evals=evals,
                report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 280.0,
                        "evals": {str(e["version"]): e for e in evals}})  # fmt: skip
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "python -m trainer"])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "python -m trainer"])
     gone = subprocess.Popen([sys.executable, "-c", "pass", "trainer"])
     gone.wait()
-    _write_run(tmp_path / "b", "b", started=NOW - 150, pid=live.pid, updates=2, evals=[_evaluation(0, 0.1, 0, NOW)],
+    now = time.time()  # not NOW, the module's import time: the whole suite may run between the two (seen in CI)
+    _write_run(tmp_path / "b", "b", started=now - 150, pid=live.pid, updates=2, evals=[_evaluation(0, 0.1, 0, now)],
                alpha=0.004)  # fmt: skip
     _write_run(tmp_path / "nested" / "c", "c", started=t0 + 600, pid=gone.pid, updates=1, evals=[])
     (tmp_path / "a" / "samples").mkdir()  # a run's own folders are not runs
