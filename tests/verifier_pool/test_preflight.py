@@ -73,5 +73,6 @@ def test_the_command_says_one_line_and_exits_1_or_nothing_and_0():
     kimina = _preflight(**lean, PROOFSTREAM_SANDBOX="kimina")  # a worker would refuse these settings; this says why
     assert (kimina.returncode, kimina.stdout) == (1, "sandbox = 'kimina' needs kimina_url. " + NO_LEAN + "\n")
     bad = _preflight(**lean, PROOFSTREAM_SANDBOX="nope")
-    assert bad.returncode == 1 and bad.stdout.startswith("bad verifier settings: sandbox: ")
+    assert bad.returncode == 1 and bad.stdout.count("\n") == 1
+    assert bad.stdout.startswith("bad verifier settings: sandbox (from PROOFSTREAM_SANDBOX): Input should be")
     assert _preflight().returncode == 0  # no lean task: nothing to check
