@@ -41,13 +41,14 @@ with open(__file__, "rb") as _source:
 
 MAX_BATCH = 64  # jobs in one batch request; the worker sends at most its read batch (16 by default)
 MAX_EXPRESSION_CHARS = 200  # a longer "expression" is not an answer to a 3-6 number problem
+MAX_STATED = 3  # "3 * 4 = 12": sides after the expression, each an expression its value must equal
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
 
 
 @dataclass(frozen=True, slots=True)
 class CountdownResult:
     ok: bool
-    reason: str  # "" | "format" | "numbers" | "value" | "syntax"
+    reason: str  # "" | "format" | "numbers" | "value" | "syntax" | "equation"
     detail: str
     value: float | None = None
 
@@ -103,12 +104,15 @@ def _first_folded(text: str, tag: str, start: int) -> int:
 
 def extract_answer(text: str) -> str | None:
     """The expression inside the last <answer>...</answer>, or the whole text if it has no tags."""
+    return _sides(text)[0]
+
+
+def _sides(text: str) -> tuple[str | None, list[str]]:
+    """(the expression, what the answer states it equals): "3 * 4 = 12" -> ("3 * 4", ["12"])."""
     found = last_tagged(text)
-    answer = text if found is None else found
-    answer = answer.strip()
-    if "=" in answer:  # "3 * 4 = 12": the left side is the expression
-        answer = answer.split("=", 1)[0].strip()
-    return answer or None
+    answer = (text if found is None else found).strip()
+    expression, *stated = answer.split("=") if "=" in answer else (answer,)
+    return expression.strip() or None, [side.strip() for side in stated]
 
 
 def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
@@ -131,11 +135,26 @@ def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
     raise ValueError(f"not allowed in an answer: {ast.dump(node)[:60]}")
 
 
+def _false_statement(stated: list[str], value: Fraction) -> str | None:
+    """The first side of the equation that is not an arithmetic expression equal to `value`, else None."""
+    for side in stated:
+        try:
+            if _evaluate(ast.parse(side, mode="eval"), []) != value:
+                return side
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+            return side[:60]
+    return None
+
+
 def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
-    """Is `answer_text` a correct Countdown answer for (numbers, target)?"""
-    expr = extract_answer(answer_text)
+    """Is `answer_text` a correct Countdown answer for (numbers, target)? An answer written as an equation
+    ("3 * 4 = 12") is judged by its left side, and what it states must be true: "11 + 16 = 22" for a target
+    of 27 is an arithmetic error, not a solution, even though 11 + 16 is 27."""
+    expr, stated = _sides(answer_text)
     if expr is None or len(expr) > MAX_EXPRESSION_CHARS:
         return CountdownResult(False, "format", "no expression found" if expr is None else "expression too long")
+    if len(stated) > MAX_STATED or any(len(side) > MAX_EXPRESSION_CHARS for side in stated):
+        return CountdownResult(False, "format", "not an equation: too many or too long sides after '='")
     try:  # the length cap above runs first: parsing and the walk cost at most MAX_EXPRESSION_CHARS of work
         used: list[int] = []
         value = _evaluate(ast.parse(expr, mode="eval"), used)
@@ -143,6 +162,8 @@ def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
     # MemoryError by version and depth; each is the expression's fault, judged, never a checker crash.
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError) as e:
         return CountdownResult(False, "syntax", f"{type(e).__name__}: {e}"[:200])
+    if (false := _false_statement(stated, value)) is not None:
+        return CountdownResult(False, "equation", f"{expr} = {float(value):g}, not {false}", float(value))
     if Counter(used) != Counter(numbers):
         return CountdownResult(False, "numbers", f"uses {sorted(used)}, must use each of {sorted(numbers)} once",
                                float(value))  # fmt: skip
@@ -165,7 +186,8 @@ def partial_credit(answer_text: str, result: CountdownResult, target: int) -> fl
     if result.ok:
         return 1.0
     credit = CREDIT_FORMAT if last_tagged(answer_text) is not None else 0.0
-    if result.reason in ("numbers", "value") and result.value is not None:
+    # A false equation ("equation") parses but states a wrong value: no credit for numbers or closeness.
+    if result.reason in ("numbers", "value", "equation") and result.value is not None:
         credit += CREDIT_PARSES
         if result.reason == "value":  # closeness counts only with the right numbers: "19" alone earns none
             credit += CREDIT_NUMBERS

@@ -16,7 +16,14 @@ from verifier_pool.repl import LEAN_HANDSHAKE, Handshake
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-COUNTDOWN_HANDSHAKE = Handshake(countdown_check.HANDSHAKE_REQUEST, countdown_check.HANDSHAKE_REPLY)
+# The checker must be this checkout's: an image built before the checker was edited would judge by the old
+# rules (its digest differs), so its sandbox does not start and the run says why.
+COUNTDOWN_HANDSHAKE = Handshake(
+    countdown_check.HANDSHAKE_REQUEST,
+    {**countdown_check.HANDSHAKE_REPLY, "digest": countdown_check.CHECKER_DIGEST},
+    hint="a checker other than this checkout's tasks/countdown_check.py (an image built from older code?): "
+    "rebuild it with `bash ops/docker_setup.sh` (or ops/images/build.sh)",
+)
 
 NO_LEAN = (
     "the lean task needs a Lean REPL and none is configured. Ways to get one: (1) Docker: build the image "

@@ -37,6 +37,7 @@ class Handshake:
 
     request: Mapping[str, Any]
     expect: Mapping[str, Any]  # items the reply must contain
+    hint: str = ""  # what to do when the reply is not the expected one
 
     def accepts(self, reply: Mapping[str, Any]) -> bool:
         return all(reply.get(k) == v for k, v in self.expect.items())
@@ -55,8 +56,9 @@ async def handshake(stream: ReplStream, hs: Handshake, timeout_s: float) -> dict
     except (SandboxTimeout, SandboxCrashed) as e:
         raise SandboxUnavailable(f"the checker did not answer its handshake: {e}") from e
     if not hs.accepts(reply):
+        hint = f": {hs.hint}" if hs.hint else ""
         raise SandboxUnavailable(
-            f"the checker answered its handshake with {str(reply)[:200]}, expected {dict(hs.expect)}"
+            f"the checker answered its handshake with {str(reply)[:200]}, expected {dict(hs.expect)}{hint}"
         )
     return reply
 

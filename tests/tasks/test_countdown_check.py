@@ -37,6 +37,14 @@ from tasks.countdown_check import (
         ([3, 0], 1, "<answer>3 / 0</answer>", False, "syntax"),
         ([3, 4], 12, "<answer>" + "(" * 150 + "3*4" + ")" * 150 + "</answer>", False, "format"),
         ([3, 4], 12, "<answer>3 * 4 = 12</answer>", True, ""),
+        # An equation's stated sides must be true: 11 + 16 is 27 but the answer says 22 (the default model
+        # wrote this untagged for target 27; it was once judged proved on its left side alone).
+        ([11, 16], 27, "<answer>11 + 16 = 22</answer>", False, "equation"),
+        ([11, 16], 27, "11 + 16 = 22\n\nThe answer is 22.", False, "equation"),
+        ([11, 16], 27, "11 + 16 = 27\n\nThe answer is 27.", False, "equation"),  # prose is not a value
+        ([11, 16], 27, "<answer>11 + 16 = 27 = 3 * 9</answer>", True, ""),
+        ([11, 16], 27, "<answer>11 + 16 = 27 = 27 = 27 = 27</answer>", False, "format"),  # 4 sides: too many
+        ([3, 4], 12, "<answer>3 * 4 = 12 / 0</answer>", False, "equation"),
         ([3, 4], 12, "<answer></answer>", False, "format"),
         ([3, 4], 12, "<answer>3.0 * 4</answer>", False, "syntax"),  # floats are not the given numbers
     ],
@@ -81,6 +89,7 @@ def test_partial_credit_is_ordered_and_never_reaches_an_exact_answers_reward():
     wrong_numbers = credit("<answer>19</answer>")
     no_tags = credit("3 * 7 - 4")
     garbage = credit("<answer>I do not know</answer>")
+    false_equation = credit("<answer>3 * 4 + 7 = 18</answer>")  # the right expression, a false claim
     nothing = credit("")
     assert exact == 1.0
     assert 0.8 > near > far > wrong_numbers > garbage > nothing == 0.0
@@ -88,6 +97,7 @@ def test_partial_credit_is_ordered_and_never_reaches_an_exact_answers_reward():
     assert right_numbers_close < near  # using the wrong numbers costs more than missing the target by 2
     assert wrong_numbers == right_numbers_close == 0.2  # writing the target itself earns no closeness
     assert garbage == 0.1  # the format alone
+    assert false_equation == 0.2  # format and an expression: no credit for numbers or closeness
 
 
 # --- untrusted text: the same answers as the regex it replaced, in linear time ----------------------------
@@ -132,6 +142,7 @@ def _adversarial(size: int) -> dict[str, tuple[str, str, str | None]]:
         "parentheses": ("<answer>" + "(" * size + "</answer>", "format", None),
         "whitespace": ("<answer>" + " " * size + "3 * 4" + " " * size + "</answer>", "", "3 * 4"),
         "equals signs": ("=" * size, "format", None),  # the left side of the first "=" is empty
+        "an equation chain": ("3*4" + "=12" * (size // 3), "format", "3*4"),  # too many sides, each cheap
     }
 
 

@@ -24,6 +24,14 @@ pytestmark = pytest.mark.timeout(60)
 
 IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
 FAKE_REPL_ARGV = ("python3", "-c", (Path(__file__).parents[1] / "fixtures" / "fake_repl.py").read_text())
+# A Countdown checker built from other code: it answers the handshake as one, with another digest (what an
+# image built before tasks/countdown_check.py was edited answers).
+STALE_CHECKER_ARGV = (
+    "python3",
+    "-c",
+    "import json, sys\nfor line in sys.stdin:\n    if line.strip():\n"
+    "        print(json.dumps({'checker': 'countdown', 'digest': '0' * 16}) + '\\n', flush=True)",
+)
 RUN = f"pytest-{uuid.uuid4().hex[:8]}"  # owner labels of this run start with it
 OWNER = docker_backend.default_owner(prefix=f"{RUN}/")  # provably alive: this process
 
@@ -362,6 +370,7 @@ async def test_identity_is_the_image_id_and_the_checkers_digest(make_sandbox):
         (("python3", "-c", "import sys; sys.exit(3)"), None, "exit status 3"),  # exits before answering
         (COUNTDOWN_ARGV, None, "answered its handshake with"),  # a checker, not the one asked for
         (FAKE_REPL_ARGV, COUNTDOWN_HANDSHAKE, "did not answer its handshake.*exit status 1"),  # it crashed on it
+        (STALE_CHECKER_ARGV, COUNTDOWN_HANDSHAKE, "other than this checkout's.*rebuild it"),  # judges by old rules
     ],
 )
 async def test_a_command_that_cannot_start_is_unavailable_and_leaves_no_container(argv, handshake, why):
