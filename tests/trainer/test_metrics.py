@@ -48,5 +48,9 @@ def test_a_restart_gives_tensorboard_what_a_killed_trainer_wrote_to_the_jsonl_on
     assert again.catch_up() == 2 and again.catch_up() == 0  # logged once
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
+    # Two event files, one a start; the reader takes them in name order, and names made in one second differ
+    # only by a per-process counter compared as text (".10" before ".9"), so the steps come in either order:
+    # TensorBoard plots by step.
+    assert sorted((e.step, e.value) for e in events.Scalars("reward_mean")) == [(1, 0.25), (2, 0.5)]
     assert [(e.step, e.value) for e in events.Scalars("eval/held_out_reward")] == [(2, 0.75)]
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
