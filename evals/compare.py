@@ -16,8 +16,8 @@ algorithm: a version costs population x batch samples in ES (every member answer
 and batch x group_size in GRPO (G samples of each of `batch` theorems), so iterations = N // that. Each run
 evaluates its policy (greedy, on the held-out split) at version 0, every `iterations // eval_points`
 versions and at the end, so each curve has several points. The x coordinate of an evaluation is the number
-of training attempts the updates up to that version consumed (`attempts` of each ES version; `samples` of
-GRPO, which also counts steps whose groups all lacked signal and so made no version). Attempts generated but
+of training attempts the updates up to that version consumed (the version's `samples`; in GRPO they also
+count steps whose groups all lacked signal and so made no version). Attempts generated but
 never used (members or groups still in flight at the end, or dropped as stale) are reported beside it, from
 the generators' own count in the run's Redis.
 
@@ -59,9 +59,10 @@ from trainer.metrics import read_records, update_records
 from trainer.result import INFO
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ("es", "grpo")
-LABELS = {"es": "ES", "grpo": "GRPO"}
-COLORS = {"es": "tab:blue", "grpo": "tab:orange"}
+ALGOS = ("es", "grpo", "es-lowrank")  # es-lowrank: ES with low-rank members (--es-noise lowrank, EGGROLL)
+DEFAULT_ALGOS = ("es", "grpo")
+LABELS = {"es": "ES", "grpo": "GRPO", "es-lowrank": "ES low-rank"}
+COLORS = {"es": "tab:blue", "grpo": "tab:orange", "es-lowrank": "tab:green"}
 INTERRUPTED = (130, -2, -15)  # python -m trainer's exit after SIGINT/SIGTERM, or killed by either signal
 TICK_S = 10.0  # how often a running trainer's progress is read for the ETA
 # Trainer flags this module sets itself (same value for both runs, or per algorithm from the budget).
@@ -86,6 +87,8 @@ OWNED = {
     "--group-size": "--grpo-group-size",
     "--lr": "--grpo-lr",
     "--quorum": "--quorum",
+    "--es-noise": "--algos es-lowrank",
+    "--es-rank": "--lowrank-rank",
 }
 
 
@@ -107,7 +110,7 @@ class Plan:
 def samples_per_version(algo: str, *, population: int = 0, batch: int, group_size: int = 0) -> int:
     """ES: every one of `population` members answers the version's `batch` problems once.
     GRPO: `group_size` samples of each of `batch` theorems."""
-    if algo == "es":
+    if algo in ("es", "es-lowrank"):
         return population * batch
     if algo == "grpo":
         return batch * group_size
@@ -146,7 +149,8 @@ def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]
 
 
 def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "trainer", "--algo", p.algo, *common, "--iterations", str(p.iterations),
+    algo = "es" if p.algo == "es-lowrank" else p.algo  # the low-rank flags are the plan's
+    return [sys.executable, "-m", "trainer", "--algo", algo, *common, "--iterations", str(p.iterations),
             "--eval-every", str(p.eval_every), *p.flags, "--run", run, "--run-dir", str(run_dir), *extra]  # fmt: skip
 
 
@@ -375,6 +379,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--es-alpha", type=float, default=None, help=f"ES step size (default: the cpu preset's, {cpu['alpha']})"
     )
+    p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(DEFAULT_ALGOS),
+                   help="the runs of each seed, in order; es-lowrank: ES with low-rank members, a population "
+                   "generated in one engine call (--lowrank-*)")  # fmt: skip
+    p.add_argument("--lowrank-population", type=int, default=32, help="es-lowrank: members a version")
+    p.add_argument("--lowrank-batch", type=int, default=cpu["batch"], help="es-lowrank: problems a member answers")
+    p.add_argument("--lowrank-rank", type=int, default=4, help="es-lowrank: r of each member's A B^T")
+    p.add_argument("--lowrank-sigma", type=float, default=None,
+                   help=f"es-lowrank: noise scale (default: the cpu preset's, {cpu['sigma']})")  # fmt: skip
+    p.add_argument("--lowrank-alpha", type=float, default=None,
+                   help=f"es-lowrank: step size (default: the cpu preset's, {cpu['alpha']})")  # fmt: skip
     p.add_argument("--grpo-batch", type=int, default=GRPO_BATCH, help="theorems (groups) per GRPO step")
     p.add_argument(
         "--grpo-group-size", type=int, default=trainer["group_size"].default, help="GRPO: samples per theorem"
@@ -390,10 +404,20 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     if args.es_alpha:
         es_flags += ["--alpha", str(args.es_alpha)]
     grpo_flags = ["--batch", str(args.grpo_batch), "--group-size", str(args.grpo_group_size), "--lr", str(args.grpo_lr)]
-    es = samples_per_version("es", population=args.es_population, batch=args.es_batch)
-    grpo = samples_per_version("grpo", batch=args.grpo_batch, group_size=args.grpo_group_size)
-    return [plan("es", args.budget, es, args.eval_points, tuple(es_flags)),
-            plan("grpo", args.budget, grpo, args.eval_points, tuple(grpo_flags))]  # fmt: skip
+    lowrank_flags = ["--es-noise", "lowrank", "--es-rank", str(args.lowrank_rank), "--population",
+                     str(args.lowrank_population), "--batch", str(args.lowrank_batch)]  # fmt: skip
+    if args.lowrank_sigma:
+        lowrank_flags += ["--sigma", str(args.lowrank_sigma)]
+    if args.lowrank_alpha:
+        lowrank_flags += ["--alpha", str(args.lowrank_alpha)]
+    per_version = {
+        "es": (samples_per_version("es", population=args.es_population, batch=args.es_batch), es_flags),
+        "grpo": (samples_per_version("grpo", batch=args.grpo_batch, group_size=args.grpo_group_size), grpo_flags),
+        "es-lowrank": (samples_per_version("es-lowrank", population=args.lowrank_population, batch=args.lowrank_batch),
+                       lowrank_flags),
+    }  # fmt: skip
+    return [plan(algo, args.budget, per_version[algo][0], args.eval_points, tuple(per_version[algo][1]))
+            for algo in dict.fromkeys(args.algos)]  # fmt: skip
 
 
 def refused(extra: list[str]) -> list[str]:
@@ -439,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         seed_out = out / f"seed{seed}"
         done = _json(seed_out / "compare.json")
-        if done.get("ok") and set(done.get("algos", {})) == set(ALGOS):
+        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
             print(f"compare: seed {seed}: finished before, not run again", file=sys.stderr)
             results[seed] = done
         else:
@@ -459,7 +483,7 @@ def versions_to_run(seeds: list[int], out: Path, todo: list[Plan]) -> int:
     total = 0
     for seed in seeds:
         done = _json(out / f"seed{seed}" / "compare.json")
-        if done.get("ok") and set(done.get("algos", {})) == set(ALGOS):
+        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
             continue
         total += sum(p.iterations for p in todo if done.get("algos", {}).get(p.algo, {}).get("returncode") != 0)
     return total
@@ -551,7 +575,7 @@ def algo_figures(r: dict[str, Any]) -> dict[str, Any]:
         "exact_end": ends["exact_end"],
         "proved_per_version": proved_per_version(read_records(Path(r["run_dir"]) / "metrics.jsonl")),
         "wall_s": wall,
-        "samples_per_s": (r["samples_used"] / wall) if wall else None,
+        "samples_per_s": (r["samples_used"] / wall) if wall and r["samples_used"] is not None else None,
         "returncode": r["returncode"],
     }
 
@@ -570,7 +594,7 @@ def _stats(values: list[float | None]) -> dict[str, float | int | None]:
 def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     per_seed = {seed: {algo: algo_figures(r) for algo, r in res["algos"].items()} for seed, res in results.items()}
     algos: dict[str, Any] = {}
-    for algo in ALGOS:
+    for algo in dict.fromkeys(getattr(args, "algos", DEFAULT_ALGOS)):
         rows = [figs[algo] for figs in per_seed.values() if algo in figs and figs[algo]["returncode"] == 0]
         algos[algo] = {key: _stats([row[key] for row in rows]) for key in FIGURES}
     return {"budget": args.budget, "seeds": list(results), "per_seed": per_seed, "algos": algos,
@@ -607,7 +631,7 @@ def summary_plot(summary: dict[str, Any], path: Path) -> Path | None:
     if (plt := plots.pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for algo in ALGOS:
+    for algo in summary["algos"]:
         runs = [res["algos"][algo] for res in summary["results"].values() if algo in res["algos"]]
         curves = [r["curve"] for r in runs if r["curve"]]
         if curves:

@@ -2,7 +2,8 @@
 
 The case study's next experiment: "systematic sweeps over sigma, population size, and theorem selection to
 understand when ES improves and when it stalls". The grid is the product of the list-valued flags and
-`--seeds`: for ES (`--algo es`, the default) `--sigma`, `--alpha`, `--population`, `--antithetic on off`;
+`--seeds`: for ES (`--algo es`, the default) `--sigma`, `--alpha`, `--population`, `--antithetic on off`,
+`--noise full lowrank` and `--rank` (lowrank cells only);
 for GRPO (`--algo grpo`) `--lr`, `--group-size`, `--temperature`; for both `--batch`, `--curriculum`,
 `--problems`. Each cell is one `python -m trainer` run with its own run id (`<out name>-<cell key>`) and run
 directory (`DIR/cells/<cell key>`), evaluated greedily on the held-out split at version 0, every
@@ -58,12 +59,12 @@ from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
 from trainer.metrics import read_records
 
-ES_GRID = ("sigma", "alpha", "population", "antithetic")  # an ES cell's own list-valued flags, in key order
+ES_GRID = ("sigma", "alpha", "population", "antithetic", "noise", "rank")  # an ES cell's own list-valued flags
 GRPO_GRID = ("lr", "group_size", "temperature")  # a GRPO cell's
 SHARED_GRID = ("batch", "curriculum", "problems")
 GRID = (*ES_GRID, *GRPO_GRID, *SHARED_GRID)
 OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", "--group-size",
-         *(f"--{k}" for k in GRID), "--no-antithetic")  # fmt: skip
+         *(f"--{k}" for k in GRID), "--no-antithetic", "--es-noise", "--es-rank")  # fmt: skip
 CSV_COLUMNS = ("key", "config", "algo", *GRID, "seed", "returncode", "versions", "samples_used", "reward_start",
                "reward_end", "gain", "exact_start", "exact_end", "wall_s", "run")  # fmt: skip
 
@@ -81,6 +82,8 @@ class Cell:
     alpha: float | None = None
     population: int | None = None
     antithetic: bool | None = None
+    noise: str | None = None  # ES members' noise: full (seed-history ES) or lowrank (EGGROLL)
+    rank: int | None = None  # lowrank: r of each member's A B^T
     lr: float | None = None
     group_size: int | None = None
     temperature: float | None = None
@@ -92,7 +95,8 @@ class Cell:
         if self.algo == "grpo":
             return f"grpo-lr{self.lr:g}-g{self.group_size}-t{self.temperature:g}-{shared}"
         pairs = "-anti" if self.antithetic else ""
-        return f"s{self.sigma:g}-a{self.alpha:g}-p{self.population}{pairs}-{shared}"
+        lowrank = f"-lowrank-r{self.rank}" if self.noise == "lowrank" else ""  # full: the keys sweeps always had
+        return f"s{self.sigma:g}-a{self.alpha:g}-p{self.population}{pairs}{lowrank}-{shared}"
 
     @property
     def key(self) -> str:
@@ -109,8 +113,10 @@ class Cell:
         if self.algo == "grpo":
             return out + ["--lr", f"{self.lr:g}", "--group-size", str(self.group_size),
                           "--temperature", f"{self.temperature:g}"]  # fmt: skip
-        return out + ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population",
-                      str(self.population), "--antithetic" if self.antithetic else "--no-antithetic"]  # fmt: skip
+        out += ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population", str(self.population),
+                "--antithetic" if self.antithetic else "--no-antithetic",
+                "--es-noise", self.noise or "full"]  # fmt: skip
+        return out + (["--es-rank", str(self.rank)] if self.noise == "lowrank" else [])
 
 
 def cells(args: argparse.Namespace) -> list[Cell]:
@@ -122,7 +128,10 @@ def cells(args: argparse.Namespace) -> list[Cell]:
         lists = [getattr(args, k) for k in own] + [getattr(args, k) for k in SHARED_GRID] + [args.seeds]
         for values in itertools.product(*lists):
             named = dict(zip((*own, *SHARED_GRID, "seed"), values, strict=True))
-            out.append(Cell(algo=algo, **named))
+            if named.get("noise") == "full":
+                named["rank"] = None  # full-rank members have no rank: one cell, whatever --rank lists
+            if (cell := Cell(algo=algo, **named)) not in out:
+                out.append(cell)
     return out
 
 
@@ -256,14 +265,18 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=DefaultsFormatter)  # fmt: skip
     p.add_argument("--out", required=True, help="the sweep's folder: cells, tables, plot (resumes what it holds)")
     p.add_argument("--algo", nargs="+", default=["es"], choices=("es", "grpo"),
-                   help="es: a cell per sigma x alpha x population x antithetic; grpo: per lr x group size x "
-                   "temperature; either times batch x curriculum x problems x seeds")  # fmt: skip
+                   help="es: a cell per sigma x alpha x population x antithetic x noise (x rank); grpo: per lr x "
+                   "group size x temperature; either times batch x curriculum x problems x seeds")  # fmt: skip
     cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
     p.add_argument("--sigma", type=float, nargs="+", default=[cpu["sigma"]], help="ES (default: the cpu preset's)")
     p.add_argument("--alpha", type=float, nargs="+", default=[cpu["alpha"]], help="ES (default: the cpu preset's)")
     p.add_argument("--population", type=int, nargs="+", default=[cpu["population"]], help="ES members a version")
     p.add_argument("--antithetic", nargs="+", default=[cpu["antithetic"]], type=_on_off, metavar="on|off",
                    help="ES: mirrored pairs (+eps, -eps) or independent members")  # fmt: skip
+    p.add_argument("--noise", nargs="+", default=[trainer["es_noise"].default], choices=("full", "lowrank"),
+                   help="ES noise (--es-noise): full, every tensor; lowrank, a rank-r A B^T a matrix")  # fmt: skip
+    p.add_argument("--rank", type=int, nargs="+", default=[trainer["es_rank"].default],
+                   help="lowrank ES: r of each member's A B^T (--es-rank)")  # fmt: skip
     p.add_argument("--lr", type=float, nargs="+", default=[trainer["lr"].default], help="GRPO's learning rate")
     p.add_argument("--group-size", dest="group_size", type=int, nargs="+", default=[trainer["group_size"].default],
                    help="GRPO: samples per theorem")  # fmt: skip

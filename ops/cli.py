@@ -20,6 +20,7 @@
     python -m ops bench wire [--json]          (ops/bench_wire.py)
     python -m ops bench generator [--json]     (ops/bench_generator.py)
     python -m ops bench es [--json]            (ops/bench_es.py)
+    python -m ops bench es-throughput [--json] (ops/bench_es_throughput.py)
     python -m ops bench grpo [--json]          (ops/bench_grpo.py)
     python -m ops bench verifier [--json]      (ops/bench_verifier.py)
 
@@ -49,6 +50,7 @@ from redis.asyncio import Redis
 
 from ops import (
     bench_es,
+    bench_es_throughput,
     bench_generator,
     bench_grpo,
     bench_pipeline,
@@ -252,7 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
     benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    for module in (bench_wire, bench_generator, bench_es, bench_grpo, bench_pipeline, bench_verifier):
+    for module in (
+        bench_wire,
+        bench_generator,
+        bench_es,
+        bench_es_throughput,
+        bench_grpo,
+        bench_pipeline,
+        bench_verifier,
+    ):
         module.add_parser(benches)
     return parser
 

@@ -65,10 +65,9 @@ def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], star
     members' reward and exact, throughput; per evaluation the same x and its held-out figures. An evaluation
     without a time of its own (the trainer's state keeps none) sits at its version's update."""
     minutes = lambda t: None if t is None or started is None else round((t - started) / 60, 3)  # noqa: E731
-    updates, total = [], 0
+    updates = []
     for r in sorted(update_records(records), key=lambda r: r["version"]):
-        total = int(r["samples"]) if "samples" in r else total + int(r.get("attempts", 0))
-        updates.append({"version": r["version"], "samples": total, "minutes": minutes(r.get("time")),
+        updates.append({"version": r["version"], "samples": r.get("samples"), "minutes": minutes(r.get("time")),
                         **{k: r.get(k) for k in ("reward_mean", "pass_rate", "rewards_per_s",
                                                   "generator_tokens_per_s")}})  # fmt: skip
     at = {0: (0, 0.0 if started is not None else None)} | {u["version"]: (u["samples"], u["minutes"]) for u in updates}

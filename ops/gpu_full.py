@@ -11,7 +11,8 @@ step a child process with its own time limit, its outcome (or its error) written
    `--grpo-samples` samples (1,024: 16 versions), generator and trainer on the device;
 4. `sharded`: the sharded GRPO trainer (FSDP) on one rank over NCCL (tests/trainer/sharded_job.py; GPU only);
 5. `benches`: `ops bench es`, `ops bench generator` (the dynamic KV cache, then the static one that
-   transformers compiles on a GPU), `ops bench grpo`, each with `--device`.
+   transformers compiles on a GPU), `ops bench grpo`, `ops bench es-throughput` (low-rank members against pure
+   inference, `--es-throughput-shape`: 32 members x 16 problems), each with `--device`.
 
 Each run records `versions`, `held_out_start` / `held_out_end` (reward and exact, at the first and last
 evaluation), `wall_s`, `generator_tokens_per_s` (the engine's own, as its last report says) and
@@ -51,6 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"--full: the GRPO run's training samples ({GROUP_SAMPLES} a version; default 1024)",
     )
     p.add_argument("--bench-rounds", type=int, default=3, help="--full: rounds of each bench (default 3)")
+    p.add_argument(
+        "--es-throughput-shape",
+        nargs=2,
+        type=int,
+        default=[32, 16],
+        metavar=("MEMBERS", "PROBLEMS"),
+        help="--full: bench es-throughput's population and problems a member, 64 tokens (default 32 16)",
+    )
     p.add_argument("--bench-shape", nargs=3, type=int, default=[4, 8, 8], metavar=("ORDERS", "PROMPTS", "N"),
                    help="--full: bench generator's orders a round, problems an order, samples a problem (default "
                    "4 8 8: GRPO's default batch of 8 x 8 rows an order)")  # fmt: skip
@@ -121,6 +130,9 @@ def _steps(args: argparse.Namespace, device: str, work: Path, model: Path) -> li
             timeout, "generator", "--device", device, "--rounds", rounds, *shape, "--kv-cache", "static")}}),
         ("benches.grpo", lambda: {"benches": {"grpo": _bench(
             timeout, "grpo", "--device", device, "--rounds", rounds)}}),
+        ("benches.es_throughput", lambda: {"benches": {"es_throughput": _bench(
+            timeout, "es-throughput", "--device", device, "--population", str(args.es_throughput_shape[0]),
+            "--problems", str(args.es_throughput_shape[1]))}}),
     ]  # fmt: skip
 
 

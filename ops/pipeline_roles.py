@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ class SyntheticEngine:
     def es_forget_after(self, version: int) -> None:
         pass
 
-    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
+    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0, rank: int = 0) -> None:
         self.stats.policy_switches += 1
 
     def es_digest(self, version: int) -> str:
@@ -125,7 +126,7 @@ async def run_generator(url: str, run: str, name: str, gen_s: float, stop: async
     finally:
         await redis.aclose()
     return {"role": "generator", "name": name, "pid": os.getpid(), "lanes": [engine.busy], "counts": service.counts,
-            "held_for_room_s": service.publisher.held_s}  # fmt: skip
+            "held_for_room_s": service.publisher.held_s, "fatal": service.fatal}  # fmt: skip
 
 
 # -- the verifier ------------------------------------------------------------------------------------------
@@ -200,7 +201,8 @@ async def run_verifier(url: str, run: str, slots: int, verify_s: float, stop: as
 # -- the process ---------------------------------------------------------------------------------------------
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace) -> str:
+    """Runs the role until stopped; returns why it gave up (a generator that stopped itself), else ''."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -210,6 +212,7 @@ async def _main(args: argparse.Namespace) -> None:
     else:
         result = await run_verifier(args.redis_url, args.run, args.slots, args.verify_ms / 1000, stop)
     Path(args.stats_out).write_bytes(orjson.dumps(result))
+    return result.get("fatal", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logs.configure(args.log_level)
-    asyncio.run(_main(args))
+    fatal = asyncio.run(_main(args))
+    if fatal:  # as `python -m producers` does: the bench names the status and the role's log
+        print(f"ops.pipeline_roles: {fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

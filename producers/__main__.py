@@ -35,8 +35,11 @@ def build_engine(settings: GeneratorSettings):
         raise EngineUnavailable(str(e)) from e
     path = resolve_model(settings.model, settings.model_cache or None)
     snapshots = settings.snapshots() / path.name  # centers of one base model only
+    name = choose(settings.engine)
+    # the hf engine serves members of any rank in one batch (forward hooks): LoRA slots are vLLM's alone
+    lora = {"lora_rank": settings.lora_rank, "max_loras": settings.max_loras} if name == "vllm" else {}
     return make_engine(
-        choose(settings.engine),
+        name,
         path,
         dtype=settings.dtype,
         device=device,
@@ -45,6 +48,7 @@ def build_engine(settings: GeneratorSettings):
         keep=settings.keep_versions,
         threads=settings.threads,
         kv_cache=settings.kv_cache,
+        **lora,
     )
 
 

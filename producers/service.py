@@ -9,6 +9,11 @@ One `Consumer` reads `{ps:R}:work` in group `generators`, one order at a time. F
 3. builds the prompts from the canonical theorem records, generates `samples_per_theorem` samples per
    theorem in one engine call, extracts each attempt, and returns the attempts.
 
+An ES order may carry several members (`members`, trainer/es.py): low-rank ones are generated together in
+one engine call (`es_members`: the center in the weights, each member's rows with its own low-rank term),
+full-rank ones in turn (each written in); a member the trainer has cut since is left out. Their attempts
+carry each member's own work id.
+
 The runtime publishes the attempts and acks the order in one script guarded by the order's marker, so a
 killed generator's order, reclaimed by another, publishes its attempts once: attempt ids are
 `<work_id>:<theorem index>:<sample>`, and the sampling seed derives from the work id. Before taking an order
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import time
 from typing import Any
@@ -35,13 +42,13 @@ import structlog
 from redis.asyncio import Redis
 
 from producers.config import GeneratorSettings
-from producers.engine import Engine, Sampling, in_engine_thread
+from producers.engine import Engine, Sample, Sampling, in_engine_thread, members_written
 from producers.policy import PolicyFollower, PolicyMismatch
 from streams.codec import pack_float32, pack_int32
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Infrastructure, Poison, Skip
-from streams.schema import Attempt, WorkOrder
+from streams.schema import Attempt, Member, WorkOrder
 from streams.theorems import Theorem
 from tasks import prompts
 from weights.es import device_type
@@ -95,7 +102,7 @@ class GeneratorService:
             gate=self._room,
         )
         self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "settled_skipped": 0, "policy_errors": 0,
-                       "engine_errors": 0}  # fmt: skip
+                       "engine_errors": 0, "members": 0, "members_cut_skipped": 0}  # fmt: skip
         self.started = time.monotonic()
         self.busy_s = 0.0
         self.holding = False  # waiting for the verifiers to catch up
@@ -154,6 +161,16 @@ class GeneratorService:
             self.counts["settled_skipped"] += 1
             log.info("settled_order_skipped", work_id=order.work_id)
             return []
+        if order.members:
+            markers = [self.keys.done(WorkOrder.dedup_for(m["work_id"])) for m in order.members]
+            cancelled = await self.redis.mget(markers)  # the trainer cut these members since
+            live = [m for m, c in zip(order.members, cancelled, strict=True) if c is None]
+            if not live:
+                self.counts["settled_skipped"] += 1
+                log.info("settled_order_skipped", work_id=order.work_id, members=len(order.members))
+                return []
+            self.counts["members_cut_skipped"] += len(order.members) - len(live)
+            order = dataclasses.replace(order, members=live)
         await self.policy.poll()
         if order.max_staleness is not None and self.policy.latest - order.policy_version > order.max_staleness:
             self.counts["stale_skipped"] += 1
@@ -218,18 +235,49 @@ class GeneratorService:
         return [Theorem.decode(r) for r in raw]
 
     def _generate(self, order: WorkOrder, theorems: list[Theorem], sampling: Sampling) -> list[Attempt]:
-        """Runs in the generation thread: policy in place, one engine call, attempts out."""
-        if order.algo == "es":
-            seed = order.member.seed if order.member else None
-            sign = order.member.sign if order.member else 1
-            self.engine.es_use(order.policy_version, seed, sign, order.sigma)
-        else:
-            self.policy.load_grpo(order.policy_version, self.engine.model_path)
+        """Runs in the generation thread: policy in place, one engine call (a bundle of full-rank members: one
+        a member), attempts out."""
         tokenizer = self.engine.tokenizer
         prompt_ids = [prompts.tokenize(tokenizer, prompts.messages(t, self.settings.prompt_format)) for t in theorems]
         started = time.monotonic()
-        outputs = self.engine.generate(prompt_ids, sampling)
-        gen_ms = (time.monotonic() - started) * 1000 / max(1, len(theorems) * sampling.n)
+        if order.members:
+            members = [(str(m["work_id"]), Member(int(m["seed"]), int(m["sign"]))) for m in order.members]
+            outputs = self._members(order, [m for _, m in members], prompt_ids, sampling)
+        else:
+            if order.algo == "es":
+                m = order.member
+                self.engine.es_use(order.policy_version, m.seed if m else None, m.sign if m else 1, order.sigma,
+                                   order.rank)  # fmt: skip
+            else:
+                self.policy.load_grpo(order.policy_version, self.engine.model_path)
+            members, outputs = [(order.work_id, order.member)], [self.engine.generate(prompt_ids, sampling)]
+        gen_ms = (time.monotonic() - started) * 1000 / max(1, len(members) * len(theorems) * sampling.n)
+        self.counts["members"] += len(members) if order.algo == "es" and order.sigma else 0
+        return [
+            attempt
+            for (work_id, member), rows in zip(members, outputs, strict=True)
+            for attempt in self._attempts(order, work_id, member, theorems, prompt_ids, rows, gen_ms)
+        ]
+
+    def _members(
+        self, order: WorkOrder, members: list[Member], prompt_ids: list[list[int]], sampling: Sampling
+    ) -> list[list[list[Sample]]]:
+        """[member][prompt][sample] of an ES bundle: low-rank members in one engine call, full-rank ones in turn."""
+        pairs = [(m.seed, m.sign) for m in members]
+        batched = self.engine.es_members if order.rank else functools.partial(members_written, self.engine)
+        return batched(order.policy_version, pairs, order.sigma, order.rank, prompt_ids, sampling)
+
+    def _attempts(
+        self,
+        order: WorkOrder,
+        work_id: str,
+        member: Member | None,
+        theorems: list[Theorem],
+        prompt_ids: list[list[int]],
+        outputs: list[list[Sample]],
+        gen_ms: float,
+    ) -> list[Attempt]:
+        """The attempts of one member's (or a GRPO group's, an evaluation's) samples, ids from its work id."""
         attempts = []
         for i, (theorem, samples, ids) in enumerate(zip(theorems, outputs, prompt_ids, strict=True)):
             for k, sample in enumerate(samples):
@@ -237,14 +285,14 @@ class GeneratorService:
                 proof = prompts.extract(theorem.task, sample.text)
                 attempts.append(
                     Attempt(
-                        attempt_id=f"{order.work_id}:{i}:{k}",
-                        work_id=order.work_id,
+                        attempt_id=f"{work_id}:{i}:{k}",
+                        work_id=work_id,
                         theorem_id=theorem.theorem_id,
                         policy_version=order.policy_version,
                         sample_index=k,
                         proof=proof,
                         task=theorem.task,
-                        member=order.member,
+                        member=member,
                         num_tokens=len(sample.token_ids),
                         gen_ms=round(gen_ms, 1),
                         token_ids=pack_int32(sample.token_ids) if grpo else b"",

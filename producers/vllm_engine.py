@@ -13,19 +13,29 @@ vLLM starts processes (engine core, worker): a script that builds this engine ne
 `if __name__ == "__main__":` guard. On CPU the environment variables vLLM reads at start are set here
 unless the user set them (threads bound to all usable cores, none reserved, KV cache size, offline hub,
 compile caches under the proofstream cache).
+
+Low-rank ES members (`es_members`) are served as LoRA adapters when the engine is built with `lora_rank` > 0
+(vLLM's multi-LoRA batching: one `LoRARequest` per row, up to `max_loras` adapters a step): the worker writes
+each member's factors as a PEFT adapter folder (vLLM 0.32 loads adapters from a path only: `LoRARequest`
+needs `lora_path`, and the worker's `_load_adapter` reads adapter_config.json and the safetensors from it),
+the center stays in the weights, and the adapters are removed after the call. Without LoRA, es_members
+writes each member in turn. docs/GENERATOR.md has what each costs on CPU.
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling
+from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling, members_written
+from weights.device import cpu_has_bf16
 from weights.model import default_cache_dir
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -77,6 +87,23 @@ def cpu_environment(threads: int = 0, kv_cache_gib: float = 2) -> dict[str, str]
     return applied
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
+
+
+def auto_dtype(device: str, cpuinfo: str | None = None) -> str:
+    """`--dtype auto`: bf16 where the device computes in it (a GPU; a CPU with AVX512-BF16, AMX-BF16 or Arm's
+    BF16), else fp32: a CPU without bf16 emulates it, ~3x slower than fp32 here (docs/GENERATOR.md)."""
+    return "bfloat16" if device == "cuda" or cpu_has_bf16(cpuinfo) else "float32"
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds adapters of rank `rank`."""
+    for slot in LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"lora_rank {rank}: vLLM serves adapters of rank {LORA_RANKS[-1]} at most")
+
+
 def _prompt_seed(seed: int, index: int) -> int:
     """The vLLM request seed of prompt `index` (vLLM seeds the k-th of n samples with seed + k)."""
     h = hashlib.blake2b(f"{seed}\x00{index}".encode(), digest_size=8).digest()
@@ -102,6 +129,8 @@ class VLLMEngine:
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
         seed: int = 0,
+        lora_rank: int = 0,
+        max_loras: int = 8,
         **ignored: Any,
     ) -> None:
         if device == "auto":
@@ -109,7 +138,7 @@ class VLLMEngine:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device {device!r}: use auto, cpu or cuda")
         if dtype == "auto":
-            dtype = "bfloat16"  # vLLM's fast path on both (CPU: ~1.6x the fp32 tokens/s here)
+            dtype = auto_dtype(device)
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
         self.model_path = Path(model_path)
@@ -136,7 +165,12 @@ class VLLMEngine:
         }
         if device == "cuda":
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.lora_rank = lora_slot_rank(lora_rank) if lora_rank else 0
+        self.max_loras = max_loras
+        if self.lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=max_loras)
         self.llm: Any = LLM(**kwargs)
+        self._lora_ids = itertools.count(1)  # vLLM's adapter ids: > 0, never reused
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_path))
         info = self._rpc(
             "es_setup",
@@ -152,6 +186,7 @@ class VLLMEngine:
                 "dtype": dtype,
                 "load_s": round(time.monotonic() - started, 2),
                 "worker_pid": info.get("pid"),
+                "lora_rank": self.lora_rank,
             }
         )
 
@@ -175,11 +210,60 @@ class VLLMEngine:
     def es_forget_after(self, version: int) -> None:
         self._rpc("es_forget_after", int(version))
 
-    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> None:
+    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0, rank: int = 0) -> None:
         started = time.monotonic()
-        out = self._rpc("es_use", int(version), None if seed is None else int(seed), int(sign), float(sigma))
+        seed = None if seed is None else int(seed)
+        out = self._rpc("es_use", int(version), seed, int(sign), float(sigma), int(rank))
         if out["switched"]:
             self._weights_changed(time.monotonic() - started)
+
+    def es_members(
+        self,
+        version: int,
+        members: list[tuple[int, int]],
+        sigma: float,
+        rank: int,
+        prompts: list[list[int]],
+        sampling: Sampling,
+    ) -> list[list[list[Sample]]]:
+        """Low-rank members (seed, sign) of center `version` on the same prompts: [member][prompt][sample].
+
+        With LoRA enabled (`lora_rank` >= `rank`) every member is a LoRA adapter and all members' rows go
+        through one `LLM.generate` call, vLLM batching up to `max_loras` adapters a step; else each member
+        is written into the weights in turn. Either way the weights hold the center afterwards, and a
+        member's row p is seeded as row p of `generate` (the same samples as with the member written in).
+        """
+        if not members or not prompts:
+            return [[] for _ in members]
+        if not self.lora_rank or rank > self.lora_rank:
+            try:  # each member written in turn, then the center back
+                return members_written(self, version, members, sigma, rank, prompts, sampling)
+            finally:
+                self.es_use(version, None)
+        from vllm.lora.request import LoRARequest
+
+        started = time.monotonic()
+        self.es_use(version, None)
+        with tempfile.TemporaryDirectory(prefix="proofstream-es-lora-") as folder:
+            paths = self._rpc("es_member_adapters", int(version), [[int(s), int(g)] for s, g in members],
+                              float(sigma), int(rank), folder)  # fmt: skip
+            # vLLM caches adapters by id and prefix-cache blocks by name: both fresh for every member of
+            # every call, so no cache ever serves another member's (or another center's) weights
+            ids = [next(self._lora_ids) for _ in paths]
+            adapters = [LoRARequest(f"es-member-{i}", i, path) for i, path in zip(ids, paths, strict=True)]
+            self.stats.policy_s += time.monotonic() - started
+            rows = [p for _ in members for p in prompts]
+            try:
+                out = self._generate(
+                    rows,
+                    sampling,
+                    [p for _ in members for p in range(len(prompts))],
+                    [a for a in adapters for _ in prompts],
+                )
+            finally:
+                for adapter in adapters:
+                    self.llm.llm_engine.remove_lora(adapter.lora_int_id)
+        return [out[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(members))]
 
     def es_digest(self, version: int) -> str:
         return self._rpc("es_digest", int(version))
@@ -206,6 +290,12 @@ class VLLMEngine:
     # -- sampling --------------------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
+        return self._generate(prompts, sampling, list(range(len(prompts))))
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: Sampling, seed_index: list[int], loras: list[Any] | None = None
+    ) -> list[list[Sample]]:
+        """`generate`, with each row's seed drawn from its `seed_index` and (`loras`) its own LoRA adapter."""
         if not prompts:
             return []
         from vllm import SamplingParams
@@ -214,7 +304,7 @@ class VLLMEngine:
         started = time.monotonic()
         greedy = sampling.temperature == 0
         params = []
-        for index in range(len(prompts)):
+        for index in seed_index:
             params.append(
                 SamplingParams(
                     n=sampling.n,
@@ -227,7 +317,7 @@ class VLLMEngine:
                 )
             )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False, lora_request=loras)
         samples: list[list[Sample]] = []
         tokens = 0
         for request in outputs:

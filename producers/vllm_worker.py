@@ -24,6 +24,7 @@ machine; `reload_weights` is correct on every device type vLLM supports.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from streams import logs
-from weights.es import ESWeights, Weights, digest, load_master, save_weights
+from weights.es import ESWeights, Weights, digest, load_master, member_factors, save_weights
 
 # The logger of vLLM's "Attempted to load weight %s with dtype %s into parameter with dtype %s" (its
 # model_executor/models/utils.py): said once, then counted (streams.logs.SaidOnce).
@@ -88,7 +89,9 @@ class ESWorkerExtension:
         """Load (checkpoint name, fp32 tensor) pairs into the running model; raise unless all were taken."""
         started = time.monotonic()
         model = self.model_runner.get_model()
-        expected = {name for name, _ in model.named_parameters()}
+        # with LoRA enabled vLLM wraps each linear layer, its own weight under `.base_layer.`; loading reports
+        # the unwrapped name (vllm/model_executor/model_loader/reload/inplace.py compares the same way)
+        expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
         handed: list[str] = []
         loaded: set[str] = set()
 
@@ -141,14 +144,31 @@ class ESWorkerExtension:
     def es_forget_after(self, version: int) -> None:
         self._es.forget_after(int(version))
 
-    def es_use(self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0) -> dict[str, Any]:
-        """Make the weights center(version) [+ sigma*sign*eps(seed)]; says whether they changed and how long it took."""
+    def es_use(
+        self, version: int, seed: int | None, sign: int = 1, sigma: float = 0.0, rank: int = 0
+    ) -> dict[str, Any]:
+        """Make the weights center(version) [+ sigma*sign*eps(seed)], eps full-rank or (`rank` > 0) low-rank; says
+        whether they changed and how long it took."""
         started = time.monotonic()
-        switched = self._es.use(int(version), None if seed is None else int(seed), int(sign), float(sigma))
+        seed = None if seed is None else int(seed)
+        switched = self._es.use(int(version), seed, int(sign), float(sigma), int(rank))
         return {"switched": switched, "seconds": time.monotonic() - started}
 
     def es_digest(self, version: int) -> str:
         return digest(self._es.center(int(version)))
+
+    def es_member_adapters(
+        self, version: int, members: list[list[int]], sigma: float, rank: int, folder: str
+    ) -> list[str]:
+        """Write each low-rank member (seed, sign) of center `version` as a PEFT LoRA adapter folder under
+        `folder` (`write_adapter`); returns their paths, in member order. The weights are not touched."""
+        master = self._es.center(int(version))
+        paths = []
+        for index, (seed, sign) in enumerate(members):
+            path = Path(folder) / f"member-{index}"
+            write_adapter(path, member_factors(master, int(seed), int(sign), float(sigma), int(rank)), int(rank))
+            paths.append(str(path))
+        return paths
 
     def es_load_weights(self, folder: str) -> dict[str, Any]:
         """GRPO: load the safetensors weights in `folder` (checked like every write); the ES state is forgotten."""
@@ -178,6 +198,35 @@ class ESWorkerExtension:
             "rss_gib": round(_rss_bytes() / 2**30, 2),
             "warnings_said_once": {k: n for k, n in self._es_said_once.seen.items() if n > 1},
         }
+
+
+def write_adapter(folder: Path, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], rank: int) -> None:
+    """One member as a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors), as vLLM loads it.
+
+    `factors` is `weights.es.member_factors`: checkpoint name -> (A', B) with the member's change of that
+    weight equal to A' B^T. PEFT adds scaling * lora_B @ lora_A to W with scaling = lora_alpha / r, so
+    lora_A = B^T (r x in), lora_B = A' (out x r) and lora_alpha = r (scaling exactly 1: vLLM multiplies
+    lora_B by the scaling only when it is not 1, vllm/lora/lora_weights.py `optimize`). A rank below the
+    engine's `max_lora_rank` needs no padding: vLLM zeroes each slot before copying an adapter into its
+    first r rows and columns (vllm/lora/layers/base_linear.py `set_lora`).
+    """
+    tensors = {}
+    modules = set()
+    for name, (a, b) in factors.items():
+        module = name.removesuffix(".weight")
+        modules.add(module.rsplit(".", 1)[-1])
+        tensors[f"base_model.model.{module}.lora_A.weight"] = b.T.contiguous().cpu()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = a.contiguous().cpu()
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": sorted(modules),
+        "bias": "none",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    save_weights(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
 _STALE = "_proofstream_stale"

@@ -53,6 +53,11 @@ class WorkOrder:
     samples_per_theorem: int = 1  # GRPO group size G; 1 for ES
     member: Member | None = None  # ES only: the perturbation to apply around `policy_version`
     sigma: float = 0.0  # ES only: the noise scale of `member` (weights = center + sigma * sign * eps(seed))
+    # ES only: several members in one order, generated in one engine call, each {"work_id", "seed", "sign"}:
+    # their attempts carry the member's own work id (`<member work_id>:<theorem index>:<sample>`), so the
+    # trainer's accounting is per member as for single orders; `member` is then None.
+    members: list[dict[str, Any]] = field(default_factory=list)
+    rank: int = 0  # ES only: 0: full-rank noise; r: low-rank noise A B^T / sqrt(r) (weights/es.py)
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_new_tokens, ...
     timeout_s: float = 600.0  # the generator's budget for this order; reclaim waits longer than this
     issued_ms: int = 0

@@ -11,8 +11,8 @@ from streams.settings import RoleSettings, shown_default
 from weights.model import DEFAULT_MODEL_NAME
 
 # ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
-# unless set. Here, not in trainer/es.py, because the settings fill their defaults from them and trainer/es.py
-# imports the settings.
+# unless set, filled in by `with_preset` alone. Here, not in trainer/es.py, because the settings fill their
+# defaults from them and trainer/es.py imports the settings.
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's defaults (Qiu et al. 2025, Countdown and reasoning tasks on 0.5B-8B models).
     "paper": {"population": 30, "sigma": 0.001, "alpha": 0.0005, "batch": 200, "antithetic": False},
@@ -23,10 +23,30 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {"population": 8, "sigma": 0.001, "alpha": 0.002, "batch": 16, "antithetic": True},
 }
 GRPO_BATCH = 8  # theorems (groups) per GRPO step unless `batch` says otherwise
+ROWS_PER_ORDER = 256  # members x problems one ES work order asks of an engine call, unless members_per_order
+
+
+def with_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (settings as given, or as a run stored them: run.json, report.json) with what its algorithm's
+    defaults and its ES preset decide filled in where unset: an ES run takes `population`, `sigma`, `alpha` and
+    `batch` from the preset, GRPO its own batch; both the preset's `antithetic`. The one place a preset is
+    applied. `data` unchanged where its preset is unknown (validation says what is wrong)."""
+    if data.get("preset") is not None and data["preset"] not in PRESETS:
+        return data
+    preset, data = PRESETS[data.get("preset") or "cpu"], dict(data)
+    es = (data.get("algo") or "es") == "es"
+    for key in ("population", "sigma", "alpha", "batch") if es else ():
+        if data.get(key) is None:
+            data[key] = preset[key]
+    if data.get("batch") is None:
+        data["batch"] = GRPO_BATCH
+    if data.get("antithetic") is None:
+        data["antithetic"] = preset["antithetic"]
+    return data
 
 
 def _preset_default(key: str) -> dict[str, Any]:
-    """`--help`'s default of a field the ES presets decide (trainer/es.py `es_config`)."""
+    """`--help`'s default of a field the ES presets decide (`with_preset`)."""
     values = ", ".join(f"{name} {shown_default(p[key])}" for name, p in PRESETS.items())
     return {"default_text": f"the preset's ({values})"}
 
@@ -37,7 +57,8 @@ class TrainerSettings(RoleSettings):
     groups = {
         "run": ("run", "algo", "task", "iterations", "seed", "dataset", "problems", "held_out", "curriculum",
                 "batch", "eval_every"),
-        "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature"),
+        "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise", "es_rank",
+               "members_per_order"),
         "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "train_precision",
                  "dist_timeout_s"),
         "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "stall_timeout_s", "lease_s"),
@@ -91,6 +112,16 @@ class TrainerSettings(RoleSettings):
     es_temperature: float = Field(
         0.0, ge=0, description="ES members' sampling temperature; 0: greedy, as the reference ES (GRPO: temperature)"
     )
+    es_noise: Literal["full", "lowrank"] = Field(
+        "full", description="ES members' noise: full, every tensor (Qiu et al.); lowrank, a rank-es_rank product "
+        "A B^T on each linear layer's matrix (EGGROLL), which engines serve a population at a time",
+    )  # fmt: skip
+    es_rank: int = Field(4, ge=1, description="lowrank noise: the rank r of each member's A B^T")
+    members_per_order: int = Field(
+        0, ge=0, description="ES members one work order carries, generated in one engine call; 0: lowrank, the "
+        f"population, at most {ROWS_PER_ORDER} rows (members x batch) an order; full, 1 (each member's weights "
+        "are written in turn)",
+    )  # fmt: skip
     # 2: with `population` members kept in flight and an update at a quorum of them, members issued late in a
     # version finish two updates later; at 1 they were dropped (7.7% of the generated work, ops bench pipeline)
     max_staleness: int = Field(2, ge=0, description="an update may use samples of a policy this many versions old")
@@ -166,15 +197,9 @@ class TrainerSettings(RoleSettings):
     @model_validator(mode="before")
     @classmethod
     def _algorithm_defaults(cls, data: Any) -> Any:
-        """Fill what depends on the algorithm: ES takes its batch and pairing from the preset."""
-        if not isinstance(data, dict) or data.get("preset", "cpu") not in PRESETS:
-            return data  # field validation says what is wrong
-        preset, data = PRESETS[data.get("preset", "cpu")], dict(data)
-        if data.get("batch") is None:
-            data["batch"] = preset["batch"] if data.get("algo", "es") == "es" else GRPO_BATCH
-        if data.get("antithetic") is None:
-            data["antithetic"] = preset["antithetic"]
-        return data
+        """Fill what depends on the algorithm: ES takes its population, noise, step, batch and pairing from the
+        preset."""
+        return with_preset(data) if isinstance(data, dict) else data  # else field validation says what is wrong
 
     @model_validator(mode="after")
     def _lean_needs_data(self) -> TrainerSettings:

@@ -4,7 +4,8 @@ below both `python -m ops compare` and `python -m evals.compare` (neither may im
 records the trainer writes.
 
 The x coordinate of an evaluation is the number of training attempts the updates up to its version consumed
-(`samples` where the record has it, GRPO; else the running sum of `attempts`, ES); version 0 is at 0. Its
+(its version's `samples`, which every version's metrics carry: trainer/loop.py `_publish`); version 0 is at 0,
+and a version whose record lacks it (written by a trainer from before ES versions carried it) is at None. Its
 wall time is the evaluation record's `time` less the trainer's start (run.json), where both are known.
 """
 
@@ -22,11 +23,9 @@ WALL_LABEL = "wall time (minutes since the trainer started)"
 def curve(records: list[dict[str, Any]], started: float | None = None) -> list[dict[str, Any]]:
     """Held-out points in version order: version, samples, held-out reward and exact, problems, and `wall_s`
     (None where the start or the record's time is unknown)."""
-    at = {0: 0}
-    total = 0
-    for r in sorted(update_records(records), key=lambda r: r["version"]):
-        total += int(r.get("attempts", 0))
-        at[int(r["version"])] = int(r["samples"]) if "samples" in r else total
+    at: dict[int, int | None] = {0: 0}
+    for r in update_records(records):
+        at[int(r["version"])] = r.get("samples")
     points = []
     for r in sorted((r for r in records if r.get("eval")), key=lambda r: r["version"]):
         v = int(r["version"])
@@ -37,13 +36,13 @@ def curve(records: list[dict[str, Any]], started: float | None = None) -> list[d
     return points
 
 
-def samples_used(records: list[dict[str, Any]]) -> int:
-    """Training attempts consumed by the run's updates (the last version's x)."""
+def samples_used(records: list[dict[str, Any]]) -> int | None:
+    """Training attempts consumed by the run's updates (the last version's x): 0 before the first, None where
+    its record does not say."""
     updates = update_records(records)
     if not updates:
         return 0
-    last = max(updates, key=lambda r: r["version"])
-    return int(last["samples"]) if "samples" in last else sum(int(r.get("attempts", 0)) for r in updates)
+    return max(updates, key=lambda r: r["version"]).get("samples")
 
 
 def run_curve(run_dir: Path, started: float | None = None) -> list[dict[str, Any]]:

@@ -21,23 +21,19 @@ The loop itself (write-ahead orders, rewards, checkpoint, cuts, evaluations) is 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
-import structlog
 
-from streams.codec import encode
-from streams.schema import Member, PolicyUpdate
-from trainer.config import PRESETS, TrainerSettings
+from streams.schema import Member, PolicyUpdate, WorkOrder
+from trainer.config import ROWS_PER_ORDER, TrainerSettings
 from trainer.loop import Run
 from trainer.orders import Order, rotation, split_fresh
 from weights.step import ESStep
-
-log = structlog.get_logger("trainer.es")
 
 # ------------------------------------------------------------------------------------------------ config
 
@@ -49,29 +45,39 @@ class ESConfig:
     alpha: float = 0.0005
     antithetic: bool = False
     max_staleness: int = 2
-    quorum: float = 0.75  # share of the population that must report before an update
-    deadline_s: float = 600.0  # an update waits at most this long past the quorum-less wait, given >= 2 members
+    noise: str = "full"  # "full" | "lowrank" (weights/es.py)
+    rank: int = 0  # lowrank: r of each member's A B^T; 0 for full
+    members_per_order: int = 1  # members a work order carries (one engine call)
 
     def __post_init__(self) -> None:
         if self.population < 2:
             raise ValueError("ES needs a population of at least 2 (rewards are z-scored across members)")
         if self.antithetic and self.population % 2:
             raise ValueError("antithetic pairs need an even population")
-        if not 0 < self.quorum <= 1 or self.max_staleness < 0 or self.sigma <= 0 or self.alpha <= 0:
+        if self.max_staleness < 0 or self.sigma <= 0 or self.alpha <= 0:
             raise ValueError(f"bad ES settings: {self}")
+        if (self.noise == "lowrank") != (self.rank > 0) or self.members_per_order < 1:
+            raise ValueError(f"bad ES noise settings: {self}")
 
 
 def es_config(settings: TrainerSettings) -> ESConfig:
-    """The run's ES settings: the preset's (trainer/config.py `PRESETS`) unless set."""
-    preset = PRESETS[settings.preset]
+    """The run's ES settings. The preset's values are already in `settings` (trainer/config.py `with_preset`);
+    the update's quorum and deadline are the loop's (`TrainerSettings.quorum`, `deadline_s`), not ES's own."""
+    if settings.population is None or settings.sigma is None or settings.alpha is None:
+        raise ValueError(f"ES settings need an ES run's (algo es, not {settings.algo})")
+    lowrank = settings.es_noise == "lowrank"
+    per_order = settings.members_per_order or (
+        max(1, min(settings.population, ROWS_PER_ORDER // max(1, settings.batch))) if lowrank else 1
+    )
     return ESConfig(
-        population=settings.population or preset["population"],
-        sigma=settings.sigma or preset["sigma"],
-        alpha=settings.alpha or preset["alpha"],
-        antithetic=settings.antithetic,
-        max_staleness=settings.max_staleness,
-        quorum=settings.quorum,
-        deadline_s=settings.deadline_s,
+        settings.population,
+        settings.sigma,
+        settings.alpha,
+        settings.antithetic,
+        settings.max_staleness,
+        noise=settings.es_noise,
+        rank=settings.es_rank if lowrank else 0,
+        members_per_order=min(per_order, settings.population),
     )
 
 
@@ -116,7 +122,22 @@ def select(complete: list[Order], version: int, cfg: ESConfig) -> tuple[list[Ord
 def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     """The step these members make: their z-scored rewards, what every generator replays."""
     z = zscore([m.score for m in members])
-    return ESStep(tuple(m.seed for m in members), tuple(m.sign for m in members), tuple(z), cfg.sigma, cfg.alpha)
+    seeds, signs = tuple(m.seed for m in members), tuple(m.sign for m in members)
+    return ESStep(seeds, signs, tuple(z), cfg.sigma, cfg.alpha, cfg.noise, cfg.rank)  # type: ignore[arg-type]
+
+
+def bundle(first: WorkOrder, members: list[Order]) -> WorkOrder:
+    """One work order for several members of a center (`first` is the first member's own order): its work id
+    names the first member, how many follow and a hash of all of them, so a bundle of other members (after a
+    cut, or a resume) is another order."""
+    ids = [m.work_id for m in members]
+    tag = hashlib.blake2b("\x00".join(ids).encode(), digest_size=3).hexdigest()
+    return dataclasses.replace(
+        first,
+        work_id=f"{ids[0]}+{len(ids) - 1}-{tag}",
+        member=None,
+        members=[{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in members],
+    )
 
 
 def policy_entry(step: ESStep, members: list[Order]) -> dict[str, Any]:
@@ -165,8 +186,25 @@ class ESRun(Run):
         return self.settings.es_temperature
 
     def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
-        sigma = 0.0 if is_eval else self.cfg.sigma
-        return {"member": Member(order.seed, order.sign) if sigma else None, "sigma": sigma}
+        if is_eval:
+            return {"member": None, "sigma": 0.0}
+        return {"member": Member(order.seed, order.sign), "sigma": self.cfg.sigma, "rank": self.cfg.rank}
+
+    def _work_orders(self, orders: list[Order]) -> list[WorkOrder]:
+        """Members of one center go out `members_per_order` to a work order (one engine call each); the
+        bundle names its members, whose attempts carry their own work ids. Evaluations go alone."""
+        out = [self._work_order(o) for o in orders if o.is_eval]
+        by_center: dict[int, list[Order]] = collections.defaultdict(list)
+        for o in orders:
+            if not o.is_eval:
+                by_center[o.center].append(o)
+        size = self.cfg.members_per_order
+        for group in by_center.values():
+            for start in range(0, len(group), size):
+                chunk = group[start : start + size]
+                first = self._work_order(chunk[0])
+                out.append(first if len(chunk) == 1 else bundle(first, chunk))
+        return out
 
     # -- ready: a quorum of the population, or two members at the deadline ---------------------------------
 
@@ -175,44 +213,16 @@ class ESRun(Run):
 
     # -- the update, and what it publishes ------------------------------------------------------------------
 
-    async def update(self, complete: list[Order]) -> dict[str, Any]:
+    async def update(self, complete: list[Order]) -> dict[str, Any] | None:
         used, stale = select(complete, self.version, self.cfg)
         step = make_step(used, self.cfg)
-        stragglers = [m for m in self.orders.values() if not m.complete]
-        for m in [*used, *stale]:
-            del self.orders[m.work_id]
-        attempts = sum(len(m.rewards) for m in used)
         self.counts["members_used"] += len(used)
-        self.counts["samples"] += attempts
         self.counts["members_stale_dropped"] += len(stale)
-        self.version += 1
-        now = time.monotonic()
-        metrics = {
-            "version": self.version,
-            "algo": "es",
-            "reward_mean": round(sum(m.score for m in used) / len(used), 6),
+        entry = policy_entry(step, used)
+        policy = PolicyUpdate(self.version + 1, "es", es_step=entry, created_ms=int(time.time() * 1000))
+        own = {
             "reward_max": round(max(m.score for m in used), 6),
-            "pass_rate": round(sum(m.proved for m in used) / max(1, attempts), 6),
             "members": len(used),
-            "attempts": attempts,
-            "stragglers": len(stragglers),
-            "stale_dropped": len(stale),
-            "staleness": dict(collections.Counter(str(self.version - 1 - m.center) for m in used)),
-            "verdicts": dict(self._verdicts),
-            "rewards_per_s": round(self._window_rewards / max(now - self._window_started, 1e-9), 2),
-            "update_s": round(now - self.last_update, 2),
-            **self.health_figures(),
-            "time": time.time(),
+            "stragglers": sum(1 for m in self.orders.values() if not m.complete),
         }
-        metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
-        self._verdicts.clear()
-        self._window_rewards, self._window_started, self.last_update = 0, now, now
-        policy = PolicyUpdate(self.version, "es", es_step=policy_entry(step, used), created_ms=int(time.time() * 1000))
-        await self.checkpoint(
-            (self.keys.policy, encode(policy)), (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
-        )
-        self.sink.write(metrics)
-        log.info(
-            "es_update", **{k: metrics[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers")}
-        )
-        return metrics
+        return await self._publish(policy, used, stale, own)

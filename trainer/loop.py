@@ -59,13 +59,13 @@ from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
 from streams.runtime import ensure_group
-from streams.schema import DeadLetter, Reward, SchemaError, WorkOrder
+from streams.schema import DeadLetter, PolicyUpdate, Reward, SchemaError, WorkOrder
 from streams.sentinel import MasterReplaced
 from streams.settle import Replication
 from streams.theorems import Theorem, register
 from trainer.config import TrainerSettings
 from trainer.metrics import MetricsSink, update_records
-from trainer.orders import Order
+from trainer.orders import Order, letter_work_ids, staleness
 from trainer.progress import ProgressWatch
 
 log = structlog.get_logger("trainer.loop")
@@ -99,7 +99,7 @@ class Run:
 
     An algorithm subclasses it with `algo`, `top_up` (how it issues orders: `_issue` with its `_new_order`),
     `_order_fields` and `_temperature` (what its work orders carry), `_ready` (when an update can happen,
-    usually `_ready_at_quorum`) and `update` (the step, published through `checkpoint`)."""
+    usually `_ready_at_quorum`) and `update` (the step, published through `_publish`)."""
 
     algo = ""
 
@@ -309,13 +309,17 @@ class Run:
         if not orders:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
-            for order in orders:
-                pipe.xadd(self.keys.work, encode(self._work_order(order)))
+            for work in self._work_orders(orders):
+                pipe.xadd(self.keys.work, encode(work))
             await pipe.execute()
+
+    def _work_orders(self, orders: list[Order]) -> list[WorkOrder]:
+        """The work orders that ask for `orders`: one each (ES bundles members, trainer/es.py)."""
+        return [self._work_order(order) for order in orders]
 
     def _work_order(self, order: Order) -> WorkOrder:
         """The work order of a member (ES), a group (GRPO) or an evaluation (greedy, no staleness bound)."""
-        is_eval = order.work_id.startswith("eval-")
+        is_eval = order.is_eval
         return WorkOrder(
             work_id=order.work_id,
             policy_version=order.center,
@@ -350,7 +354,7 @@ class Run:
         """The usable orders, once a quorum of `size` of them is fresh (within `max_staleness`), or once
         `deadline_s` has passed since the last update with at least `at_least` fresh; else None."""
         usable = [o for o in self.orders.values() if self._usable(o)]
-        fresh = sum(1 for o in usable if self.version - o.center <= self.settings.max_staleness)
+        fresh = sum(1 for o in usable if staleness(self.version, o.center) <= self.settings.max_staleness)
         if fresh >= max(at_least, round(self.settings.quorum * size)):
             return usable
         if fresh >= at_least and time.monotonic() - self.last_update > self.settings.deadline_s:
@@ -359,7 +363,58 @@ class Run:
         return None
 
     async def update(self, ready: Any) -> dict[str, Any] | None:
+        """The step from `ready`, ended by `_publish`: the version's metrics, or None where it made no version."""
         raise NotImplementedError
+
+    async def _publish(
+        self, policy: PolicyUpdate | None, used: list[Order], stale: list[Order], own: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The end of every update: settle the orders it used (`used`) and dropped as too stale (`stale`), and
+        write the new version (`policy`; None: the step made none) with its metrics and the checkpoint in one
+        MULTI. Returns the version's metrics, None without a version.
+
+        The metrics every algorithm's version carries, before its own (`own`): `reward_mean` and `pass_rate`
+        over the attempts used, `attempts` (used by this update), `samples` (training attempts consumed by the
+        updates so far, with or without a version: the run's x axis), `stale_dropped`, `staleness` (orders used
+        by their lag, trainer/orders.py `staleness`: {"0": n, ...}, 0 for the newest version), the verdicts,
+        rewards read per second and seconds since the last update, `health_figures`, and the pipeline's."""
+        attempts = sum(len(o.rewards) for o in used)
+        self.counts["samples"] += attempts
+        for o in [*used, *stale]:
+            del self.orders[o.work_id]
+        now = time.monotonic()
+        metrics, extra = None, []
+        if policy is not None:
+            metrics = {
+                "version": policy.policy_version,
+                "algo": self.algo,
+                "reward_mean": round(sum(sum(o.rewards.values()) for o in used) / max(1, attempts), 6),
+                "pass_rate": round(sum(o.proved for o in used) / max(1, attempts), 6),
+                "attempts": attempts,
+                "samples": self.counts["samples"],
+                "stale_dropped": len(stale),
+                "staleness": dict(collections.Counter(str(staleness(self.version, o.center)) for o in used)),
+                "verdicts": dict(self._verdicts),
+                "rewards_per_s": round(self._window_rewards / max(now - self._window_started, 1e-9), 2),
+                "update_s": round(now - self.last_update, 2),
+                **own,
+                **self.health_figures(),
+                "time": time.time(),
+            }
+            metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
+            extra = [
+                (self.keys.policy, encode(policy)),
+                (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)}),
+            ]
+            self.version = policy.policy_version
+        self._verdicts.clear()
+        self._window_rewards, self._window_started, self.last_update = 0, now, now
+        await self.checkpoint(*extra)
+        if metrics is not None:
+            self.sink.write(metrics)
+            log.info(f"{self.algo}_update", **{k: metrics[k] for k in ("version", "reward_mean", "pass_rate",
+                                                                        "attempts", "samples")})  # fmt: skip
+        return metrics
 
     async def poll(self, block_ms: int) -> None:
         """Read what has arrived (rewards; GRPO also attempts)."""
@@ -455,11 +510,11 @@ class Run:
         except SchemaError:
             return
         self.watch.saw_letter(letter.reason)
-        work_id = letter.original.get(b"work_id", b"").decode("utf-8", "replace")
-        order = self.orders.get(work_id) or self.evals.get(work_id)
-        if order is not None:
-            why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
-            await self._lose(order, why, letter.reason)
+        why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
+        for work_id in letter_work_ids(letter.original):
+            order = self.orders.get(work_id) or self.evals.get(work_id)
+            if order is not None:
+                await self._lose(order, why, letter.reason)
 
     async def _expire(self) -> None:
         """Cut what can no longer be used: orders of centers past the staleness bound (evaluations have
@@ -468,7 +523,7 @@ class Run:
         no trainer ran."""
         now, bound = time.time(), self.settings.max_staleness
         for o in list(self.orders.values()):
-            if self.version - o.center > bound and not self._usable(o):
+            if staleness(self.version, o.center) > bound and not self._usable(o):
                 await self._lose(o, "stale", f"center {o.center}, now at version {self.version}")
         for o in [*self.orders.values(), *self.evals.values()]:
             waited = now - max(o.issued_at, self._watching_since)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from streams.theorems import Theorem
 
@@ -35,6 +36,11 @@ class Order:
     rewards: dict[str, float] = field(default_factory=dict)  # attempt_id -> reward
     proved: int = 0
     issued_at: float = 0.0
+
+    @property
+    def is_eval(self) -> bool:
+        """An evaluation of the policy on the held-out split (work id `eval-v<version>[-r<try>]`)."""
+        return self.work_id.startswith("eval-")
 
     @property
     def expected(self) -> int:
@@ -65,9 +71,29 @@ def rotation(train: list[Theorem], version: int, per_version: int, seed: int, of
     return train[(version * per_version + offset + seed * SEED_SHIFT) % len(train)].theorem_id
 
 
+def staleness(version: int, center: int) -> int:
+    """How many versions an order's samples lag the policy an update starts from: `version` is the run's newest
+    version before the update (the one it steps from), `center` the version the order sampled from. An order
+    sampled from the newest version has staleness 0. The one definition: the bound `max_staleness` applies
+    to it (`split_fresh`, the loop's quorum and cuts) and each version's metrics count it (`staleness`)."""
+    return version - center
+
+
 def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: int) -> tuple[list[Order], list[Order]]:
     """(orders to use for the update of `version`: freshest first, at most `limit`; orders too stale to use)."""
-    fresh = [o for o in complete if version - o.center <= max_staleness]
-    stale = [o for o in complete if version - o.center > max_staleness]
+    fresh = [o for o in complete if staleness(version, o.center) <= max_staleness]
+    stale = [o for o in complete if staleness(version, o.center) > max_staleness]
     fresh.sort(key=lambda o: (-o.center, o.work_id))
     return fresh[:limit], stale
+
+
+def letter_work_ids(original: dict[bytes, bytes]) -> list[str]:
+    """The work ids a dead letter's original entry names: its `work_id` (a work order, an attempt, a reward),
+    and the members of an ES bundle (a work order's `members`, trainer/es.py), each of which is lost with it."""
+    ids = [original.get(b"work_id", b"").decode("utf-8", "replace")]
+    try:
+        members = orjson.loads(original.get(b"members") or b"[]")
+        ids += [str(m["work_id"]) for m in members if isinstance(m, dict) and "work_id" in m]
+    except (orjson.JSONDecodeError, TypeError):
+        pass  # a damaged entry names what its work_id names
+    return [i for i in ids if i]

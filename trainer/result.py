@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES
-from trainer.config import PRESETS
+from trainer.config import with_preset
 from weights.model import DEFAULT_MODEL_NAME
 
 INFO = "run.json"  # in the run directory: the settings and start of the trainer that runs (or ran) it
@@ -41,10 +41,12 @@ def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
     shared = {k: settings.get(k) for k in ("iterations", "seed", "held_out", "max_new_tokens", "eval_every",
                                             "quorum", "max_staleness")}  # fmt: skip
     if settings.get("algo", "es") == "es":
-        preset = PRESETS.get(settings.get("preset") or "cpu", PRESETS["cpu"])
-        own = {"preset": settings.get("preset"), **{k: settings.get(k) or preset[k] for k in ("population", "sigma",
-               "alpha")}, "batch": settings.get("batch"), "antithetic": settings.get("antithetic"),
-               "es_temperature": settings.get("es_temperature")}  # fmt: skip
+        filled = with_preset(settings)  # a run.json from before the settings held the preset's values has None
+        own = {k: filled.get(k) for k in ("preset", "population", "sigma", "alpha", "batch", "antithetic",
+                                          "es_temperature")}  # fmt: skip
+        own["es_noise"] = filled.get("es_noise") or "full"  # a run.json from before low-rank ES: full
+        if own["es_noise"] == "lowrank":
+            own["es_rank"] = filled.get("es_rank")
     else:
         own = {k: settings.get(k) for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef",
                                             "train_precision")}  # fmt: skip

@@ -8,6 +8,7 @@ bench that measured the CPU on a GPU box reported CPU numbers as the GPU's). tor
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -45,3 +46,18 @@ def describe(device: str) -> dict[str, Any]:
     else:
         out.update(cpu_threads=torch.get_num_threads(), cpus=os.cpu_count())
     return out
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether /proc/cpuinfo's flags (x86: avx512_bf16, amx_bf16; Arm: bf16) say the CPU computes in bf16."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: nothing known, fp32
+            return False
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})

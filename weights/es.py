@@ -9,11 +9,20 @@ sigma, alpha) per policy version, ~200 bytes each. Everything here is a pure fun
   computed in fp32 and only then cast into the engine's dtype by its `write` function; restore writes the
   master again. Nothing is ever added and subtracted back in bf16 (that drifts and loses the update).
 - An update is `theta += alpha/N * sum_n z_n * sign_n * eps_n`, accumulated in fp32 in member order, so
-  replaying the same history from the same base gives bit-identical weights. Snapshots of the master every
-  K versions (safetensors, written atomically) bound the replay of a generator that starts late. A snapshot
-  is named by the history that made it (`history_digest`: the device type and every step up to its
-  version, hashed in order) and its bytes are checked against the digest it was written with, so a run
-  that reuses a run id, or a torn file, never hands a generator another run's center.
+  replaying the same history from the same base gives bit-identical weights.
+- Low-rank noise (`noise="lowrank"`, EGGROLL, Sarkar et al. 2025): member n's noise of a weight matrix W
+  (out x in) is eps_n = A_n B_n^T / sqrt(r), A_n (out x r) and B_n (in x r) standard normal from the same
+  seeded generator; the update is the same sum, now a full-rank change made of low-rank terms, so a version
+  is still its seeds and z-scores. Vectors (norms, biases) and the token embedding (tied to the output layer
+  in the default model) are left alone: a member is then exactly a LoRA adapter on the linear layers, which
+  is what lets an engine serve a whole population in one batch (each row adding its member's (x B) A^T,
+  producers/hf.py; vLLM's multi-LoRA) with no weight written per member. The scale convention is the full
+  path's (sigma in the perturbation, alpha/N in the update, Qiu et al.), so a preset's alpha means the same
+  step length under both; EGGROLL's alpha/(N sigma) form is this one with alpha' = alpha * sigma.
+- Snapshots of the master every K versions (safetensors, written atomically) bound the replay of a generator
+  that starts late. A snapshot is named by the history that made it (`history_digest`: the device type and
+  every step up to its version, hashed in order) and its bytes are checked against the digest it was
+  written with, so a run that reuses a run id, or a torn file, never hands a generator another run's center.
 
 Tensor names are the checkpoint's (safetensors) names, the same in every engine, so a member means the
 same perturbation under transformers and under vLLM. The engine supplies `write`, which receives
@@ -61,15 +70,50 @@ def device_type(device: str | torch.device) -> str:
     return str(device).split(":", 1)[0]
 
 
+def lowrank_target(name: str, shape: torch.Size | tuple[int, ...]) -> bool:
+    """Whether low-rank noise perturbs tensor `name`: the weight matrices of the linear layers (2-D, not an
+    embedding or the output layer); everything else stays at the center."""
+    return len(shape) == 2 and not any(part in name for part in ("embed", "lm_head", "wte", "wpe"))
+
+
+def factors(
+    seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B): fp32 standard normal, A (out x rank) then B (in x rank) from one generator seeded as `noise`'s."""
+    out_features, in_features = shape
+    generator = torch.Generator(device=device)
+    generator.manual_seed(noise_seed(seed, name))
+    a = torch.randn((out_features, rank), generator=generator, dtype=torch.float32, device=device)
+    b = torch.randn((in_features, rank), generator=generator, dtype=torch.float32, device=device)
+    return a, b
+
+
+def lowrank_noise(
+    seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """eps = A B^T / sqrt(rank) of one weight matrix, in fp32 (a product over `rank` terms per element: no
+    reduction that a thread count could reorder at these sizes)."""
+    a, b = factors(seed, name, shape, rank, device)
+    return (a @ b.T).mul_(rank**-0.5)
+
+
 def apply_step(master: Weights, step: ESStep) -> None:
-    """theta += alpha/N * sum_n z_n sign_n eps_n, in place, in fp32, tensors in name order, members in order."""
+    """theta += alpha/N * sum_n z_n sign_n eps_n, in place, in fp32, tensors in name order, members in order.
+    Low-rank steps change only the tensors their members perturb (`lowrank_target`)."""
     scale = step.alpha / len(step.seeds)
     for name in sorted(master):
         tensor = master[name]
+        if step.noise == "lowrank" and not lowrank_target(name, tensor.shape):
+            continue
         acc = torch.zeros_like(tensor)
         for seed, sign, z in zip(step.seeds, step.signs, step.rewards, strict=True):
-            if z != 0.0:
-                acc.add_(noise(seed, name, tensor.shape, tensor.device), alpha=z * sign)
+            if z == 0.0:
+                continue
+            if step.noise == "lowrank":
+                eps = lowrank_noise(seed, name, tensor.shape, step.rank, tensor.device)
+            else:
+                eps = noise(seed, name, tensor.shape, tensor.device)
+            acc.add_(eps, alpha=z * sign)
         tensor.add_(acc, alpha=scale)
 
 
@@ -148,7 +192,7 @@ class ESWeights:
         self.keep = max(1, keep)
         self.steps: dict[int, ESStep] = {}  # version v -> the step that made v from v-1
         self.masters: OrderedDict[int, Weights] = OrderedDict()
-        self.current: tuple[int, int | None, int, float] | None = None  # what the engine holds now
+        self.current: tuple[int, int | None, int, float, int] | None = None  # what the engine holds now
         self.replayed = 0  # steps applied while building centers (a late start, a restart, an old center)
         self.snapshots_loaded = 0
 
@@ -246,9 +290,11 @@ class ESWeights:
             meta = {"version": str(version), "digest": digest(weights), "history": history}
             save_weights(weights, path, metadata=meta)
 
-    def use(self, version: int, seed: int | None = None, sign: int = 1, sigma: float = 0.0) -> bool:
-        """Make the engine's weights center(version) [+ sigma*sign*eps(seed)]. False if they already are."""
-        want = (version, seed, sign if seed is not None else 1, sigma if seed is not None else 0.0)
+    def use(self, version: int, seed: int | None = None, sign: int = 1, sigma: float = 0.0, rank: int = 0) -> bool:
+        """Make the engine's weights center(version) [+ sigma*sign*eps(seed)], eps full-rank or (`rank` > 0)
+        low-rank. False if they already are."""
+        member = seed is not None
+        want = (version, seed, sign if member else 1, sigma if member else 0.0, rank if member else 0)
         if self.current == want:
             return False
         master = self.center(version)
@@ -256,7 +302,7 @@ class ESWeights:
         if seed is None:
             self._write(master.items())
         else:
-            self._write(perturbed(master, seed, sign, sigma))
+            self._write(perturbed(master, seed, sign, sigma, rank))
         self.current = want
         return True
 
@@ -267,10 +313,31 @@ class ESWeights:
 
 
 def perturbed(
-    master: Mapping[str, torch.Tensor], seed: int, sign: int, sigma: float
+    master: Mapping[str, torch.Tensor], seed: int, sign: int, sigma: float, rank: int = 0
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, master + sigma*sign*eps) per tensor, in fp32, one tensor at a time (each a fresh tensor)."""
+    """(name, master + sigma*sign*eps) per tensor, in fp32, one tensor at a time (each a fresh tensor); with
+    `rank` > 0 the low-rank eps on the tensors it perturbs, and the others as the master has them."""
     for name in sorted(master):
         tensor = master[name]
-        eps = noise(seed, name, tensor.shape, tensor.device)
+        if rank and not lowrank_target(name, tensor.shape):
+            yield name, tensor
+            continue
+        if rank:
+            eps = lowrank_noise(seed, name, tensor.shape, rank, tensor.device)
+        else:
+            eps = noise(seed, name, tensor.shape, tensor.device)
         yield name, eps.mul_(sigma * sign).add_(tensor)
+
+
+def member_factors(
+    master: Mapping[str, torch.Tensor], seed: int, sign: int, sigma: float, rank: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """name -> (A * sigma*sign/sqrt(rank), B) of one low-rank member: its perturbation of W is the first times
+    the second transposed, which an engine adds to a row's output as (x B) A^T without writing W."""
+    out = {}
+    for name in sorted(master):
+        tensor = master[name]
+        if lowrank_target(name, tensor.shape):
+            a, b = factors(seed, name, tensor.shape, rank, tensor.device)
+            out[name] = (a.mul_(sigma * sign * rank**-0.5), b)
+    return out

@@ -51,6 +51,19 @@ def test_plans_from_flags_give_each_algorithm_its_own_trainer_flags():
                         *grpo.flags, "--run", "c-grpo", "--run-dir", "/tmp/c/grpo", "--engine", "hf"]  # fmt: skip
 
 
+def test_es_lowrank_is_a_third_run_of_es_with_low_rank_members_and_its_own_population():
+    args = compare.parser().parse_args(["--budget", "1024", "--algos", "es", "grpo", "es-lowrank", "--lowrank-rank",
+                                        "8", "--lowrank-population", "16", "--lowrank-batch", "8"])  # fmt: skip
+    es, grpo, low = compare.plans(args)
+    assert [p.algo for p in (es, grpo, low)] == ["es", "grpo", "es-lowrank"]
+    assert (low.samples_per_version, low.iterations) == (16 * 8, 1024 // 128)
+    assert low.flags == ("--es-noise", "lowrank", "--es-rank", "8", "--population", "16", "--batch", "8")
+    argv = compare.trainer_argv(low, ["--seed", "1"], "c-low", Path("/tmp/c/low"), [])
+    assert argv[3:5] == ["--algo", "es"] and "--es-noise" in argv  # the trainer's algorithm is ES
+    assert [p.algo for p in compare.plans(compare.parser().parse_args(["--budget", "1024"]))] == ["es", "grpo"]
+    assert compare.refused(["--es-noise", "lowrank"]) == ["--es-noise is set by the comparison: use --algos es-lowrank"]
+
+
 def test_flags_the_comparison_sets_are_refused_as_pass_through():
     assert compare.refused(["--engine", "hf", "--model", "m"]) == []
     problems = compare.refused(["--lr=1e-4", "--iterations", "3", "--engine", "hf"])
@@ -97,7 +110,7 @@ def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_n
         run_dir.mkdir(parents=True, exist_ok=True)
         records = [
             {"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0},
-            {"version": 1, "algo": algo, "attempts": 64, "pass_rate": 0.25},
+            {"version": 1, "algo": algo, "attempts": 64, "samples": 64, "pass_rate": 0.25},
             {"eval": True, "version": 1, "held_out_reward": ends[algo, seed], "held_out_exact": 0.5},
         ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -140,10 +153,10 @@ def test_a_sigterm_to_the_comparison_reaches_the_trainer(tmp_path):
 
 ES_RECORDS = [
     {"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 4},
-    {"version": 1, "algo": "es", "attempts": 64, "reward_mean": 0.1},
-    {"version": 2, "algo": "es", "attempts": 60, "reward_mean": 0.1},  # a straggler cut: 60 used
+    {"version": 1, "algo": "es", "attempts": 64, "samples": 64, "reward_mean": 0.1},
+    {"version": 2, "algo": "es", "attempts": 60, "samples": 124, "reward_mean": 0.1},  # a straggler cut: 60 used
     {"eval": True, "version": 2, "held_out_reward": 0.2, "held_out_exact": 0.25, "problems": 4},
-    {"version": 3, "algo": "es", "attempts": 64, "reward_mean": 0.1},
+    {"version": 3, "algo": "es", "attempts": 64, "samples": 188, "reward_mean": 0.1},
     {"eval": True, "version": 3, "held_out_reward": 0.15, "held_out_exact": 0.0, "problems": 4},
 ]
 GRPO_RECORDS = [
@@ -168,6 +181,10 @@ def test_curves_put_each_evaluation_at_the_samples_its_version_consumed():
         compare.curve([{"eval": True, "version": 4, "held_out_reward": 0, "held_out_exact": 0}])[0]["samples"] is None
     )
     assert compare.samples_used([]) == 0
+    # a record from a trainer whose ES versions did not carry `samples`: its x is unknown, not guessed
+    old = [{"version": 1, "algo": "es", "attempts": 64}, {"eval": True, "version": 1, "held_out_reward": 0,
+           "held_out_exact": 0}]  # fmt: skip
+    assert compare.curve(old)[0]["samples"] is None and compare.samples_used(old) is None
 
 
 def test_generated_for_training_is_the_generators_count_less_evaluation(tmp_path):

@@ -48,6 +48,17 @@ def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
         _args("--antithetic", "maybe")
 
 
+def test_lowrank_cells_cross_their_ranks_and_full_cells_are_one_whatever_the_ranks():
+    todo = sweep.cells(_args("--noise", "full", "lowrank", "--rank", "1", "16", "--seeds", "0"))
+    assert [(c.noise, c.rank) for c in todo] == [("full", None), ("lowrank", 1), ("lowrank", 16)]
+    assert todo[0].key == "s0.001-a0.002-p8-anti-b16-easy-n256-seed0"  # a full cell keeps the key sweeps had
+    assert todo[2].key == "s0.001-a0.002-p8-anti-lowrank-r16-b16-easy-n256-seed0"
+    full, _, r16 = (c.flags() for c in todo)
+    assert full[full.index("--es-noise") + 1] == "full" and "--es-rank" not in full
+    assert r16[r16.index("--es-noise") + 1] == "lowrank" and r16[r16.index("--es-rank") + 1] == "16"
+    assert sweep.main(["--out", "x", "--es-rank", "2"]) == 2  # the sweep's own flag, refused as a pass-through
+
+
 def test_a_samples_budget_gives_each_cell_the_versions_it_buys_at_its_own_cost():
     args = _args("--population", "4", "16", "--batch", "8", "--samples", "1024", "--eval-points", "2", "--seeds", "0")
     budgets = {c.population: sweep.budget_of(c, args) for c in sweep.cells(args)}

@@ -71,7 +71,7 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
              "eval_results": {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8},
                               "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8}}}  # fmt: skip
     await redis.hset(keys.trainer_state, "state", orjson.dumps(state))
-    metrics = {"version": 1, "attempts": 32, "reward_mean": 0.2, "pass_rate": 0.1, "staleness": {"0": 4},
+    metrics = {"version": 1, "attempts": 32, "samples": 32, "reward_mean": 0.2, "pass_rate": 0.1, "staleness": {"0": 4},
                "verdicts": {"proved": 1}, "time": STARTED + 90, "rewards_per_s": 2.5,
                "generator_tokens_per_s": 48.0}  # fmt: skip
     await redis.xadd(keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})

@@ -49,8 +49,8 @@ def _write_run(run_dir: Path, run: str, *, started: float, pid: int, updates: in
     settings = _settings(run, **changes)
     info = {"run": run, "settings": settings, "started": started, "pid": pid, "host": socket.gethostname()}
     (run_dir / "run.json").write_text(json.dumps(info))
-    records = [{"version": v, "algo": "es", "attempts": 128, "reward_mean": 0.1, "time": started + 60 * v}
-               for v in range(1, updates + 1)] + evals  # fmt: skip
+    records = [{"version": v, "algo": "es", "attempts": 128, "samples": 128 * v, "reward_mean": 0.1,
+                "time": started + 60 * v} for v in range(1, updates + 1)] + evals  # fmt: skip
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if report is not None:
         (run_dir / "report.json").write_text(json.dumps({"settings": settings, **report}))

@@ -37,6 +37,16 @@ def test_bench_es_prints_its_figures():
     assert out["perturb_restore_s"] > 0 and out["noise_only_s"] > 0
 
 
+@needs_model
+def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
+    out = _bench("es-throughput", "--population", "2", "--problems", "2", "--max-new-tokens", "4", "--rank", "2")
+    assert out["bench"] == "es-throughput" and out["device"] == "cpu" and out["rows"] == 4
+    for way in ("inference", "lowrank", "full"):
+        assert 0 < out[way]["tokens"] <= 4 * 4 and out[way]["tokens_per_s"] > 0, way
+    assert out["ratio"] == round(out["lowrank"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
+    assert out["full_ratio"] == round(out["full"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
+
+
 def test_every_model_bench_refuses_cuda_where_torch_sees_no_gpu_instead_of_measuring_the_cpu():
     """The first GPU box: `bench es` reported the CPU's numbers because nothing placed it on the GPU. Asked for
     cuda where there is none, a bench says so and measures nothing."""
@@ -44,7 +54,7 @@ def test_every_model_bench_refuses_cuda_where_torch_sees_no_gpu_instead_of_measu
 
     if torch.cuda.is_available():
         return  # a GPU box: `make gpu-check` runs the benches there
-    for bench in ("es", "generator", "grpo"):
+    for bench in ("es", "es-throughput", "generator", "grpo"):
         done = subprocess.run([sys.executable, "-m", "ops", "bench", bench, "--device", "cuda", "--json"], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert done.returncode == 2 and done.stdout == "", (bench, done.stdout, done.stderr[-500:])

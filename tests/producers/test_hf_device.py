@@ -27,9 +27,9 @@ THEOREMS = [
 ]
 STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,
         "alpha": 0.01}  # fmt: skip
-GREEDY = Sampling(n=1, temperature=0.0, max_new_tokens=12)
-GRPO = Sampling(n=3, temperature=0.7, max_new_tokens=12, seed=5, logprobs=True)  # what a GRPO order asks
-PASSK = Sampling(n=2, temperature=1.0, max_new_tokens=12, seed=9)  # evals.passk: sampled, no logprobs
+GREEDY = Sampling(n=1, temperature=0.0, max_new_tokens=10)
+GRPO = Sampling(n=3, temperature=0.7, max_new_tokens=10, seed=5, logprobs=True)  # what a GRPO order asks
+PASSK = Sampling(n=2, temperature=1.0, max_new_tokens=10, seed=9)  # evals.passk: sampled, no logprobs
 
 
 def _ids(engine):
@@ -54,23 +54,31 @@ def test_the_recorder_refuses_a_host_index_into_device_logprobs():
         assert isinstance(recorder.finish(torch.tensor([3, 4]).to(DEVICE)), OnDevice)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_greedy_sampled_and_logprob_paths_on_the_device_answer_as_on_the_cpu(model_path, dtype):
-    """fp32: the same tokens and logprobs as the CPU engine. bf16: the same shapes (its kernels differ by a
-    rounding from the CPU engine's here, which flips a sampled token now and then: not what is tested)."""
-    paths = {"greedy": GREEDY, "grpo": GRPO, "passk": PASSK}
-    cpu = HFEngine(model_path, dtype=dtype)
-    expected = {name: cpu.generate(_ids(cpu), sampling) for name, sampling in paths.items()}
+PATHS = {"greedy": GREEDY, "grpo": GRPO, "passk": PASSK}
+
+
+@pytest.fixture(scope="module")
+def on_the_cpu(model_path):
+    """What the plain CPU engine (fp32) answers on each path: the reference of the device's answers."""
+    cpu = HFEngine(model_path)
+    expected = {name: cpu.generate(_ids(cpu), sampling) for name, sampling in PATHS.items()}
     cpu.close()
+    return expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_sampled_and_logprob_paths_on_the_device_answer_as_on_the_cpu(model_path, on_the_cpu, dtype):
+    """fp32: the same tokens and logprobs as the CPU engine. bf16: the same shapes (its kernels round otherwise
+    than fp32's, which flips a sampled token now and then: not what is tested; its placement is)."""
     with simulated_accelerator() as mode:
         engine = HFEngine(model_path, dtype=dtype, device=DEVICE.type)
         assert isinstance(next(engine.model.parameters()), OnDevice)
-        for name, sampling in paths.items():
+        for name, sampling in PATHS.items():
             got = engine.generate(_ids(engine), sampling)
             assert [len(row) for row in got] == [sampling.n] * len(THEOREMS)
             if dtype == "float32":
-                assert _answers(got) == _answers(expected[name]), name
-            for row, ref in zip(got, expected[name], strict=True):
+                assert _answers(got) == _answers(on_the_cpu[name]), name
+            for row, ref in zip(got, on_the_cpu[name], strict=True):
                 for s, r in zip(row, ref, strict=True):
                     assert 0 < len(s.token_ids) <= sampling.max_new_tokens
                     if not sampling.logprobs:
@@ -112,13 +120,11 @@ def test_es_members_replay_and_grpo_weights_on_the_device_equal_the_cpu_engine(m
     assert weights_digest_of(reread) == center
 
 
-def test_the_static_kv_cache_answers_as_the_dynamic_one_on_the_device(model_path):
+def test_the_static_kv_cache_answers_as_the_dynamic_one_on_the_device(model_path, on_the_cpu):
     """`kv_cache="static"` (what lets transformers compile the decoding step on a GPU) keeps the cache on the
     engine's device and changes no answer: greedy and GRPO's sampled path with logprobs, against the CPU
     engine's dynamic cache."""
-    cpu = HFEngine(model_path)
-    expected = [cpu.generate(_ids(cpu), s) for s in (GREEDY, GRPO)]
-    cpu.close()
+    expected = [on_the_cpu["greedy"], on_the_cpu["grpo"]]
     with simulated_accelerator() as mode:
         engine = HFEngine(model_path, device=DEVICE.type, kv_cache="static")
         got = [engine.generate(_ids(engine), s) for s in (GREEDY, GRPO)]

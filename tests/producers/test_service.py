@@ -95,7 +95,7 @@ async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(
     assert [a.theorem_id for a in got] == ["cd-a", "cd-b"]
     assert all(a.member == Member(7, -1) and a.policy_version == 0 and a.task == "countdown" for a in got)
     assert all(a.num_tokens > 0 and a.token_ids == b"" for a in got)  # ES carries no token ids
-    assert engine.es.current == (0, 7, -1, 0.001)  # the member's weights were in place
+    assert engine.es.current == (0, 7, -1, 0.001, 0)  # the member's full-rank weights were in place
     assert service.counts["orders"] == 1 and service.counts["attempts"] == 2
     stats = await one_redis.hget(KEYS.generator_stats, "g1")
     assert stats and b'"attempts":2' in stats
@@ -187,6 +187,45 @@ async def test_an_order_whose_marker_says_it_is_settled_is_not_generated_again(o
         await until(lambda: settled(one_redis))
     assert await attempts(one_redis) == []
     assert service.counts["settled_skipped"] == 1 and service.counts["orders"] == 0
+
+
+async def test_a_low_rank_bundle_is_one_engine_call_and_each_member_answers_under_its_own_work_id(
+    one_redis, engine, monkeypatch
+):
+    """An ES order carrying members (trainer/es.py `bundle`): the live ones generated in one engine call
+    with the center in the weights, each member's attempts under its own work id with its own answers (the
+    engine's es_members for that member alone, computed here); a member the trainer cut is left out."""
+    await register(one_redis, KEYS, THEOREMS)
+    greedy = {"max_new_tokens": 8, "temperature": 0.0}
+    members = [{"work_id": f"es-v0-m{i}", "seed": 40 + i // 2, "sign": (1, -1)[i % 2]} for i in range(3)]
+    order = WorkOrder("es-v0-m0+2-abc", 0, "es", "countdown", ["cd-a", "cd-b"], members=members, sigma=0.01,
+                      rank=4, sampling=greedy)  # fmt: skip
+    await one_redis.set(KEYS.done(WorkOrder.dedup_for("es-v0-m1")), b"cancelled")  # the trainer cut member 1
+    calls = []
+    real = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda p, s: calls.append(len(p)) or real(p, s))
+    await publish(one_redis, order)
+    async with serving(one_redis, engine) as service:
+        got = await until(lambda: _n(one_redis, 4))
+        await until(lambda: settled(one_redis))
+    assert calls == [2 * 2]  # two live members x two problems, one call
+    assert engine.es.current[1] is None  # the center stayed in the weights
+    assert [a.attempt_id for a in got] == ["es-v0-m0:0:0", "es-v0-m0:1:0", "es-v0-m2:0:0", "es-v0-m2:1:0"]
+    assert [a.member for a in got] == [Member(40, 1)] * 2 + [Member(41, 1)] * 2
+    assert {a.work_id for a in got} == {"es-v0-m0", "es-v0-m2"}
+    ids = [prompts.tokenize(engine.tokenizer, prompts.messages(t)) for t in THEOREMS]
+    for i, member in ((0, Member(40, 1)), (2, Member(41, 1))):
+        alone = engine.es_members(0, [(member.seed, member.sign)], 0.01, 4, ids, _sampling(greedy))[0]
+        texts = [prompts.extract("countdown", row[0].text) for row in alone]
+        assert [a.proof for a in got if a.work_id == f"es-v0-m{i}"] == texts
+    assert service.counts["members"] == 2 and service.counts["members_cut_skipped"] == 1
+    assert service.counts["orders"] == 1 and service.counts["attempts"] == 4
+
+
+def _sampling(fields):
+    from producers.engine import Sampling
+
+    return Sampling.from_order(fields, 1, None, False)
 
 
 async def test_a_generator_on_another_noise_device_stops_and_leaves_the_es_order_for_the_others(one_redis, engine):

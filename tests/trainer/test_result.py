@@ -27,6 +27,9 @@ def test_the_main_settings_fill_in_the_es_preset():
     shown = result.main_settings(SETTINGS)
     assert (shown["population"], shown["sigma"], shown["alpha"]) == (8, 0.001, 0.004)  # cpu's N and sigma; alpha set
     assert "lr" not in shown and shown["quorum"] == 1.0
+    assert shown["es_noise"] == "full" and "es_rank" not in shown  # SETTINGS predates low-rank ES: full
+    lowrank = result.main_settings({**SETTINGS, "es_noise": "lowrank", "es_rank": 4})
+    assert (lowrank["es_noise"], lowrank["es_rank"]) == ("lowrank", 4)  # `ops compare` names what differs
     grpo = result.main_settings({**SETTINGS, "algo": "grpo", "group_size": 8, "lr": 1e-5})
     assert (grpo["group_size"], grpo["lr"]) == (8, 1e-5) and "population" not in grpo
 

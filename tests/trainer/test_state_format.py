@@ -37,7 +37,7 @@ ES_STATE = {
     "counts": {"members_issued": 3, "cut_timeout": 1, "samples": 12},
     "finished": False,
     "config": {"population": 4, "sigma": 0.001, "alpha": 0.002, "antithetic": True, "max_staleness": 2,
-               "quorum": 0.75, "deadline_s": 900.0},
+               "noise": "full", "rank": 0, "members_per_order": 1},
 }
 # fmt: on
 
@@ -62,6 +62,19 @@ def test_a_checkpoint_loads_and_is_written_back_byte_for_byte(tmp_path):
     assert run.state() == ES_STATE
     assert orjson.dumps(run.state()) == orjson.dumps(ES_STATE)  # the same keys in the same order
     assert run.version == 2 and run.next_index[2] == 3 and run.eval_results[0]["held_out_reward"] == 0.25
+
+
+async def test_a_checkpoint_whose_config_holds_the_old_quorum_and_deadline_resumes(one_redis, tmp_path):
+    """A trainer from before ESConfig lost `quorum` and `deadline_s` checkpointed them under `config`; `config`
+    is written for people and never read back (the settings say how the run goes on), so the run resumes and
+    its next checkpoint holds the config as it is now."""
+    old = {**ES_STATE, "config": {**ES_STATE["config"], "quorum": 0.75, "deadline_s": 600.0}}
+    await one_redis.hset(Keys("pins").trainer_state, "state", orjson.dumps(old))
+    run = _es_run(tmp_path, one_redis)
+    assert await run.resume()
+    assert run.version == 2 and set(run.orders) == {"es-v2-m0", "es-v2-m1"}
+    state = orjson.loads(await one_redis.hget(Keys("pins").trainer_state, "state"))
+    assert state["config"] == ES_STATE["config"] and state["counts"]["resumes"] == 1
 
 
 async def test_the_es_policy_entry_is_the_step_then_the_audit_fields(one_redis, tmp_path):

@@ -1,0 +1,120 @@
+"""`python -m ops bench es-throughput`: how close ES members come to pure inference (EGGROLL's measure).
+
+The same rows three ways on one engine, greedy, `--max-new-tokens` at most, on `--problems` Countdown
+prompts for each of `--population` members:
+
+- `inference`: the center alone, one engine call of population x problems rows (no perturbation at all):
+  the ceiling.
+- `lowrank`: the population's low-rank members (rank `--rank`) in one call (`es_members`: the center in the
+  weights, each row adding its member's term), as a generator serves an ES bundle.
+- `full`: the full-rank members as before: each member written into the weights, its problems generated,
+  the center put back (`--no-full` leaves it out).
+
+Each is generated tokens per second of its whole wall time (perturbations included); `ratio` =
+lowrank / inference (EGGROLL reports 0.91), `full_ratio` = full / inference. A member's answers differ
+from the center's, so row lengths differ a little between the ways: tokens per second, not seconds, are
+compared. Last line of output: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import orjson
+
+
+def bench(args: argparse.Namespace) -> dict:
+    import torch  # imported when the bench runs, so `python -m ops` starts without it
+
+    from producers.engine import Sampling
+    from producers.engines import choose, make_engine
+    from tasks import prompts
+    from tasks.countdown import countdown_problems
+    from weights import device as devices
+    from weights.model import resolve_model
+
+    device = devices.resolve(args.device)
+    engine_name = choose(args.engine)
+    engine = make_engine(engine_name, resolve_model(args.model), threads=args.threads, device=device, dtype="auto")
+    problems = countdown_problems(args.problems, seed=args.seed, curriculum="easy")
+    members = [(1000 + i // 2, (1, -1)[i % 2]) for i in range(args.population)]  # antithetic pairs
+    sampling = Sampling(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens)
+    out: dict = {}
+    try:
+        ids = [prompts.tokenize(engine.tokenizer, prompts.messages(t)) for t in problems]
+        engine.es_use(0, None)
+        engine.generate(ids[:2], Sampling(n=1, temperature=0.0, max_new_tokens=4))  # warm, off the clock
+
+        def timed(name: str, run) -> None:
+            started = time.perf_counter()
+            rows = run()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            tokens = sum(len(s.token_ids) for member in rows for row in member for s in row)
+            out[name] = {"s": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
+
+        timed("inference", lambda: [engine.generate([p for _ in members for p in ids], sampling)])
+        timed("lowrank", lambda: engine.es_members(0, members, args.sigma, args.rank, ids, sampling))
+        if args.full:
+
+            def full():
+                rows = []
+                for seed, sign in members:
+                    engine.es_use(0, seed, sign, args.sigma)
+                    rows.append(engine.generate(ids, sampling))
+                engine.es_use(0, None)
+                return rows
+
+            timed("full", full)
+    finally:
+        engine.close()
+    base = out["inference"]["tokens_per_s"]
+    return {
+        "bench": "es-throughput",
+        "engine": engine_name,
+        **devices.describe(device),
+        "threads": torch.get_num_threads(),
+        "population": args.population,
+        "problems": args.problems,
+        "rows": args.population * args.problems,
+        "max_new_tokens": args.max_new_tokens,
+        "rank": args.rank,
+        "sigma": args.sigma,
+        **out,
+        "ratio": round(out["lowrank"]["tokens_per_s"] / base, 3),
+        "full_ratio": round(out["full"]["tokens_per_s"] / base, 3) if "full" in out else None,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    result = bench(args)
+    if not getattr(args, "json", False):
+        full = f", full-rank members {result['full_ratio']}" if result["full_ratio"] is not None else ""
+        print(f"es-throughput ({result['engine']} on {result.get('gpu', result['device'])}, {result['rows']} rows): "
+              f"low-rank members at {result['ratio']} of pure inference's tokens/s "
+              f"({result['lowrank']['tokens_per_s']} against {result['inference']['tokens_per_s']}){full}",
+              file=sys.stderr)  # fmt: skip
+    print(orjson.dumps(result).decode())
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("es-throughput", help="ES members' tokens/s against pure batched inference (EGGROLL)")
+    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the engine runs (default auto: cuda when torch sees a GPU)")  # fmt: skip
+    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
+    p.add_argument("--population", type=int, default=8, help="members (antithetic pairs; default 8)")
+    p.add_argument("--problems", type=int, default=16, help="Countdown prompts each member answers (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens at most (default 64)")
+    p.add_argument("--rank", type=int, default=4, help="the low-rank members' r (default 4)")
+    p.add_argument("--sigma", type=float, default=0.001, help="noise scale (default 0.001, the presets')")
+    p.add_argument("--seed", type=int, default=0, help="seed of the Countdown problems (default 0)")
+    p.add_argument("--full", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure full-rank members written in turn (default on)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library's default)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
+    p.set_defaults(func=main)
