@@ -13,7 +13,11 @@ prompts for each of `--population` members:
 Each is generated tokens per second of its whole wall time (perturbations included); `ratio` =
 lowrank / inference (EGGROLL reports 0.91), `full_ratio` = full / inference. A member's answers differ
 from the center's, so row lengths differ a little between the ways: tokens per second, not seconds, are
-compared. Last line of output: one JSON object.
+compared. `useful` is the share of the rows' decoding steps that wrote a token: an engine call decodes
+until its longest row ends (the hf engine: no continuous batching), so a call of rows x steps whose rows
+wrote `tokens` has `useful` = tokens / (rows x steps). The inference rows of one prompt are all the same
+answer and end together; members' answers differ, and one member's long answer keeps the whole call
+decoding (`longest`: the longest answer of the way, in tokens). Last line of output: one JSON object.
 """
 
 from __future__ import annotations
@@ -47,17 +51,22 @@ def bench(args: argparse.Namespace) -> dict:
         engine.es_use(0, None)
         engine.generate(ids[:2], Sampling(n=1, temperature=0.0, max_new_tokens=4))  # warm, off the clock
 
-        def timed(name: str, run) -> None:
+        def timed(name: str, run, one_call: bool) -> None:
+            """`run` returns [part][row][sample]: its parts are one engine call (`one_call`), or a call each."""
             started = time.perf_counter()
-            rows = run()
+            parts = run()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
-            tokens = sum(len(s.token_ids) for member in rows for row in member for s in row)
-            out[name] = {"s": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
+            lengths = [[len(s.token_ids) for row in part for s in row] for part in parts]
+            calls = [[n for part in lengths for n in part]] if one_call else lengths
+            tokens = sum(map(sum, calls))
+            decoded = sum(len(call) * max(call, default=0) for call in calls)
+            out[name] = {"s": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
+                         "longest": max(map(max, calls)), "useful": round(tokens / max(decoded, 1), 3)}  # fmt: skip
 
-        timed("inference", lambda: [engine.generate([p for _ in members for p in ids], sampling)])
-        timed("lowrank", lambda: engine.es_members(0, members, args.sigma, args.rank, ids, sampling))
+        timed("inference", lambda: [engine.generate([p for _ in members for p in ids], sampling)], True)
+        timed("lowrank", lambda: engine.es_members(0, members, args.sigma, args.rank, ids, sampling), True)
         if args.full:
 
             def full():
@@ -68,7 +77,7 @@ def bench(args: argparse.Namespace) -> dict:
                 engine.es_use(0, None)
                 return rows
 
-            timed("full", full)
+            timed("full", full, False)
     finally:
         engine.close()
     base = out["inference"]["tokens_per_s"]

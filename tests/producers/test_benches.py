@@ -43,6 +43,10 @@ def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
     assert out["bench"] == "es-throughput" and out["device"] == "cpu" and out["rows"] == 4
     for way in ("inference", "lowrank", "full"):
         assert 0 < out[way]["tokens"] <= 4 * 4 and out[way]["tokens_per_s"] > 0, way
+        assert 1 <= out[way]["longest"] <= 4 and out[way]["tokens"] / (4 * 4) <= out[way]["useful"] <= 1, way
+    # inference: the two rows of each prompt are the same greedy answer; one call of 4 rows decodes as long as
+    # its longest row, so its useful share is the rows' mean length over the longest
+    assert out["inference"]["useful"] == round(out["inference"]["tokens"] / (4 * out["inference"]["longest"]), 3)
     assert out["ratio"] == round(out["lowrank"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
     assert out["full_ratio"] == round(out["full"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
 
