@@ -29,10 +29,13 @@ def model_name(settings: dict[str, Any]) -> str:
 def reading(task: str) -> str:
     """How to read the reward and exact figures of `task`, so nobody takes shaped credit for solved problems."""
     if task == "countdown":
-        parses, numbers = CREDIT_FORMAT + CREDIT_PARSES, CREDIT_FORMAT + CREDIT_PARSES + CREDIT_NUMBERS
-        return (f"Countdown's reward is shaped credit: {CREDIT_FORMAT:g} is the answer format only (<answer> tags), "
-                f"{parses:g} an expression, {numbers:g} the right numbers, up to {numbers + CREDIT_CLOSE:g} close "
-                "to the target, 1 solved; exact counts solved problems only")  # fmt: skip
+        # An untagged expression earns CREDIT_PARSES without CREDIT_FORMAT: the base model's copy of the prompt's
+        # example, "1 + 2 = 3", is the 0.1 most ES runs climb to, not the tag format (docs/EXPERIMENTS.md).
+        top = CREDIT_FORMAT + CREDIT_PARSES + CREDIT_NUMBERS + CREDIT_CLOSE
+        return (f"Countdown's reward is shaped credit: <answer> tags {CREDIT_FORMAT:g}, plus {CREDIT_PARSES:g} for an "
+                f"expression, {CREDIT_NUMBERS:g} more for the right numbers, up to {CREDIT_CLOSE:g} more close to "
+                f"the target (at most {top:g}), 1 solved; so {CREDIT_FORMAT:g} is the tags alone or an expression "
+                "without them; exact counts solved problems only")  # fmt: skip
     return "a Lean proof earns 1 when Lean accepts it and 0 otherwise: reward and exact are the same measure"
 
 

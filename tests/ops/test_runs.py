@@ -105,7 +105,7 @@ def test_compare_prints_the_table_the_differences_and_writes_one_plot(folder):
     assert "alpha: 0.002 | 0.004" in done.stdout  # a takes the cpu preset's, b set its own
     assert "a  reward 0.300, exact 2/8 at v2" in done.stdout  # a's best evaluation
     assert f"plot: {plot}" in done.stdout and plot.stat().st_size > 5000
-    assert "0.1 is the answer format only" in done.stdout
+    assert "so 0.1 is the tags alone or an expression without them" in done.stdout
     doc = json.loads(_ops("compare", "a", "b", "--dir", str(folder), "--json", "--plot", str(plot)).stdout)
     assert [p["samples"] for p in doc["runs"][0]["curve"]] == [0, 256, 512]
     assert [p["wall_s"] for p in doc["runs"][0]["curve"]] == [10.0, 130.0, 250.0]
@@ -164,7 +164,7 @@ def test_run_on_a_finished_run_leads_with_its_result_and_blanks_idle(tmp_path):
                         "2 evaluations)")  # fmt: skip
     assert lines[3] == "  training: 512 samples"
     assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[4]
-    assert lines[5].startswith("  reading: Countdown's reward is shaped credit: 0.1 is the answer format only")
+    assert lines[5].startswith("  reading: Countdown's reward is shaped credit: <answer> tags 0.1, plus 0.1")
     assert "IDLE: not kept in a finished run's data" in done.stdout
     doc = json.loads(_ops("streams", "--json", "--run-dir", str(tmp_path / "fin")).stdout)
     group = doc["streams"]["rewards"]["groups"]["trainer"]

@@ -62,7 +62,17 @@ def test_a_live_summary_counts_its_wall_time_from_the_start_and_a_finished_one_k
 
 def test_the_reading_says_what_countdowns_shaped_credit_means():
     text = result.reading("countdown")
-    assert "0.1 is the answer format only" in text and "0.5 the right numbers" in text and "up to 0.8" in text
+    # independently of the checker's constants: a tagged "1 + 2" for other numbers, an untagged one, tags alone
+    from tasks.countdown_check import check, partial_credit
+
+    def score(answer: str) -> float:
+        return partial_credit(answer, check([4, 5], 9, answer), 9)
+
+    assert (score("<answer>1 + 2</answer>"), score("1 + 2 = 3"), score("<answer>nine</answer>")) == (0.2, 0.1, 0.1)
+    assert (score("<answer>4 * 5</answer>"), score("<answer>5 - 4</answer>"), score("4 + 5")) == (0.5, 0.533333, 1.0)
+    assert "<answer> tags 0.1, plus 0.1 for an expression, 0.3 more for the right numbers" in text
+    assert "up to 0.3 more close to the target (at most 0.8), 1 solved" in text
+    assert "so 0.1 is the tags alone or an expression without them" in text
     assert "reward and exact are the same measure" in result.reading("lean")
     assert [result.duration(s) for s in (None, 41.4, 397, 7500)] == ["-", "41 s", "6 min 37 s", "2 h 05 min"]
 
