@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 
@@ -43,16 +42,6 @@ MEMBERS = [(11, 1), (11, -1), (12, 1), (13, 1)]
 SIGMA, RANK = 0.01, 4  # sigma large enough that every member answers otherwise than the center somewhere
 LOGPROB_TOL = 2e-4
 CENTER = [0, None, 1, 0.0, 0]  # the worker's ESWeights.current when it holds center 0
-
-
-@pytest.fixture(scope="module")
-def model_path() -> Path:
-    from weights.model import resolve_model
-
-    try:
-        return resolve_model(None)
-    except Exception as exc:  # noqa: BLE001 - any failure to get the default model skips, with why
-        pytest.skip(f"default model unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
