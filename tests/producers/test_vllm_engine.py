@@ -44,16 +44,6 @@ STEPS = {
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    from weights.model import resolve_model
-
-    try:
-        return resolve_model(None)
-    except Exception as exc:  # noqa: BLE001 - any failure to get the default model skips, with why
-        pytest.skip(f"default model unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
 def engine(model_path):
     from producers.vllm_engine import VLLMEngine
 
