@@ -76,7 +76,8 @@ async def sample_and_verify(engine, checkers: list, held: list[Theorem], setting
             for i, row in enumerate(outputs, start):
                 for k, s in enumerate(row):
                     timing.tokens += len(s.token_ids)
-                    queue.put_nowait((i, k, prompts.extract(held[i].task, s.text), len(s.token_ids)))
+                    answer = prompts.extract(held[i].task, s.text, settings.prompt_format)
+                    queue.put_nowait((i, k, answer, len(s.token_ids)))
         for _ in checkers:
             queue.put_nowait(None)
 

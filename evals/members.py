@@ -33,7 +33,7 @@ import orjson
 from producers.engine import Sampling
 from producers.engines import choose, make_engine
 from streams.settings import DefaultsFormatter
-from tasks.countdown import countdown_messages, countdown_problems, extract_countdown, reward
+from tasks.countdown import COUNTDOWN_FORMATS, countdown_messages, countdown_problems, extract_countdown, reward
 from tasks.prompts import tokenize
 from trainer.es import members_for, zscore
 from weights.model import resolve_model
@@ -79,12 +79,13 @@ def measure(args: argparse.Namespace) -> dict:
     problems = countdown_problems(args.batch, args.seed)
     engine = make_engine(choose(args.engine), resolve_model(args.model), dtype="float32")
     tokenizer = engine.tokenizer
-    prompts = [tokenize(tokenizer, countdown_messages(p.numbers, p.target)) for p in problems]
+    prompts = [tokenize(tokenizer, countdown_messages(p.numbers, p.target, args.prompt_format)) for p in problems]
     sampling = Sampling(n=1, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     half = len(problems) // 2
     out: dict = {"bench": "es-members", "population": args.population, "batch": args.batch,
                  "antithetic": args.antithetic, "temperature": args.temperature,
-                 "max_new_tokens": args.max_new_tokens, "engine": engine.name, "sigmas": {}}  # fmt: skip
+                 "max_new_tokens": args.max_new_tokens, "prompt_format": args.prompt_format, "engine": engine.name,
+                 "sigmas": {}}  # fmt: skip
     engine.es_use(0, None)
     started = time.monotonic()
     for sigma in args.sigma:
@@ -93,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict:
             engine.es_use(0, seed, sign, sigma)
             answers = [s[0].text for s in engine.generate(prompts, sampling)]
             texts.append(answers)
-            rewards.append([reward(p.numbers, p.target, extract_countdown(a))
+            rewards.append([reward(p.numbers, p.target, extract_countdown(a, args.prompt_format))
                             for p, a in zip(problems, answers, strict=True)])  # fmt: skip
         engine.es_use(0, None)
         means = [statistics.fmean(r) for r in rewards]
@@ -125,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--antithetic", action="store_true", help="mirrored member pairs (+eps, -eps); default off")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the trainer's es_temperature default")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most")
+    p.add_argument("--prompt-format", default="tinyzero", choices=COUNTDOWN_FORMATS, help="the Countdown prompt")
     p.add_argument("--engine", default="hf", help="hf | vllm | auto")
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     p.add_argument("--seed", type=int, default=0, help="the problems and the members' seeds follow from it")

@@ -59,7 +59,7 @@ class _Encoded:
 class SyntheticTokenizer:
     """What `tasks.prompts.tokenize` asks of a tokenizer: a chat template and an encoder."""
 
-    def apply_chat_template(self, chat: list[dict[str, str]], add_generation_prompt: bool, tokenize: bool) -> str:
+    def apply_chat_template(self, chat: list[dict[str, str]], tokenize: bool, **_template: bool) -> str:
         return "\n".join(m["content"] for m in chat)
 
     def __call__(self, text: str, add_special_tokens: bool = False) -> _Encoded:

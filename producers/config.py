@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from streams.settings import RoleSettings
+from tasks.countdown import COUNTDOWN_FORMATS
 from tasks.lean import LEAN_FORMATS
 from weights.model import DEFAULT_MODEL_NAME, default_cache_dir
 
@@ -38,7 +39,9 @@ class GeneratorSettings(RoleSettings):
         "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
     )  # fmt: skip
     max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
-    prompt_format: str = Field("kimina", description=f"Lean prompt format: {', '.join(LEAN_FORMATS)}")
+    prompt_format: Literal["kimina", "deepseek", "tinyzero", "equation"] = Field(
+        "kimina", description=f"prompt format: Lean {', '.join(LEAN_FORMATS)}; Countdown {', '.join(COUNTDOWN_FORMATS)}"
+    )
 
     name: str = Field(
         "", description="consumer name in the group", json_schema_extra={"default_text": "gen-<host>-<pid>"}

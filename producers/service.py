@@ -282,7 +282,7 @@ class GeneratorService:
         for i, (theorem, samples, ids) in enumerate(zip(theorems, outputs, prompt_ids, strict=True)):
             for k, sample in enumerate(samples):
                 grpo = order.algo == "grpo"
-                proof = prompts.extract(theorem.task, sample.text)
+                proof = prompts.extract(theorem.task, sample.text, self.settings.prompt_format)
                 attempts.append(
                     Attempt(
                         attempt_id=f"{work_id}:{i}:{k}",

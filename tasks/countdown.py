@@ -5,9 +5,19 @@ its own file for that reason); the reading of `<answer>` tags (`last_tagged`: ca
 the answer is found, exact there, where it is judged), `check` and the partial credit are imported from
 there, so each exists once.
 
-Prompt (TinyZero's format, used by the ES-at-scale paper): think in <think> tags, answer in <answer> tags;
-the attempt is the last <answer> block (without one, the text after the reasoning, which the verifier
-judges like any other answer, with less partial credit).
+Prompts (`COUNTDOWN_FORMATS`, the `prompt_format` setting):
+- `tinyzero` (the default): TinyZero's question, which the ES-at-scale paper's Countdown runs use: think in
+  <think> tags, answer in <answer> tags, "for example <answer> (1 + 2) / 3 </answer>". The default model
+  copies the example instead of answering (docs/NOTES.md, session 19).
+- `equation`: the same question without the thinking and the example, asking for the equation alone, and
+  the assistant's turn begun with "<answer> " (`PREFILLS`): the default model then writes an equation in
+  the problem's own numbers. The prefill is part of the prompt; the extraction reads it back in front of
+  the completion.
+
+The attempt is the last <answer>...</answer> block; else the first line after an <answer> the model opened
+and never closed (what the `equation` prompt's completions mostly are: "10 * 9 = 90\n\nThe answer is 90"),
+judged without the format credit; else the text after the reasoning, which the verifier judges like any
+other answer, with less partial credit.
 
 Problems: `countdown_problems` draws seeded solvable problems (with curricula); `parse_row` reads a dataset
 row (`numbers`, `target`, optional `id` and `solution`).
@@ -16,6 +26,7 @@ row (`numbers`, `target`, optional `id` and `solution`).
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from streams.theorems import Theorem
@@ -24,31 +35,47 @@ from tasks.countdown_check import check, last_tagged, partial_credit
 from tasks.problems import DataError, Problems
 
 MAX_COUNTDOWN_CHARS = 1000
+COUNTDOWN_FORMATS = ("tinyzero", "equation")
+PREFILLS = {"tinyzero": "", "equation": "<answer> "}  # how the assistant's turn begins
+# The last opening tag, like tasks._THINK_LAST: `.*` anchored at the start, linear in the text.
+_ANSWER_OPEN_LAST = re.compile(r"(?s:.*)<answer>", re.IGNORECASE)
 CURRICULA = (None, "easy", "ramp")
 _OPS = ("+", "-", "*", "/")
 
 # --- prompt, answer, reward -----------------------------------------------------------------------------
 
 
-def countdown_messages(numbers: list[int], target: int) -> list[dict[str, str]]:
-    prompt = (
+def countdown_messages(numbers: list[int], target: int, fmt: str = "tinyzero") -> list[dict[str, str]]:
+    """The chat that asks for an answer in prompt format `fmt`; with a prefill, the assistant's turn begun."""
+    task = (
         f"Using the numbers {list(numbers)}, create an equation that equals {target}. You can use basic "
-        "arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in "
-        "<think> </think> tags. And return the final answer in <answer> </answer> tags, for example "
-        "<answer> (1 + 2) / 3 </answer>."
+        "arithmetic operations (+, -, *, /) and each number can only be used once."
     )
-    return [{"role": "user", "content": prompt}]
+    if fmt == "tinyzero":
+        ask = (" Show your work in <think> </think> tags. And return the final answer in <answer> </answer> tags, "
+               "for example <answer> (1 + 2) / 3 </answer>.")  # fmt: skip
+    elif fmt == "equation":
+        ask = " Write only the equation, in <answer> </answer> tags."
+    else:
+        raise ValueError(f"unknown Countdown prompt format {fmt!r}: use one of {', '.join(COUNTDOWN_FORMATS)}")
+    chat = [{"role": "user", "content": task + ask}]
+    return chat + [{"role": "assistant", "content": PREFILLS[fmt]}] if PREFILLS[fmt] else chat
 
 
-def extract_countdown(text: str) -> str:
+def extract_countdown(text: str, fmt: str = "tinyzero") -> str:
     """The last <answer>...</answer> (after the reasoning, else anywhere), tags kept, the expression inside
-    stripped; without tags, the text after the reasoning, capped, for the verifier to judge (a missing
-    format earns less)."""
+    stripped; without one, the first line after an <answer> opened and never closed (no tags: no format
+    credit); else the text after the reasoning, capped, for the verifier to judge (a missing format earns
+    less). `text` is the completion; the prompt format's prefill is read in front of it."""
+    text = PREFILLS[fmt] + text
     found = last_tagged(after_reasoning(text), ignore_case=True)
     found = last_tagged(text, ignore_case=True) if found is None else found
     if found is not None:  # the tags stay: the verifier's partial credit counts the format
         return f"<answer>{found.strip()[:MAX_COUNTDOWN_CHARS]}</answer>"
-    return after_reasoning(text).strip()[:MAX_COUNTDOWN_CHARS]
+    tail = after_reasoning(text)
+    if (opened := _ANSWER_OPEN_LAST.match(tail)) is not None:
+        return tail[opened.end() :].strip().split("\n", 1)[0].strip()[:MAX_COUNTDOWN_CHARS]
+    return tail.strip()[:MAX_COUNTDOWN_CHARS]
 
 
 def reward(numbers: list[int], target: int, answer: str) -> float:

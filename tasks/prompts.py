@@ -12,26 +12,44 @@ from streams.theorems import Theorem
 from tasks import countdown, lean
 
 
+def task_format(task: str, fmt: str) -> str:
+    """The prompt format of `task` that the `prompt_format` setting `fmt` names: one of the task's own
+    (Lean: tasks.lean.LEAN_FORMATS; Countdown: tasks.countdown.COUNTDOWN_FORMATS), or the task's default
+    where `fmt` is another task's (the setting's default, `kimina`, is Countdown's `tinyzero`)."""
+    formats = {"lean": lean.LEAN_FORMATS, "countdown": countdown.COUNTDOWN_FORMATS}
+    if task not in formats:
+        raise ValueError(f"no prompt format for task {task!r}")
+    if fmt in formats[task]:
+        return fmt
+    if any(fmt in names for names in formats.values()):
+        return formats[task][0]
+    known = ", ".join(name for names in formats.values() for name in names)
+    raise ValueError(f"unknown prompt format {fmt!r}: use one of {known}")
+
+
 def messages(theorem: Theorem, fmt: str = "kimina") -> list[dict[str, str]]:
-    """The chat messages that ask for an attempt at `theorem`; `fmt` is the Lean prompt format
-    (tasks.lean.LEAN_FORMATS), which Countdown's single format ignores."""
+    """The chat messages that ask for an attempt at `theorem` in prompt format `fmt` (`task_format`); a
+    chat that ends with the assistant's turn begun (a prefill) is continued, not answered."""
+    fmt = task_format(theorem.task, fmt)
     if theorem.task == "countdown":
-        return countdown.countdown_messages(theorem.numbers, theorem.target)
-    if theorem.task != "lean":
-        raise ValueError(f"no prompt format for task {theorem.task!r}")
+        return countdown.countdown_messages(theorem.numbers, theorem.target, fmt)
     return lean.messages(theorem, fmt)
 
 
-def extract(task: str, text: str) -> str:
-    """The attempt in a completion `text` for a theorem of `task`."""
+def extract(task: str, text: str, fmt: str = "kimina") -> str:
+    """The attempt in a completion `text` for a theorem of `task`, asked in prompt format `fmt`."""
     if task == "lean":
         return lean.extract_lean(text)
     if task == "countdown":
-        return countdown.extract_countdown(text)
+        return countdown.extract_countdown(text, task_format(task, fmt))
     raise ValueError(f"no extraction for task {task!r}")
 
 
 def tokenize(tokenizer: Any, chat: list[dict[str, str]]) -> list[int]:
-    """Token ids of `chat` under the model's chat template, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    """Token ids of `chat` under the model's chat template, ready for the assistant's turn; a chat ending
+    with an assistant message (a prefill) is left open for the model to continue."""
+    if chat[-1]["role"] == "assistant":
+        text = tokenizer.apply_chat_template(chat, continue_final_message=True, tokenize=False)
+    else:
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False).input_ids)

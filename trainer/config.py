@@ -97,7 +97,10 @@ class TrainerSettings(RoleSettings):
         "1.0 stalled on one (docs/results/sweep-grpo)",
     )  # fmt: skip
     max_new_tokens: int = Field(96, ge=1, description="tokens a sample may generate at most")
-    prompt_format: str = Field("kimina", description="Lean prompt format (kimina, deepseek); Countdown has one")
+    prompt_format: Literal["kimina", "deepseek", "tinyzero", "equation"] = Field(
+        "kimina", description="prompt format: Lean kimina, deepseek; Countdown tinyzero, equation (another task's "
+        "name: the task's default)",
+    )  # fmt: skip
 
     # ES
     preset: Literal["cpu", "paper"] = Field("cpu", description="cpu: N=8; paper: N=30 (sigma, alpha as the paper)")

@@ -64,6 +64,16 @@ def test_unprompted_real_outputs_give_a_block_of_the_output_or_nothing(hf_engine
             assert attempt == "" or ("```" not in attempt and attempt in s.text)
 
 
+def test_a_prefilled_chat_is_left_open_for_the_model(hf_engine):
+    """The real chat template: a chat ending with the assistant's message (the `equation` prompt's "<answer> ")
+    is continued, not closed; one ending with the user's asks for the assistant's turn."""
+    t = COUNTDOWN[0]
+    opened = hf_engine.tokenizer.decode(prompts.tokenize(hf_engine.tokenizer, prompts.messages(t, "equation")))
+    asked = hf_engine.tokenizer.decode(prompts.tokenize(hf_engine.tokenizer, prompts.messages(t, "tinyzero")))
+    assert opened.endswith("<|im_end|>\n<|im_start|>assistant\n<answer> ") and opened.count("<|im_end|>") == 2
+    assert asked.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_countdown_attempts_from_real_outputs_are_judged(hf_engine):
     from producers.engine import Sampling
 

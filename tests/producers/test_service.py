@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import time
 
@@ -268,6 +269,37 @@ async def test_grpo_attempts_carry_packed_tokens_logprobs_and_prompt(one_redis, 
         assert len(tokens) == len(logprobs) == a.num_tokens > 0
         assert (logprobs <= 0).all()
         assert unpack_int32(a.prompt_ids).tolist() == prompt
+
+
+async def test_a_prompt_with_a_prefill_is_continued_and_read_back_in_front_of_the_completion(
+    one_redis, engine, monkeypatch
+):
+    """`prompt_format = "equation"`: the assistant's turn is begun with "<answer> " and the model continues it;
+    the attempt is read from the prefill and the completion together (the first line after the opened tag),
+    not from the completion alone. The model's real completion gets a second line, as the default model's
+    often have ("3 + 5 = 8\n\nThe answer is 8."), so the two readings differ."""
+    real, said = engine.generate, []
+
+    def with_a_second_line(prompt_ids, sampling):
+        rows = real(prompt_ids, sampling)
+        said.extend(s.text for row in rows for s in row)
+        return [[dataclasses.replace(s, text=s.text + "\n\nThe answer is 8.") for s in row] for row in rows]
+
+    monkeypatch.setattr(engine, "generate", with_a_second_line)
+    await register(one_redis, KEYS, THEOREMS[:1])
+    greedy = {"max_new_tokens": 24, "temperature": 0.0}
+    order = WorkOrder("w-eq", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=greedy)
+    await publish(one_redis, order)
+    async with serving(one_redis, engine, prompt_format="equation"):
+        (got,) = await until(lambda: _n(one_redis, 1))
+    prompt = engine.tokenizer.decode(unpack_int32(got.prompt_ids).tolist())
+    assert prompt.endswith("<|im_start|>assistant\n<answer> ") and "Write only the equation" in prompt
+    (completion,) = said
+    if "</answer>" in completion.lower():
+        expected = "<answer>" + completion[: completion.lower().index("</answer>")].strip() + "</answer>"
+    else:
+        expected = completion.strip().split("\n")[0].strip()
+    assert got.proof == expected and expected
 
 
 async def test_stale_orders_are_skipped_and_counted_fresh_ones_use_the_announced_history(one_redis, engine):

@@ -29,8 +29,9 @@ def test_prompt_formats_carry_the_statement_as_given():
     (deepseek,) = prompts.messages(t, "deepseek")
     assert deepseek["content"].startswith("Complete the following Lean 4 code:\n\n```lean4\nimport Mathlib")
     assert deepseek["content"].endswith(lean.DEEPSEEK_PLAN)
-    with pytest.raises(ValueError, match="unknown Lean prompt format"):
+    with pytest.raises(ValueError, match="unknown prompt format 'gpt'"):
         prompts.messages(t, "gpt")
+    assert prompts.messages(t, "equation") == kimina  # Countdown's format names Lean's default
 
 
 def test_extraction_takes_the_last_block_after_the_reasoning():
@@ -43,6 +44,29 @@ def test_extraction_takes_the_last_block_after_the_reasoning():
         countdown.extract_countdown("<think>x</think> <answer> (1 + 2) * 3 </answer>") == "<answer>(1 + 2) * 3</answer>"
     )
     assert countdown.extract_countdown("<think>x</think> 1 + 2 = 3") == "1 + 2 = 3"
+
+
+def test_countdown_prompt_formats():
+    """`tinyzero` asks for thinking and tags with an example; `equation` asks for the equation alone and begins
+    the assistant's turn with "<answer> ", which the extraction reads back in front of the completion."""
+    t = Theorem("cd", "countdown", numbers=[10, 9], target=90)
+    (tinyzero,) = prompts.messages(t, "tinyzero")
+    assert prompts.messages(t) == prompts.messages(t, "deepseek") == [tinyzero]  # Lean's names: the default
+    assert "<think> </think>" in tinyzero["content"] and "(1 + 2) / 3" in tinyzero["content"]
+    user, prefill = prompts.messages(t, "equation")
+    assert user["content"].startswith("Using the numbers [10, 9], create an equation that equals 90.")
+    assert "example" not in user["content"] and "<think>" not in user["content"]
+    assert prefill == {"role": "assistant", "content": "<answer> "}
+    with pytest.raises(ValueError, match="unknown prompt format"):
+        prompts.messages(t, "Equation")
+    # The completion of a prefilled turn: the opened tag's first line, no format credit (no tags kept).
+    assert prompts.extract("countdown", "10 * 9 = 90\n\nThe answer is: 90", "equation") == "10 * 9 = 90"
+    assert prompts.extract("countdown", "\n10 * 9 </answer>\nmore", "equation") == "<answer>10 * 9</answer>"
+    # The same completion asked without a prefill is judged as a whole.
+    assert prompts.extract("countdown", "10 * 9 = 90\n\nThe answer is: 90") == "10 * 9 = 90\n\nThe answer is: 90"
+    # An opened tag without a prefill, too; a closed pair anywhere wins over a later opened one.
+    assert countdown.extract_countdown("<think>x</think> <answer> 9 * 10\nso 90") == "9 * 10"
+    assert countdown.extract_countdown("<answer>1 + 2</answer> then <answer> 3") == "<answer>1 + 2</answer>"
 
 
 # --- untrusted text: the answers of the regexes these replaced, in linear time ---------------------------
@@ -104,7 +128,8 @@ def _adversarial(size: int) -> dict[str, tuple[str, str, str]]:
     """name -> (model text of about `size` characters, task, the attempt extracted from it, by hand)."""
     k = size // 17
     return {
-        "unclosed answer tags": ("<answer>" * (size // 8), "countdown", "<answer>" * 125),  # capped text
+        "unclosed answer tags": ("<answer>" * (size // 8), "countdown", ""),  # the line after the last one
+        "an unclosed answer's long line": ("<answer> " + "1+" * (size // 2), "countdown", "1+" * 500),  # capped
         "nested answer tags": (
             "<answer>" * k + "1" + "</answer>" * k,
             "countdown",
