@@ -12,6 +12,7 @@ from pydantic import Field
 from streams.settings import RoleSettings
 from tasks.countdown import COUNTDOWN_FORMATS
 from tasks.lean import LEAN_FORMATS
+from tasks.prompts import PromptFormat
 from weights.model import DEFAULT_MODEL_NAME, default_cache_dir
 
 
@@ -39,7 +40,7 @@ class GeneratorSettings(RoleSettings):
         "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
     )  # fmt: skip
     max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
-    prompt_format: Literal["kimina", "deepseek", "tinyzero", "equation"] = Field(
+    prompt_format: PromptFormat = Field(
         "kimina", description=f"prompt format: Lean {', '.join(LEAN_FORMATS)}; Countdown {', '.join(COUNTDOWN_FORMATS)}"
     )
 

@@ -6,10 +6,13 @@ extraction (tasks.lean, tasks.countdown). A new task adds a branch to `messages`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from streams.theorems import Theorem
 from tasks import countdown, lean
+
+PROMPT_FORMATS = lean.LEAN_FORMATS + countdown.COUNTDOWN_FORMATS
+PromptFormat = Literal[PROMPT_FORMATS]  # the `prompt_format` setting's values (trainer, generator)
 
 
 def task_format(task: str, fmt: str) -> str:
@@ -23,8 +26,7 @@ def task_format(task: str, fmt: str) -> str:
         return fmt
     if any(fmt in names for names in formats.values()):
         return formats[task][0]
-    known = ", ".join(name for names in formats.values() for name in names)
-    raise ValueError(f"unknown prompt format {fmt!r}: use one of {known}")
+    raise ValueError(f"unknown prompt format {fmt!r}: use one of {', '.join(PROMPT_FORMATS)}")
 
 
 def messages(theorem: Theorem, fmt: str = "kimina") -> list[dict[str, str]]:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from streams.settings import RoleSettings, shown_default
+from tasks.prompts import PromptFormat
 from weights.model import DEFAULT_MODEL_NAME
 
 # ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
@@ -97,7 +98,7 @@ class TrainerSettings(RoleSettings):
         "1.0 stalled on one (docs/results/sweep-grpo)",
     )  # fmt: skip
     max_new_tokens: int = Field(96, ge=1, description="tokens a sample may generate at most")
-    prompt_format: Literal["kimina", "deepseek", "tinyzero", "equation"] = Field(
+    prompt_format: PromptFormat = Field(
         "kimina", description="prompt format: Lean kimina, deepseek; Countdown tinyzero, equation (another task's "
         "name: the task's default)",
     )  # fmt: skip
