@@ -24,11 +24,12 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from streams import run_dir
 from streams.codec import decode
 from streams.keys import Keys
 from streams.schema import Attempt, Reward, SchemaError
 
-FOLDER = "samples"
+FOLDER = run_dir.SAMPLES
 # A sample keeps at most this much of the model's text and of the proof (a completion of the default model is
 # ~0.3 KB, a Lean prover's a few KB): an attempt of megabytes costs its trace no more than this.
 MAX_TEXT_CHARS = 64 * 1024

@@ -1,0 +1,71 @@
+"""A run directory's layout: the files the trainer writes there and the tools (ops, evals) read, named once.
+
+    <run dir>/
+      run.json              INFO: the settings and start of the trainer that runs it (written at each start)
+      report.json           REPORT: written at the end: settings, version, counts, evaluations, wall time
+      metrics.jsonl         METRICS: one record a version (an update) or an evaluation (`"eval": true`), in order
+      reward.png, staleness.png, throughput.png   PLOTS, drawn from metrics.jsonl at the end
+      samples/              SAMPLES: the judged attempts, v<version>.jsonl.gz (streams/samples.py)
+      logs/                 LOGS: the local pipeline's roles' logs (trainer/local.py)
+      redis/                REDIS: the local pipeline's Redis data; reopened by `ops open` and evals
+      tensorboard/, mlflow.json   TENSORBOARD, MLFLOW: the trackers (trainer/metrics.py)
+      policy/, checkpoints/ POLICY, CHECKPOINTS: GRPO's weights folders and trainer checkpoints
+
+A folder holds a run when it has any of INFO, REPORT or METRICS (`holds_run`); the sub-folders above are parts
+of a run, never runs of their own (`PARTS`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+INFO = "run.json"
+REPORT = "report.json"
+METRICS = "metrics.jsonl"
+PLOTS = ("reward.png", "staleness.png", "throughput.png")
+SAMPLES = "samples"
+LOGS = "logs"
+REDIS = "redis"
+TENSORBOARD = "tensorboard"
+MLFLOW = "mlflow.json"
+POLICY = "policy"
+CHECKPOINTS = "checkpoints"
+PARTS = frozenset({SAMPLES, LOGS, REDIS, TENSORBOARD, POLICY, CHECKPOINTS})
+
+
+def holds_run(folder: Path) -> bool:
+    """The folder is a run directory: it has run.json, report.json or metrics.jsonl."""
+    return any((folder / name).is_file() for name in (INFO, REPORT, METRICS))
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file (run.json, report.json, mlflow.json); None where it is missing, unreadable or not an
+    object."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A metrics.jsonl's records, in the order written (none if it does not exist). `path` is the file or the
+    run directory holding it."""
+    if path.is_dir():
+        path = path / METRICS
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def update_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of policy updates (one a version), without the evaluations."""
+    return [r for r in records if not r.get("eval") and "version" in r]
+
+
+def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of held-out evaluations, in the order written."""
+    return [r for r in records if r.get("eval")]
