@@ -6,7 +6,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from trainer.curves import SAMPLES_LABEL, pyplot
+from trainer.curves import SAMPLES_LABEL
+from trainer.plots import pyplot
+from trainer.plots import save as save_png
 
 __all__ = ["X_LABEL", "mean_band", "pyplot", "save"]
 
@@ -31,7 +33,4 @@ def save(plt: Any, fig: Any, ax: Any, path: Path, title: str, ylabel: str, legen
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)

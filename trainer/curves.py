@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.metrics import read_records, update_records
+from trainer.plots import pyplot, save
 
 SAMPLES_LABEL = "training samples (generated attempts used by updates)"
 WALL_LABEL = "wall time (minutes since the trainer started)"
@@ -49,18 +50,6 @@ def run_curve(run_dir: Path, started: float | None = None) -> list[dict[str, Any
     return curve(read_records(run_dir / "metrics.jsonl"), started)
 
 
-def pyplot() -> Any | None:
-    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed (no plot then)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
 def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | None = None) -> Path | None:
     """One figure, two panels: held-out reward (solid, o) and exact success (dashed, ^) of each run against
     training samples (left) and wall time (right). `runs`: [{"label", "curve", "color" (optional)}].
@@ -86,7 +75,4 @@ def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | 
         ax.grid(alpha=0.3)
     by_samples.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)

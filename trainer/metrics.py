@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from streams import letters
 from streams.groups import group_states
 from streams.keys import GENERATORS, VERIFIERS, Keys
+from trainer.plots import pyplot, save
 
 # Each figure's colour in the plots (matplotlib's tab10, the colours its default cycle gave them), and on the
 # dashboard, which takes them from here (ops/dashboard.py): one figure, one colour, everywhere.
@@ -165,12 +166,7 @@ class MetricsSink:
 
     def plots(self) -> list[Path]:
         """reward.png, staleness.png, throughput.png from metrics.jsonl. [] when matplotlib is missing."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
+        if (plt := pyplot()) is None:
             log.warning("no_plots", reason="matplotlib is not installed")
             return []
         records = self.records()
@@ -194,7 +190,7 @@ class MetricsSink:
         ax.set_ylabel("reward")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        out.append(_save(fig, self.run_dir / "reward.png"))
+        out.append(save(fig, self.run_dir / "reward.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4))
         lags = sorted({int(k) for r in updates for k in r.get("staleness", {})})
@@ -208,7 +204,7 @@ class MetricsSink:
         ax.set_title("staleness of the members each update used")
         if lags:
             ax.legend(fontsize=8)
-        out.append(_save(fig, self.run_dir / "staleness.png"))
+        out.append(save(fig, self.run_dir / "staleness.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4))
         if updates:
@@ -224,17 +220,8 @@ class MetricsSink:
         ax.set_xlabel("policy version")
         ax.set_ylabel("rewards/s")
         ax.legend(loc="upper left", fontsize=8)
-        out.append(_save(fig, self.run_dir / "throughput.png"))
+        out.append(save(fig, self.run_dir / "throughput.png"))
         return out
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
 
 
 def _tensorboard(run_dir: Path) -> TensorBoardLog | None:
