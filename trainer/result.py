@@ -107,9 +107,11 @@ def summary(settings: dict[str, Any], *, version: int | None, counts: dict[str, 
 
 
 def duration(seconds: float | None) -> str:
-    """`6 min 37 s`, `2 h 05 min`, `41 s`; `-` when unknown."""
+    """The project's one way to say how long: `350 ms`, `41 s`, `6 min 37 s`, `2 h 05 min`; `-` when unknown."""
     if seconds is None:
         return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
     s = int(round(seconds))
     if s < 60:
         return f"{s} s"

@@ -74,7 +74,13 @@ def test_the_reading_says_what_countdowns_shaped_credit_means():
     assert "up to 0.3 more close to the target (at most 0.8), 1 solved" in text
     assert "so 0.1 is the tags alone or an expression without them" in text
     assert "reward and exact are the same measure" in result.reading("lean")
-    assert [result.duration(s) for s in (None, 41.4, 397, 7500)] == ["-", "41 s", "6 min 37 s", "2 h 05 min"]
+    assert [result.duration(s) for s in (None, 0.35, 41.4, 397, 7500)] == [
+        "-",
+        "350 ms",
+        "41 s",
+        "6 min 37 s",
+        "2 h 05 min",
+    ]
 
 
 def test_a_run_that_ends_at_its_best_names_no_other_best():
