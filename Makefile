@@ -46,7 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m ops bench wire --json
 
 # On a machine with a GPU: the real pipeline and the benches on it, to docs/results/gpu/<gpu>-<date>.json
-# (ops/gpu_full.py). GPU_ARGS="--device cpu" rehearses it here; an offline GPU box: ops/gpu/box.sh.
+# (ops/gpu/full.py). GPU_ARGS="--device cpu" rehearses it here; an offline GPU box: ops/gpu/box.sh.
 GPU_ARGS ?=
 gpu-check: $(STAMP)
 	$(BIN)/python -m ops.gpu_check --full $(GPU_ARGS)

@@ -1,6 +1,6 @@
 """`python -m ops`: the operator's view of a run, from the same Redis the roles use.
 
-    python -m ops run                          the run's result first (ops/runs.py), then its health
+    python -m ops run                          the run's result first (ops/views/runs.py), then its health
     python -m ops runs [--dir runs]            the runs in a folder, from their files (no Redis)
     python -m ops compare R1 R2 ... [--plot P] runs side by side: table, differences, one plot
     python -m ops theorem ID                   one problem of the run, as the verifier judges it
@@ -10,22 +10,22 @@
     python -m ops dlq requeue ID|--all         put the original back on its stream, delete the letter
     python -m ops dlq purge ID|--all --yes     delete dead letters
     python -m ops tail STREAM [--count N] [--follow]
-    python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/verdicts.py)
+    python -m ops verdicts clear --run R       delete a finished run's verdict cache (ops/views/verdicts.py)
     python -m ops verdicts reasons             the newest verdicts counted, refusals by reason and rule
     python -m ops open --run-dir DIR           serve a finished local run's Redis (a copy) for redis-cli
-    python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/dashboard.py)
+    python -m ops dashboard [--port P]         the run's live page on 127.0.0.1 (ops/views/dashboard.py)
     python -m ops samples [--version V] [--verdict X] [--theorem ID] [--text REGEX] [-n N]
                                                judged attempts: problem, text, proof, verdict (the run dir's
                                                traces with --run-dir, else the streams' history)
-    python -m ops bench wire [--json]          (ops/bench_wire.py)
-    python -m ops bench generator [--json]     (ops/bench_generator.py)
-    python -m ops bench es [--json]            (ops/bench_es.py)
-    python -m ops bench es-throughput [--json] (ops/bench_es_throughput.py)
-    python -m ops bench grpo [--json]          (ops/bench_grpo.py)
-    python -m ops bench verifier [--json]      (ops/bench_verifier.py)
+    python -m ops bench wire [--json]          (ops/bench/wire.py)
+    python -m ops bench generator [--json]     (ops/bench/generator.py)
+    python -m ops bench es [--json]            (ops/bench/es.py)
+    python -m ops bench es-throughput [--json] (ops/bench/es_throughput.py)
+    python -m ops bench grpo [--json]          (ops/bench/grpo.py)
+    python -m ops bench verifier [--json]      (ops/bench/verifier.py)
 
 Shared flags (`--run`, `--redis-url`, `--run-dir`, `--config`, `--json`, ...) go before or after the command.
-`--run-dir DIR` reads a finished local run from its directory instead of a live Redis (ops/finished.py). Text by
+`--run-dir DIR` reads a finished local run from its directory instead of a live Redis (ops/views/finished.py). Text by
 default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
 1 Redis or the operation failed, 2 bad usage or configuration.
 """
@@ -48,24 +48,9 @@ from pydantic import Field
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from ops import (
-    bench_es,
-    bench_es_throughput,
-    bench_generator,
-    bench_grpo,
-    bench_pipeline,
-    bench_verifier,
-    bench_wire,
-    dashboard,
-    dlq,
-    finished,
-    inspect,
-    judged,
-    runs,
-    text,
-    verdicts,
-)
-from ops.text import emit, fail
+from ops.bench import es, es_throughput, generator, grpo, pipeline, verifier, wire
+from ops.views import dashboard, dlq, finished, inspect, judged, runs, text, verdicts
+from ops.views.text import emit, fail
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
@@ -145,7 +130,7 @@ async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
 
 
 async def cmd_dashboard(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
-    """The run's live page (ops/dashboard.py) until Ctrl-C or SIGTERM."""
+    """The run's live page (ops/views/dashboard.py) until Ctrl-C or SIGTERM."""
     return await dashboard.serve(redis, keys, args, _stop_on_signals())
 
 
@@ -254,15 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (flags go after the benchmark's name)")
     benches = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    for module in (
-        bench_wire,
-        bench_generator,
-        bench_es,
-        bench_es_throughput,
-        bench_grpo,
-        bench_pipeline,
-        bench_verifier,
-    ):
+    for module in (wire, generator, es, es_throughput, grpo, pipeline, verifier):
         module.add_parser(benches)
     return parser
 

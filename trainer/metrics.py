@@ -23,7 +23,7 @@ from streams.keys import GENERATORS, VERIFIERS, Keys
 from trainer.plots import pyplot, save
 
 # Each figure's colour in the plots (matplotlib's tab10, the colours its default cycle gave them), and on the
-# dashboard, which takes them from here (ops/dashboard.py): one figure, one colour, everywhere.
+# dashboard, which takes them from here (ops/views/dashboard.py): one figure, one colour, everywhere.
 COLORS = {"reward_mean": "#1f77b4", "pass_rate": "#ff7f0e", "held_out_reward": "#2ca02c",
           "held_out_exact": "#d62728", "rewards_per_s": "#1f77b4", "generator_tokens_per_s": "#ff7f0e"}  # fmt: skip
 DLQ_SCAN = 1_000  # the newest dead letters counted by reason in each version's metrics (the total is XLEN)

@@ -64,13 +64,13 @@ log = structlog.get_logger("verifier_pool.docker")
 LABEL_SANDBOX = "proofstream.sandbox"
 LABEL_OWNER = "proofstream.owner"
 LABEL_SANDBOX_ID = "proofstream.sandbox_id"
-CHECKER_IMAGE = "proofstream-checker:latest"  # ops/images/checker/Dockerfile, built by ops/docker_setup.sh
-LEAN_IMAGE = "proofstream-lean:latest"  # ops/images/lean/Dockerfile
+CHECKER_IMAGE = "proofstream-checker:latest"  # ops/deploy/images/checker/Dockerfile, built by ops/deploy/docker_setup.sh
+LEAN_IMAGE = "proofstream-lean:latest"  # ops/deploy/images/lean/Dockerfile
 COUNTDOWN_ARGV = ("python3", "-m", "tasks.countdown_check")  # in the checker image
 LEAN_REPL_ARGV = ("lean-repl",)  # in the Lean image: the REPL with Mathlib's search path, cwd the project
 NOBODY = "65534:65534"
 
-_SETUP_HINT = "run ops/docker_setup.sh (installs docker.io, starts dockerd, builds the local images)"
+_SETUP_HINT = "run ops/deploy/docker_setup.sh (installs docker.io, starts dockerd, builds the local images)"
 _STDOUT_BUFFER_BYTES = 256 * 1024  # unread stdout above 2x this pauses reading the attach socket
 _FRAME_HEADER = 8
 _DAEMON_STATS_INTERVAL_S = 5.0  # the daemon's stats can take a second: asked in the background, this seldom

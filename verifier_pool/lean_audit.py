@@ -14,7 +14,7 @@ The steps, after the REPL's own answers said proved (LeanChecker):
    `pickleCommandSnapshot`; the file is `CommandSnapshot.pickle`'s `(imports, constants added after them,
    ...)`). Take that file out of the REPL's sandbox (`Sandbox.take_file`: read and removed, so that no
    earlier check's pickle can be served for a later one), at most MAX_PICKLE_BYTES.
-2. Send it, with our header and canonical statement, to `lean-audit` (ops/images/lean/audit/Main.lean) in an
+2. Send it, with our header and canonical statement, to `lean-audit` (ops/deploy/images/lean/audit/Main.lean) in an
    audit sandbox of its own, replaced after every audit. The program elaborates our statement itself, reads
    the pickle's constants as data, replays all of them through the kernel (lean4checker's
    `Environment.replay'`) and reports facts: the theorem's kind, whether its type equals the canonical one,
@@ -50,7 +50,7 @@ log = structlog.get_logger("verifier_pool.lean_audit")
 
 PROTOCOL = "proofstream-audit/1"
 AUDIT_HANDSHAKE = Handshake({"hello": PROTOCOL}, {"hello": PROTOCOL})
-AUDIT_ARGV = ("lean-audit",)  # in the Lean image, with the REPL's search path (ops/images/lean/Dockerfile)
+AUDIT_ARGV = ("lean-audit",)  # in the Lean image, with the REPL's search path (ops/deploy/images/lean/Dockerfile)
 PICKLE_PATH = "/tmp/proofstream-env.olean"  # in the REPL's sandbox; its /tmp is private to it
 # A pickle holds the constants the proof added, proof terms included: tens of KB for competition proofs.
 # Hex doubles it on the wire to the audit.

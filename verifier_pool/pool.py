@@ -22,12 +22,12 @@ COUNTDOWN_HANDSHAKE = Handshake(
     countdown_check.HANDSHAKE_REQUEST,
     {**countdown_check.HANDSHAKE_REPLY, "digest": countdown_check.CHECKER_DIGEST},
     hint="a checker other than this checkout's tasks/countdown_check.py (an image built from older code?): "
-    "rebuild it with `bash ops/docker_setup.sh` (or ops/images/build.sh)",
+    "rebuild it with `bash ops/deploy/docker_setup.sh` (or ops/deploy/images/build.sh)",
 )
 
 NO_LEAN = (
     "the lean task needs a Lean REPL and none is configured. Ways to get one: (1) Docker: build the image "
-    "`docker build -t proofstream-lean ops/images/lean` and set sandbox = 'docker'; (2) a local toolchain: "
+    "`docker build -t proofstream-lean ops/deploy/images/lean` and set sandbox = 'docker'; (2) a local toolchain: "
     "set lean_repl_cmd = ['lake', 'env', 'repl'] and lean_workdir to a Mathlib project with the REPL; "
     "(3) a kimina-lean-server: set sandbox = 'kimina' and kimina_url."
 )

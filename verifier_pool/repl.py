@@ -45,7 +45,7 @@ class Handshake:
 
 # The Lean REPL answers a command naming an unknown env before elaborating anything (REPL/Main.lean,
 # `runCommand`: `if notFound then return .inr ⟨"Unknown environment."⟩`), so this costs no Lean work and
-# no env id. The fake REPL (tests/fixtures/fake_repl.py) answers it the same way.
+# no env id. The synthetic REPL (ops/bench/synthetic_repl.py) answers it the same way.
 LEAN_HANDSHAKE = Handshake({"cmd": "", "env": 2**31 - 1}, {"message": "Unknown environment."})
 
 

@@ -8,7 +8,7 @@
 #
 # What stays between the calls lives in $KEEP (default /root/keep), outside the checkout. A call's limit is
 # shorter than the whole check: `run --skip benches` and then `run --skip checks es grpo sharded` add to one
-# JSON (ops/gpu_full.py merges a rerun of the same commit into the file). Every step runs under `timeout`.
+# JSON (ops/gpu/full.py merges a rerun of the same commit into the file). Every step runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEP=${KEEP:-/root/keep}

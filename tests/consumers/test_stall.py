@@ -1,9 +1,9 @@
 """A verifier worker stalled mid-check (SIGSTOP past the proof's timeout, then SIGCONT) gives the attempt its
-real verdict, never `timeout` (issue 12, item 3); with a second worker that reclaims the attempt meanwhile,
-still exactly one reward, with the real verdict (item 5).
+real verdict, never `timeout`; with a second worker that reclaims the attempt meanwhile, still exactly one
+reward, with the real verdict.
 
 Real worker processes (`verifier_worker.py`: the real VerifierService), a real Redis, the process sandbox
-(bubblewrap or unshare) running the REPL test double (tests/fixtures/fake_repl.py; it says nothing about Lean)
+(bubblewrap or unshare) running the REPL test double (ops/bench/synthetic_repl.py; it says nothing about Lean)
 with its `FIXTURE:slow=<s>` and `FIXTURE:hang` markers. "Mid-check" is observed, not guessed: the worker is
 stopped once its sandboxed checker sleeps inside the proof's request (the kernel's wait channel of the
 checker process says `nanosleep`). The durations of the stops are the scenario ("past the timeout"), not
@@ -29,6 +29,7 @@ from streams.publisher import Publisher
 from streams.runtime import ensure_group
 from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
+from tests.fixtures import FAKE_REPL
 from verifier_pool import process
 
 pytestmark = [
@@ -46,8 +47,8 @@ PROOF_TIMEOUT_S = 2.0
 def spawn(redis_url: str, run: str, log: Path, **settings) -> subprocess.Popen:
     env = {**os.environ, "PROOFSTREAM_REDIS_URL": redis_url, "PROOFSTREAM_RUN": run,
            "PROOFSTREAM_LOG_LEVEL": "info", "PROOFSTREAM_SANDBOX": "process", "PROOFSTREAM_CONCURRENCY": "1",
-           "PROOFSTREAM_TASKS": '["lean"]', "PROOFSTREAM_LEAN_WORKDIR": str(FIXTURES),
-           "PROOFSTREAM_LEAN_REPL_CMD": json.dumps(["/usr/bin/python3", "-I", str(FIXTURES / "fake_repl.py")]),
+           "PROOFSTREAM_TASKS": '["lean"]', "PROOFSTREAM_LEAN_WORKDIR": str(ROOT),
+           "PROOFSTREAM_LEAN_REPL_CMD": json.dumps(["/usr/bin/python3", "-I", str(FAKE_REPL)]),
            "PROOFSTREAM_PROOF_TIMEOUT_S": str(PROOF_TIMEOUT_S), "PROOFSTREAM_HEADER_TIMEOUT_S": "20",
            "PROOFSTREAM_MEMORY_LIMIT_MB": "1024",
            "PROOFSTREAM_LEAN_AUDIT_CMD": json.dumps(["/usr/bin/python3", str(FIXTURES / "fake_audit.py")])}  # fmt: skip
@@ -97,7 +98,7 @@ def checker_sleeping_in_a_request(worker: int) -> bool:
     for pid in descendants(worker):
         try:
             if (
-                b"fake_repl" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                FAKE_REPL.name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
                 and "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
             ):
                 return True

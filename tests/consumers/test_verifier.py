@@ -18,7 +18,7 @@ import redis as redis_sync
 
 from consumers.service import VerifierService
 from consumers.verifier import VerifyHandler, verdict_digest
-from ops import health
+from ops.deploy import health
 from streams.codec import decode
 from streams.groups import group_states
 from streams.keys import VERIFIERS
@@ -26,6 +26,7 @@ from streams.publisher import Publisher
 from streams.runtime import Delivery
 from streams.schema import Attempt, DeadLetter, Reward
 from streams.theorems import Theorem, register
+from tests import fixtures
 from verifier_pool import docker_backend, process
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
@@ -36,7 +37,7 @@ from verifier_pool.sandbox import SandboxUnavailable
 
 pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
 
-FAKE_REPL = str(Path(__file__).resolve().parent.parent / "fixtures" / "fake_repl.py")
+FAKE_REPL = str(fixtures.FAKE_REPL)
 STATEMENT = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by"
 HEADER = "import Mathlib\nimport Aesop\n\nset_option maxHeartbeats 400000\n"
 # The consumer's plumbing is under test here; the second line has its own (tests/verifier_pool/test_lean_audit.py).

@@ -1,7 +1,7 @@
 """The compose stack, for real: compose.yaml + compose.cpu.yaml brought up with the images that
-ops/docker_setup.sh builds (ops/images/build.sh), a short Countdown ES run on the hf engine, rewards checked in
-the stack's own Redis and in the trainer's report, and everything removed again (containers, network, volumes),
-also when an assertion fails.
+ops/deploy/docker_setup.sh builds (ops/deploy/images/build.sh), a short Countdown ES run on the hf engine, rewards
+checked in the stack's own Redis and in the trainer's report, and everything removed again (containers, network,
+volumes), also when an assertion fails.
 
 Skipped with the reason when there is no Docker daemon, no compose (v2 `docker compose` or v1 `docker-compose`)
 or no images. Bounded: every command has a timeout, the run a deadline, the whole test a pytest timeout.
@@ -63,14 +63,14 @@ def _compose_command() -> list[str] | None:
 
 def _why_skip() -> str | None:
     if shutil.which("docker") is None:
-        return "no docker CLI (ops/docker_setup.sh installs docker.io)"
+        return "no docker CLI (ops/deploy/docker_setup.sh installs docker.io)"
     if not _ok(["docker", "info"], timeout_s=20):
-        return "no Docker daemon answers (ops/docker_setup.sh starts one where it can)"
+        return "no Docker daemon answers (ops/deploy/docker_setup.sh starts one where it can)"
     if _compose_command() is None:
         return "no compose: neither `docker compose` nor `docker-compose` (apt-get install docker-compose)"
     missing = [i for i in (APP_IMAGE, REDIS_IMAGE) if not _ok(["docker", "image", "inspect", i])]
     if missing:
-        return f"image(s) {', '.join(missing)} not built (ops/docker_setup.sh, or ops/images/build.sh)"
+        return f"image(s) {', '.join(missing)} not built (ops/deploy/docker_setup.sh, or ops/deploy/images/build.sh)"
     return None
 
 
@@ -167,7 +167,7 @@ def test_cpu_stack_runs_es_end_to_end(stack: Stack) -> None:
     batch = int(RUN_ENV["PROOFSTREAM_BATCH"])
     assert rewards >= used * batch, f"{rewards} rewards for {used} members of {batch} problems:\n{stack.logs()}"
 
-    # The long-running services passed their own health checks (ops/health.py, arq --check, redis-cli ping).
+    # The long-running services passed their own health checks (ops/deploy/health.py, arq --check, redis-cli ping).
     for service in ("redis", "verifier", "generator-cpu"):
         assert stack.health(service) == "healthy", f"{service}: {stack.health(service)}\n{stack.logs()}"
     print(f"compose stack: {rewards} rewards, {ITERATIONS} versions in {time.monotonic() - started:.0f} s")

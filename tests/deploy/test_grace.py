@@ -26,6 +26,6 @@ def test_compose_gives_the_verifier_its_whole_drain():
 
 
 def test_kubernetes_gives_the_verifier_its_whole_drain():
-    docs = yaml.safe_load_all((ROOT / "ops" / "k8s" / "proofstream.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "ops" / "deploy" / "k8s" / "proofstream.yaml").read_text())
     [verifier] = [d for d in docs if d and d.get("kind") == "Deployment" and d["metadata"]["name"].endswith("verifier")]
     assert verifier["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= DRAIN_S

@@ -1,4 +1,4 @@
-"""ops/health.py, the containers' health checks, against a real Redis: a generator is healthy while its own
+"""ops/deploy/health.py, the containers' health checks, against a real Redis: a generator is healthy while its own
 figures are fresh, not when they are stale, missing or another host's; the trainer's check is Redis answering."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis as redis_sync
 import yaml
 
-from ops import health
+from ops.deploy import health
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 
@@ -141,7 +141,7 @@ def test_liveness_is_red_on_refused_credentials(monkeypatch, capsys) -> None:
 
 def test_kubernetes_restarts_the_long_lived_roles_on_a_stale_report_only() -> None:
     """The manifests' livenessProbes of the generator and the verifier are `ops.health <role> --liveness`."""
-    docs = [d for d in yaml.safe_load_all((ROOT / "ops" / "k8s" / "proofstream.yaml").read_text()) if d]
+    docs = [d for d in yaml.safe_load_all((ROOT / "ops" / "deploy" / "k8s" / "proofstream.yaml").read_text()) if d]
     probes = {}
     for doc in docs:
         for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):

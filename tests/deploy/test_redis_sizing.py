@@ -1,4 +1,4 @@
-"""ops/redis_sizing.py on a real Redis: the figures DEPLOY.md quotes come out of the real wire, in sane ranges,
+"""ops/deploy/redis_sizing.py on a real Redis: the figures DEPLOY.md quotes come out of the real wire, in sane ranges,
 and the measurement leaves none of its keys behind."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis as redis_sync
 
-from ops.redis_sizing import kill_clients, measure
+from ops.deploy.redis_sizing import kill_clients, measure
 from streams.connect import connect
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""`ops/images/base.sh` names no mirror of its own: it takes the one this machine's apt sources use for the
+"""`ops/deploy/images/base.sh` names no mirror of its own: it takes the one this machine's apt sources use for the
 suite (deb822 stanzas, then one-line entries), or DEBIAN_MIRROR, or stops with the reason. Driven through
 `base.sh --mirror` against apt source trees written here (APT_ETC); the URLs use the reserved `.invalid`
 domain, so no test names a real host."""
@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-BASE_SH = Path(__file__).resolve().parents[2] / "ops" / "images" / "base.sh"
+BASE_SH = Path(__file__).resolve().parents[2] / "ops" / "deploy" / "images" / "base.sh"
 
 
 def _mirror(etc: Path, **env: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from ops.bench_pipeline import figures
+from ops.bench.pipeline import figures
 from ops.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def _roles_once_a_version_is_out(bench: subprocess.Popen) -> list[int]:
     role is running. Returns their pids."""
     for line in bench.stderr:
         if '"es_update"' in line:
-            return [p for p, cmd in _children(bench.pid) if "ops.pipeline_roles" in cmd]
+            return [p for p, cmd in _children(bench.pid) if "ops.bench.pipeline_roles" in cmd]
     raise AssertionError(f"the bench ended before its first update: {bench.communicate(timeout=30)}")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from ops import bench_verifier
+from ops.bench import verifier as bench_verifier
 from ops.cli import build_parser, main
 from tasks.countdown_check import check
 from verifier_pool import docker_backend, process

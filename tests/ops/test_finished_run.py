@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from ops.finished import COPY_PREFIX, FinishedRun
+from ops.views.finished import COPY_PREFIX, FinishedRun
 from streams.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[2]

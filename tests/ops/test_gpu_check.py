@@ -1,4 +1,4 @@
-"""`python -m ops.gpu_check --full` (ops/gpu_full.py): it refuses to measure a GPU that is not there, and what
+"""`python -m ops.gpu_check --full` (ops/gpu/full.py): it refuses to measure a GPU that is not there, and what
 it records of a run is read from the run's own files. (The whole check runs on a GPU box, or rehearsed with
 `--device cpu`: docs/results/gpu/.)"""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.gpu_full import run_figures
+from ops.gpu.full import run_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -217,7 +217,7 @@ def test_the_checker_s_answer_tags_are_case_sensitive():
 
 
 def test_the_checker_runs_from_its_two_files_alone(tmp_path):
-    """What the checker image copies (ops/images/checker/Dockerfile): tasks/__init__.py and this program, and
+    """What the checker image copies (ops/deploy/images/checker/Dockerfile): tasks/__init__.py and this program, and
     no site-packages. The package's init must stay import-free for this to hold."""
     root = Path(__file__).resolve().parents[2]
     (tmp_path / "tasks").mkdir()

@@ -16,7 +16,7 @@ import pytest
 import redis as redis_sync
 
 from consumers.service import VerifierService
-from ops import health
+from ops.deploy import health
 from streams.codec import decode, encode
 from streams.keys import Keys
 from streams.schema import Reward, WorkOrder

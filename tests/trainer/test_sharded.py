@@ -1,7 +1,7 @@
 """The sharded GRPO trainer (trainer/sharded.py: FSDP2 under torchrun, gloo on 2 CPU ranks) against the
 single-process one, on the real default model (SmolLM2-135M-Instruct, fp32) with a tiny batch.
 
-One torchrun job (tests/trainer/sharded_job.py) steps on a batch, writes the policy folder and a DCP
+One torchrun job (ops/gpu/sharded_job.py) steps on a batch, writes the policy folder and a DCP
 checkpoint, then a fresh sharded trainer resumes from that checkpoint and steps on a second batch. The
 reference is the existing single-process GRPOTrainer on the same batches, in this process. Compared: the loss
 statistics and the gradient norm (the whole batch's gradient, not the mean of the ranks'), the weights after
@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from tests.trainer.sharded_job import CFG, batch  # noqa: E402
+from ops.gpu.sharded_job import CFG, batch  # noqa: E402
 from trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def model():
 def job(model, tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
     started = time.monotonic()
-    done = torchrun("-m", "tests.trainer.sharded_job", str(model), str(out))
+    done = torchrun("-m", "ops.gpu.sharded_job", str(model), str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     print(f"the 2-rank job took {time.monotonic() - started:.0f} s")
     lines = [line for p in (out, out / "resumed") for line in (p / "metrics.jsonl").read_text().splitlines()]
@@ -118,7 +118,7 @@ def test_a_sharded_step_equals_the_single_process_step(job, reference):
 def test_bf16_mixed_ranks_step_as_one_bf16_mixed_process_does(model, reference, tmp_path):
     """`--train-precision bf16-mixed` under torchrun: autocast on every rank (the idle rank's zero pass too),
     and the whole batch's gradient is the single bf16-mixed process's within bf16's rounding."""
-    done = torchrun("-m", "tests.trainer.sharded_job", str(model), str(tmp_path),
+    done = torchrun("-m", "ops.gpu.sharded_job", str(model), str(tmp_path),
                     env={**os.environ, "SHARDED_JOB_PRECISION": "bf16-mixed"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [line for p in (tmp_path, tmp_path / "resumed") for line in (p / "metrics.jsonl").read_text().splitlines()]
@@ -169,7 +169,7 @@ def test_the_other_ranks_outwait_an_idle_rank_0_and_fail_at_the_timeout_once_it_
     others fail at the timeout instead of hanging, and torchrun stops rank 0 (asleep for 600 s)."""
     marker = tmp_path / "silent"
     started = time.monotonic()
-    done = torchrun("-m", "tests.trainer.sharded_job", "--idle", "5", "12", str(marker), timeout=100)
+    done = torchrun("-m", "tests.trainer.idle_job", "5", "12", str(marker), timeout=100)
     assert marker.exists(), done.stderr[-3000:]  # rank 1 was still waiting when rank 0's idle time was up
     assert done.returncode != 0
     assert "Timed out waiting 5000ms" in done.stderr, done.stderr[-3000:]  # gloo's error, in rank 1's traceback
@@ -217,7 +217,7 @@ def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_step_as_one_host_does(
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-hosts",
-           "-m", "tests.trainer.sharded_job", str(model), str(tmp_path / "out")]  # fmt: skip
+           "-m", "ops.gpu.sharded_job", str(model), str(tmp_path / "out")]  # fmt: skip
     agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for _ in range(2)]  # fmt: skip
     outputs = [agent.communicate(timeout=500)[0] for agent in agents]

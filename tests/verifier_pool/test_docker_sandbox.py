@@ -1,8 +1,8 @@
-"""The `docker` sandbox, for real: a Docker daemon, the checker image (ops/images/checker, built by
-ops/docker_setup.sh), the Countdown checker and the fake REPL (tests/fixtures/fake_repl.py, a test double
+"""The `docker` sandbox, for real: a Docker daemon, the checker image (ops/deploy/images/checker, built by
+ops/deploy/docker_setup.sh), the Countdown checker and the fake REPL (ops/bench/synthetic_repl.py, a test double
 driven by FIXTURE: markers, passed to the container's python3 as `-c` source, so nothing is mounted). The
 assertions are about our sandbox, never about Lean. Without a daemon or the image these tests skip and say
-why (run ops/docker_setup.sh); the last two run everywhere."""
+why (run ops/deploy/docker_setup.sh); the last two run everywhere."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import os
 import socket
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
+from tests import fixtures
 from verifier_pool import docker_backend
 from verifier_pool.docker_backend import COUNTDOWN_ARGV, DockerSandbox, DockerSandboxConfig
 from verifier_pool.pool import COUNTDOWN_HANDSHAKE
@@ -23,7 +23,7 @@ from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavail
 pytestmark = pytest.mark.timeout(60)
 
 IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
-FAKE_REPL_ARGV = ("python3", "-c", (Path(__file__).parents[1] / "fixtures" / "fake_repl.py").read_text())
+FAKE_REPL_ARGV = ("python3", "-c", fixtures.FAKE_REPL.read_text())
 # A Countdown checker built from other code: it answers the handshake as one, with another digest (what an
 # image built before tasks/countdown_check.py was edited answers).
 STALE_CHECKER_ARGV = (

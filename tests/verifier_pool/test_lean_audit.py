@@ -2,8 +2,8 @@
 
 Real parts: the REPL and the audit program each run in a real process sandbox (bubblewrap or unshare); the
 pickle is taken out of the REPL's sandbox through /proc. The programs are test doubles: the fake REPL
-(tests/fixtures/fake_repl.py) and a double of our own audit program (tests/fixtures/fake_audit.py). Nothing
-here ran against Lean: the real lean-audit (ops/images/lean/audit/Main.lean) was never compiled.
+(ops/bench/synthetic_repl.py) and a double of our own audit program (tests/fixtures/fake_audit.py). Nothing
+here ran against Lean: the real lean-audit (ops/deploy/images/lean/audit/Main.lean) was never compiled.
 
 A forged REPL is the fake REPL with a FIXTURE:forge marker: its stdout says proved and the default axioms,
 exactly as a check without the second line accepts (asserted below), while the env it pickles says otherwise.
@@ -19,6 +19,7 @@ import pytest
 
 from consumers.service import VerifierService
 from streams.theorems import Theorem
+from tests.fixtures import FAKE_REPL
 from verifier_pool import docker_backend, lean_audit, process
 from verifier_pool.checkers import LeanChecker
 from verifier_pool.config import VerifierSettings
@@ -51,7 +52,7 @@ async def checkers():
     made: list[LeanChecker] = []
 
     def make(line: SecondLine) -> LeanChecker:
-        made.append(LeanChecker(_sandbox("fake_repl.py"), proof_timeout_s=5, header_timeout_s=5, second_line=line))
+        made.append(LeanChecker(_sandbox(FAKE_REPL), proof_timeout_s=5, header_timeout_s=5, second_line=line))
         return made[-1]
 
     yield make
@@ -97,7 +98,7 @@ async def test_the_audit_judges_the_environment_the_helpers_went_into(checkers):
 
 
 async def test_the_time_limit_of_a_proof_covers_its_helpers():
-    checker = LeanChecker(_sandbox("fake_repl.py"), proof_timeout_s=1, header_timeout_s=5,
+    checker = LeanChecker(_sandbox(FAKE_REPL), proof_timeout_s=1, header_timeout_s=5,
                           second_line=SecondLine(audit=None, trust_repl=True))  # fmt: skip
     try:
         slow = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:slow=3\n  ring\n"
@@ -171,7 +172,7 @@ async def test_the_pickle_comes_out_of_a_docker_sandbox_and_is_taken(checkers):
     is read and removed from inside it (`docker cp` cannot see a tmpfs)."""
     if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
-    fake_repl = ("python3", "-c", (FIXTURES / "fake_repl.py").read_text())
+    fake_repl = ("python3", "-c", FAKE_REPL.read_text())
     config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
                                                 memory_limit_bytes=256 << 20)  # fmt: skip
     checker = LeanChecker(docker_backend.DockerSandbox(config), proof_timeout_s=10, header_timeout_s=10,
@@ -249,7 +250,7 @@ async def test_the_health_check_is_red_while_no_second_line_can_confirm_a_proof(
     """A Lean slot whose second line cannot confirm anything (no audit program; an audit that cannot start)
     makes every Lean proof `error`: the worker's health check names it from the start, before any proof, and
     turns green for an audit that starts."""
-    repl = [sys.executable, str(FIXTURES / "fake_repl.py")]
+    repl = [sys.executable, str(FAKE_REPL)]
     # The interpreter's prefix stands in for a Lean toolchain directory: bound read-only into both sandboxes.
     fields = {"run": keys.run, "concurrency": 1, "tasks": ["lean"], "sandbox": "process", "lean_repl_cmd": repl,
               "lean_workdir": PROJECT_ROOT, "lean_toolchain_dir": sys.base_prefix}  # fmt: skip

@@ -1,5 +1,5 @@
 """The `process` sandbox, for real: bubblewrap and unshare (each where it works here), real subprocesses and
-the fake REPL (tests/fixtures/fake_repl.py, a test double driven by FIXTURE: markers). The assertions are
+the fake REPL (ops/bench/synthetic_repl.py, a test double driven by FIXTURE: markers). The assertions are
 about our sandbox, never about Lean."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fixtures
 from verifier_pool import memcg, pool, process, sandbox_uids
 from verifier_pool.config import VerifierSettings
 from verifier_pool.process import ProcessSandbox, ProcessSandboxConfig
@@ -30,7 +31,8 @@ from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavail
 pytestmark = pytest.mark.timeout(30)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-FAKE_REPL = FIXTURES / "fake_repl.py"
+FAKE_REPL = fixtures.FAKE_REPL
+REPL_DIR = FAKE_REPL.parent  # the folder bound into the sandboxes
 PYTHON = os.path.realpath(sys.executable)  # the interpreter itself: the venv's symlinks are not bound
 
 
@@ -46,7 +48,7 @@ def _isolations() -> list:
 def _config(isolation: str, **overrides) -> ProcessSandboxConfig:
     fields = {
         "argv": (PYTHON, "-I", str(FAKE_REPL)),
-        "ro_paths": (sys.base_prefix, str(FIXTURES)),
+        "ro_paths": (sys.base_prefix, str(REPL_DIR)),
         "memory_limit_bytes": 512 << 20,
         "isolation": isolation,
     }
@@ -222,7 +224,7 @@ async def test_no_network(sandbox):
 
 async def test_filesystem_is_read_only_except_a_private_tmp(make_sandbox, tmp_path):
     first, second = await make_sandbox(), await make_sandbox()
-    for path in ("/usr/x", str(FIXTURES / "x"), "/x"):
+    for path in ("/usr/x", str(REPL_DIR / "x"), "/x"):
         assert _probe_result(await first.request({"cmd": f"FIXTURE:write={path}"}, 5)).startswith(
             "probe write: failed"
         ), path
@@ -238,14 +240,14 @@ async def test_a_bound_path_inside_the_workdir_is_bound_after_it(make_sandbox):
     """ro_paths name the fixtures before the workdir that holds them (the Lean and Countdown sandboxes bind a
     package inside the checkout they run in). Bound in that order the workdir's bind hid the fixtures' mount:
     unshare then could not remount it read-only and every start failed (bwrap hid it silently)."""
-    workdir = str(FIXTURES.parent)
+    workdir = str(REPL_DIR.parent)
     sandbox = await make_sandbox(workdir=workdir)
     assert await sandbox.request({"cmd": "import Mathlib"}, 5) == {"env": 0}
-    for path in (str(FIXTURES / "x"), str(FIXTURES.parent / "x")):
+    for path in (str(REPL_DIR / "x"), str(REPL_DIR.parent / "x")):
         assert _probe_result(await sandbox.request({"cmd": f"FIXTURE:write={path}"}, 5)).startswith(
             "probe write: failed"
         ), path
-    assert process.private_root(_config("bwrap", workdir=workdir)).binds[-1] == (str(FIXTURES), str(FIXTURES))
+    assert process.private_root(_config("bwrap", workdir=workdir)).binds[-1] == (str(REPL_DIR), str(REPL_DIR))
 
 
 @pytest.mark.skipif(
@@ -255,7 +257,7 @@ async def test_non_root_uid_binds_nproc_and_file_permissions(make_sandbox):
     # An explicit uid that nothing else runs as (65534 is Docker's sandboxes' uid: RLIMIT_NPROC counts
     # every process of a uid on the host).
     sandbox = await make_sandbox(
-        argv=("/usr/bin/python3", "-I", str(FAKE_REPL)), ro_paths=(str(FIXTURES),), uid=1_599_600, nproc_limit=16
+        argv=("/usr/bin/python3", "-I", str(FAKE_REPL)), ro_paths=(str(REPL_DIR),), uid=1_599_600, nproc_limit=16
     )
     forks = _probe_result(await sandbox.request({"cmd": "FIXTURE:forkbomb=100"}, 10))
     assert int(forks.removeprefix("forks: ")) < 16
@@ -277,13 +279,13 @@ async def test_unstartable_sandboxes_are_unavailable_not_crashes(isolation):
 
 @pytest.mark.skipif(process._probe("bwrap") is not None, reason="bwrap does not work here")
 def test_bwrap_argv_binds_read_only_and_ends_with_the_checker():
-    config = _config("bwrap", workdir=str(FIXTURES))
+    config = _config("bwrap", workdir=str(REPL_DIR))
     argv = process.bwrap_argv("bwrap", config, status_fd=9)
     for flag in ("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"):
         assert flag in argv
     assert ("--disable-userns" in argv) == process._bwrap_supports("bwrap", "--disable-userns")
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
-    assert ["--ro-bind", str(FIXTURES), str(FIXTURES)] == argv[argv.index(str(FIXTURES)) - 1 :][:3]
+    assert ["--ro-bind", str(REPL_DIR), str(REPL_DIR)] == argv[argv.index(str(REPL_DIR)) - 1 :][:3]
     assert "--bind" not in argv  # nothing writable is bound in; /tmp is a fresh tmpfs
     tail = argv[argv.index("--remount-ro") :]
     assert tail == [
@@ -294,7 +296,7 @@ def test_bwrap_argv_binds_read_only_and_ends_with_the_checker():
         "--remount-ro",
         "/",
         "--chdir",
-        str(FIXTURES),
+        str(REPL_DIR),
         "--",
         PYTHON,
         "-I",
@@ -365,7 +367,7 @@ async def test_an_interpreter_the_sandbox_uid_cannot_exec_fails_start_and_leaves
     checker.chmod(0o700)  # root's alone: executable for the worker, not for the sandbox's uid
     tag = f"unexecutable-{uuid.uuid4().hex}"
     sandbox = ProcessSandbox(
-        _config(isolation, argv=(str(checker),), ro_paths=(sys.base_prefix, str(FIXTURES), str(private_dir)),
+        _config(isolation, argv=(str(checker),), ro_paths=(sys.base_prefix, str(REPL_DIR), str(private_dir)),
                 env={"PROOFSTREAM_TEST_TAG": tag}, start_timeout_s=5)
     )  # fmt: skip
     with pytest.raises(SandboxUnavailable, match="handshake"):
@@ -577,7 +579,7 @@ def test_a_non_root_worker_gets_the_same_private_root(isolation):
     whoami, top, shm, run, forks = json.loads(lines["answers"])
     assert json.loads(whoami.split(": ", 2)[2])["uid"] in (uid, 65534)  # unshare's inner namespace: overflow
     assert set(json.loads(top.split(": ", 2)[2])) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
-                                                      "proc", "dev", "tmp", Path(FIXTURES).parts[1]}  # fmt: skip
+                                                      "proc", "dev", "tmp", Path(REPL_DIR).parts[1]}  # fmt: skip
     assert "failed" in shm and "failed" in run
     assert int(forks.removeprefix("forks: ")) < 32  # start_sandboxes.py's nproc_limit
     assert json.loads(lines["extra"])["uid"] == uid

@@ -1,4 +1,4 @@
-"""The REPL framing (verifier_pool.repl) against real processes: the fake REPL (tests/fixtures/fake_repl.py, a
+"""The REPL framing (verifier_pool.repl) against real processes: the fake REPL (ops/bench/synthetic_repl.py, a
 test double, never evidence about Lean) and tiny scripts that write exactly the bytes a case needs."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests import fixtures
 from verifier_pool.repl import ReplStream, encode_request
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout
 
 pytestmark = pytest.mark.timeout(30)
 
-FAKE_REPL = Path(__file__).parents[1] / "fixtures" / "fake_repl.py"
+FAKE_REPL = fixtures.FAKE_REPL
 
 
 async def _spawn(*argv: str) -> asyncio.subprocess.Process:

@@ -2,7 +2,7 @@
 sandbox tries it and the test asserts it failed; each poison program ends within twice its deadline with
 the worker (this process) alive and a neighbour sandbox unaffected. Parametrized over every backend that
 works here: the process sandbox under bwrap and under unshare, and docker where a daemon and the checker
-image are present. The program inside is the fake REPL (tests/fixtures/fake_repl.py: its FIXTURE: probes).
+image are present. The program inside is the fake REPL (ops/bench/synthetic_repl.py: its FIXTURE: probes).
 The last section holds what every backend's request path must do alike.
 
 Where a probe has a control (a socket the host can reach, a file the host can read), the control is checked
@@ -22,14 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import fixtures
 from verifier_pool import docker_backend, process
 from verifier_pool.process import ProcessSandbox, ProcessSandboxConfig
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout
 
 pytestmark = pytest.mark.timeout(90)
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-FAKE_REPL = FIXTURES / "fake_repl.py"
+FAKE_REPL = fixtures.FAKE_REPL
+FIXTURES = FAKE_REPL.parent  # the folder bound into the process sandbox
 PYTHON = os.path.realpath(sys.executable)
 CHECKOUT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)

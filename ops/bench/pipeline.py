@@ -3,7 +3,7 @@
 The real ES trainer (`trainer.es.ESRun`: top up, read rewards, update at the quorum, checkpoint) runs in
 this process; the generator (`producers.service.GeneratorService`) and the verifier pool
 (`consumers.service.VerifierService`) run as deployed, each in a process of its own, with only the model and
-the sandboxes replaced by fixed latencies (`ops/pipeline_roles.py`); all three talk through a private Redis
+the sandboxes replaced by fixed latencies (`ops/bench/pipeline_roles.py`); all three talk through a private Redis
 (or `--redis-url`). The latencies are real waiting: `--gen-ms` per attempt on each of `--generators` (one
 process = one accelerator, its attempts one after another), `--verify-ms` per attempt on each of
 `--verifier-slots` sandboxes, and `--train-ms` per update in the trainer (a sleep before the step is
@@ -84,7 +84,7 @@ class Roles(LocalPipeline):
         s = self.settings
         argv = (*argv, "--redis-url", s.redis_url, "--run", s.run, "--stats-out", str(self._stats(name)),
                 "--log-level", s.log_level)  # fmt: skip
-        self._spawn(name, [sys.executable, "-m", "ops.pipeline_roles", *argv], dict(os.environ))
+        self._spawn(name, [sys.executable, "-m", "ops.bench.pipeline_roles", *argv], dict(os.environ))
 
     def _stats(self, name: str) -> Path:
         return self.run_dir / f"{name}.json"

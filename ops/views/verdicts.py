@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from ops.text import on_copy
+from ops.views.text import on_copy
 from streams.cluster import transaction
 from streams.codec import decode
 from streams.keys import Keys

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ops.inspect import entry_view, id_ms, jsonable, raw_fields, redis_now_ms
+from ops.views.inspect import entry_view, id_ms, jsonable, raw_fields, redis_now_ms
 from streams.codec import ORIGINAL_PREFIX, decode
 from streams.keys import Keys
 from streams.schema import BY_STREAM, DeadLetter, SchemaError

@@ -122,7 +122,7 @@ DLQ_SCAN = 10_000  # dead letters read to count by reason (the newest ones; the 
 async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run's health: the trainer (version, in flight and their age, counts), its lease, the generators'
     figures, dead letters by reason, the oldest pending entry of every group, the last version's metrics.
-    `streams`: a `stream_report` the caller has already read (ops.dashboard needs both)."""
+    `streams`: a `stream_report` the caller has already read (ops.views.dashboard needs both)."""
     now = await redis_now_ms(redis, keys)
     raw_state = await redis.hget(keys.trainer_state, "state")
     state = orjson.loads(raw_state) if raw_state else None

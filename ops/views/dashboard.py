@@ -16,7 +16,7 @@ API (JSON): `/api/state` the served run's snapshot; `/api/samples?verdict=&versi
 runs under `--dir`; `/api/run?name=N` one of them from its files (result and curves).
 
 It only reads (XRANGE, XLEN, XINFO, XPENDING, HGET*, never a consumer group), so it can watch a live run from
-anywhere; `--run-dir DIR` shows a finished local run from its directory (ops.finished). Served by the standard
+anywhere; `--run-dir DIR` shows a finished local run from its directory (ops.views.finished). Served by the standard
 library's ThreadingHTTPServer in a thread; each request's Redis reads run on the command's event loop with
 the command's client. Bound to 127.0.0.1 by default; another `--host` needs `--token`, which every request
 must then carry (`?token=` or `Authorization: Bearer`): the page passes its own on.
@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from ops import dlq, inspect, judged, runs, verdicts
+from ops.views import dlq, inspect, judged, runs, verdicts
 from streams import samples
 from streams.keys import Keys
 from trainer.metrics import COLORS, read_records, update_records

@@ -2,10 +2,10 @@
 # Make Docker usable for the docker-backend tests on a fresh Debian machine (called by .ci/run):
 #   1. install Debian's docker.io (dockerd, containerd, runc) and debootstrap when missing (needs root);
 #   2. start dockerd in the background when no daemon answers, and wait for it (bounded: DOCKERD_WAIT_S);
-#   3. build the base image (ops/images/base.sh: debootstrap minbase piped into `docker import`, no registry)
-#      and the checker image (ops/images/checker/Dockerfile) when missing or out of date;
+#   3. build the base image (ops/deploy/images/base.sh: debootstrap minbase piped into `docker import`, no registry)
+#      and the checker image (ops/deploy/images/checker/Dockerfile) when missing or out of date;
 #   4. install docker-compose (Debian's v1; it reads compose.yaml with -f) when no compose is there, and build the
-#      compose images (ops/images/build.sh --if-changed: proofstream-app, proofstream-redis) when missing or out
+#      compose images (ops/deploy/images/build.sh --if-changed: proofstream-app, proofstream-redis) when missing or out
 #      of date. Without compose or a CPU torch wheel for the app image, only the compose test skips.
 # Where Docker cannot be had (not root and no daemon, no package, a daemon that will not start) it prints why
 # and exits 0: the docker tests then skip and say so. A failing image build is a real failure (exit 1).
@@ -15,7 +15,7 @@
 #   DOCKERD_WAIT_S default 60
 #   DOCKERD_LOG    default /var/log/dockerd.log
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../..
 
 BASE_IMAGE=${BASE_IMAGE:-proofstream-base:bookworm}
 CHECKER_IMAGE=${CHECKER_IMAGE:-proofstream-checker:latest}
@@ -91,20 +91,20 @@ fi
 # 3. images -------------------------------------------------------------------------------------------------
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   step_start
-  ops/images/base.sh
+  ops/deploy/images/base.sh
   step_done "base image $BASE_IMAGE (debootstrap + import)"
 fi
 
 # The checker image carries a copy of the Countdown checker: rebuild it when that source (or the Dockerfile) changed.
 source_hash=$(sha256sum tasks/__init__.py tasks/countdown_check.py \
-  | cat - ops/images/checker/Dockerfile | sha256sum | cut -c1-16)
+  | cat - ops/deploy/images/checker/Dockerfile | sha256sum | cut -c1-16)
 current_hash=$(docker image inspect -f '{{index .Config.Labels "proofstream.source-hash"}}' "$CHECKER_IMAGE" 2>/dev/null || true)
 if [ "$current_hash" != "$source_hash" ]; then
   step_start
   # The context is only what the image copies (the repository root holds .venv and more).
-  tar -c tasks/__init__.py tasks/countdown_check.py ops/images/checker/Dockerfile \
+  tar -c tasks/__init__.py tasks/countdown_check.py ops/deploy/images/checker/Dockerfile \
     | DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-        --label "proofstream.source-hash=$source_hash" -t "$CHECKER_IMAGE" -f ops/images/checker/Dockerfile - >/dev/null
+        --label "proofstream.source-hash=$source_hash" -t "$CHECKER_IMAGE" -f ops/deploy/images/checker/Dockerfile - >/dev/null
   # The image it replaces is now untagged: drop it (only dangling images of this Dockerfile).
   docker image prune -f --filter "label=proofstream.source-hash" >/dev/null
   step_done "checker image $CHECKER_IMAGE (docker build)"
@@ -121,8 +121,8 @@ elif [ -z "${TORCH_WHEEL:-}" ] && ! ls /opt/wheels/torch-*+cpu-cp311-*.whl >/dev
   echo "docker_setup: no CPU torch wheel in /opt/wheels (or TORCH_WHEEL) -- the compose test will be skipped" >&2
 else
   step_start
-  ops/images/build.sh --if-changed
-  step_done "compose images (ops/images/build.sh --if-changed)"
+  ops/deploy/images/build.sh --if-changed
+  step_done "compose images (ops/deploy/images/build.sh --if-changed)"
   compose_images="${APP_IMAGE:-proofstream-app:latest} ${REDIS_IMAGE:-proofstream-redis:latest}"
 fi
 echo "docker_setup: ready (server $(docker version -f '{{.Server.Version}}'), images $BASE_IMAGE $CHECKER_IMAGE" \

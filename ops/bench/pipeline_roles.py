@@ -16,8 +16,8 @@ and end of every engine call or check, per generator or slot (a lane), on `time.
 every process of a Linux host), and writes them to `--stats-out` as JSON when it stops (SIGTERM or SIGINT:
 the service drains first).
 
-    python -m ops.pipeline_roles generator --redis-url URL --run RUN --gen-ms 20 --stats-out gen.json
-    python -m ops.pipeline_roles verifier --redis-url URL --run RUN --verify-ms 15 --slots 2 --stats-out v.json
+    python -m ops.bench.pipeline_roles generator --redis-url URL --run RUN --gen-ms 20 --stats-out gen.json
+    python -m ops.bench.pipeline_roles verifier --redis-url URL --run RUN --verify-ms 15 --slots 2 --stats-out v.json
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ async def _main(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.pipeline_roles", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.pipeline_roles", description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=("generator", "verifier"))
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--run", required=True)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level)
     fatal = asyncio.run(_main(args))
     if fatal:  # as `python -m producers` does: the bench names the status and the role's log
-        print(f"ops.pipeline_roles: {fatal}", file=sys.stderr)
+        print(f"ops.bench.pipeline_roles: {fatal}", file=sys.stderr)
         return 1
     return 0
 

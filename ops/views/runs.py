@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from ops import text
+from ops.views import text
 from streams.keys import Keys
 from trainer import result
 from trainer.curves import curve, plot_runs, samples_used

@@ -25,7 +25,7 @@ when all but one attempt per consumer task are rewarded (until then every task h
    `pool_cpu_us_per_reward`: this process's CPU time per reward in each window (the pool's own cost,
    whatever else the machine runs; Redis's CPU is not in it).
 3. restarts: one sandbox built as the pool builds the Countdown checker's (backend, limits, uid, image) but
-   running the fake REPL (tests/fixtures/fake_repl.py, a test double of the Lean REPL protocol) is sent
+   running the synthetic REPL (ops/bench/synthetic_repl.py, a stand-in for the Lean REPL's protocol) is sent
    `--hangs` requests that never answer (`FIXTURE:hang`), each with a `--hang-timeout-ms` limit, and after
    each one a request the replacement answers. `restart_ms` runs from the moment the limit expired to that
    answer: detection, kill, start, handshake and one exchange. p50 and p90 are reported.
@@ -66,7 +66,7 @@ from verifier_pool.pool import make_sandbox
 from verifier_pool.repl import LEAN_HANDSHAKE
 from verifier_pool.sandbox import SandboxTimeout
 
-FAKE_REPL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "fake_repl.py"
+SYNTHETIC_REPL = Path(__file__).with_name("synthetic_repl.py")  # stdlib only: it runs in any sandbox's Python
 PROBLEMS = 256
 POLL_S = 0.02  # how often the window's end is looked for: 0.1% of a 20 s window
 READY_TIMEOUT_S = 60.0  # a replacement sandbox's first answer (a container start included)
@@ -154,10 +154,12 @@ async def _until(redis: Redis, keys: Keys, count: int, deadline: float) -> int:
 
 
 def hanging_sandbox(settings: VerifierSettings):
-    """A sandbox built as the pool builds the Countdown checker's, running the fake REPL, which hangs on request."""
+    """A sandbox built as the pool builds the Countdown checker's, running the synthetic REPL, which hangs on
+    request."""
     model = make_sandbox(settings, "countdown", 0, settings.sandbox)
-    # The interpreter the Countdown checker runs on (stdlib only, as the fake REPL is); the Lean REPL's handshake.
-    argv = (model.config.argv[0], "-c", FAKE_REPL.read_text())
+    # The interpreter the Countdown checker runs on (stdlib only, as the synthetic REPL is); the Lean REPL's
+    # handshake.
+    argv = (model.config.argv[0], "-c", SYNTHETIC_REPL.read_text())
     config = dataclasses.replace(model.config, argv=argv, handshake=LEAN_HANDSHAKE)
     return type(model)(config, sandbox_id=f"bench-restart-{os.getpid()}")
 
@@ -173,7 +175,7 @@ async def restarts(settings: VerifierSettings, hangs: int, timeout_s: float) -> 
             sent = time.monotonic()
             try:
                 await sandbox.request({"cmd": "theorem hangs : True := by -- FIXTURE:hang"}, timeout_s)
-                raise RuntimeError("the fake REPL answered a request it should hang on")
+                raise RuntimeError("the synthetic REPL answered a request it should hang on")
             except SandboxTimeout:
                 pass
             reply = await sandbox.request({"cmd": "theorem ok : True := trivial"}, READY_TIMEOUT_S)
@@ -274,8 +276,6 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "no process sandbox here: install bubblewrap (see verifier_pool/process.py)"
     if args.backend == "docker" and (why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)):
         return f"no docker sandbox here: {why}"
-    if not FAKE_REPL.exists():
-        return f"the restart phase needs the fake REPL at {FAKE_REPL} (a checkout's tests/)"
     return None
 
 

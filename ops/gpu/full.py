@@ -3,13 +3,13 @@
 What the first run on a GPU lacked: every path a user takes, run end to end where it will run. In order, each
 step a child process with its own time limit, its outcome (or its error) written to the JSON as it ends:
 
-1. `checks`: the quick checks of ops/gpu_check.py (noise, engine, GRPO step, cuda against cpu; GPU only);
+1. `checks`: the quick checks of ops/gpu/check.py (noise, engine, GRPO step, cuda against cpu; GPU only);
 2. `runs.es`: `python -m trainer --algo es`, the `cpu` preset, `--es-versions` versions (8), 64 new tokens, 32
    held-out problems evaluated every 4 versions: the local pipeline (a private Redis, the hf generator on the
    device, a verifier with the process sandbox);
 3. `runs.grpo`: `python -m trainer --algo grpo` with the defaults (8 groups of 8 a version) for
    `--grpo-samples` samples (1,024: 16 versions), generator and trainer on the device;
-4. `sharded`: the sharded GRPO trainer (FSDP) on one rank over NCCL (tests/trainer/sharded_job.py; GPU only);
+4. `sharded`: the sharded GRPO trainer (FSDP) on one rank over NCCL (ops/gpu/sharded_job.py; GPU only);
 5. `benches`: `ops bench es`, `ops bench generator` (the dynamic KV cache, then the static one that
    transformers compiles on a GPU), `ops bench grpo`, `ops bench es-throughput` (low-rank members against pure
    inference, `--es-throughput-shape`: 32 members x 16 problems), each with `--device`.
@@ -39,7 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from streams.run_dir import REPORT, eval_records, read_json, read_records, update_records
+
+ROOT = Path(__file__).resolve().parents[2]
 GROUP_SAMPLES = 64  # what one GRPO version trains on with the defaults: batch 8 x group size 8
 
 
@@ -165,10 +167,12 @@ def _run(algo: str, run_dir: Path, device: str, timeout_s: float, *extra: str) -
 
 def run_figures(run_dir: Path, wall_s: float) -> dict[str, Any]:
     """What `--full` records of a finished run, from `report.json` and `metrics.jsonl` in its directory."""
-    report = json.loads((run_dir / "report.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    updates = [r for r in records if not r.get("eval") and "version" in r]
-    evals = sorted((r for r in records if r.get("eval")), key=lambda r: r["version"])
+    report = read_json(run_dir / REPORT)
+    if report is None:
+        raise RuntimeError(f"{run_dir / REPORT} is missing or unreadable: the run wrote no report")
+    records = read_records(run_dir)
+    updates = update_records(records)
+    evals = sorted(eval_records(records), key=lambda r: r["version"])
     held = lambda r: {"version": r["version"], "reward": r["held_out_reward"], "exact": r["held_out_exact"]}  # noqa: E731
     last = updates[-1] if updates else {}
     out = {
@@ -197,16 +201,16 @@ def _bench(timeout_s: float, *argv: str) -> dict[str, Any]:
 
 
 def _sharded(out: Path, model: Path, timeout_s: float) -> dict[str, Any]:
-    """tests/trainer/sharded_job.py on one rank over NCCL: a step, its policy folder, a DCP checkpoint, a resume
-    and a second step. Its metrics lines are the result."""
+    """ops/gpu/sharded_job.py on one rank over NCCL: a step, its policy folder, a DCP checkpoint, a resume and a
+    second step. Its metrics lines are the result."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
-            "tests.trainer.sharded_job", str(model), str(out)]  # fmt: skip
+            "ops.gpu.sharded_job", str(model), str(out)]  # fmt: skip
     env = {**_env("cuda"), "SHARDED_JOB_DEVICE": "cuda", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"the sharded job exited {done.returncode}: {done.stderr[-1500:]}")
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = read_records(out)
     return {"steps": [{k: s.get(k) for k in ("version", "loss", "grad_norm", "step_s", "world")} for s in steps]}
 
 
@@ -247,5 +251,5 @@ def _commit() -> str:
             return done.stdout.strip()
     except OSError:
         pass
-    marker = ROOT / "ops" / "gpu" / "COMMIT"
+    marker = Path(__file__).with_name("COMMIT")
     return marker.read_text().strip() if marker.is_file() else "unknown"

@@ -1,19 +1,15 @@
-"""One rank of a sharded trainer job for tests/trainer/test_sharded.py, run by torchrun on 2 CPU ranks (gloo):
+"""One rank of a sharded GRPO trainer job, run by torchrun: the GPU check's `sharded` step (one rank over NCCL,
+ops/gpu/full.py) and tests/trainer/test_sharded.py's (2 CPU ranks over gloo) run it.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.trainer.sharded_job MODEL OUT
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m ops.gpu.sharded_job MODEL OUT
 
 Every rank calls the ShardedGRPOTrainer's collectives itself (the calls trainer/sharded.py's Leader and
 `follow` make on each rank): one step on `batch(1)`, the policy folder of version 1 (rank 0 writes it) and
 the checkpoint `OUT/v000001.dcp` (a temporary folder renamed by rank 0 once every rank has written, as the
 Leader does). Ranks other than 0 are given a folder with the model's config and no weights. Then a second
 trainer, loaded afresh from the base model, resumes from that checkpoint and steps on `batch(2)` (version 2's
-policy folder under OUT/resumed). Rank 0 writes each step's metrics to `OUT/metrics.jsonl`.
-
-    ... -m tests.trainer.sharded_job --idle TIMEOUT_S SECONDS MARKER
-
-with a process-group timeout of TIMEOUT_S: rank 0 is a Leader idle for SECONDS (its keepalive on), then
-touches MARKER and goes silent (its keepalive off, no stop), while the others wait in `follow` throughout (no
-model is loaded).
+policy folder under OUT/resumed). Rank 0 writes each step's metrics to `OUT/metrics.jsonl` (streams/run_dir.py METRICS).
+`SHARDED_JOB_DEVICE` (default cpu) and `SHARDED_JOB_PRECISION` (default fp32) choose the device and precision.
 """
 
 from __future__ import annotations
@@ -22,13 +18,12 @@ import json
 import os
 import shutil
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from streams.run_dir import METRICS
 from trainer import sharded
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 
@@ -70,7 +65,7 @@ def step(trainer: sharded.ShardedGRPOTrainer, n: int, out: Path, checkpoint: boo
         trainer.write_sharded(tmp)
     if dist.get_rank() == 0:
         os.rename(tmp, final)
-        with open(out / "metrics.jsonl", "a") as handle:
+        with open(out / METRICS, "a") as handle:
             handle.write(json.dumps({**metrics, "world": dist.get_world_size()}) + "\n")
     return final
 
@@ -86,7 +81,7 @@ def without_weights(model: str, out: Path) -> Path:
 
 def main(model: str, out: str) -> None:
     torch.set_num_threads(1)
-    # SHARDED_JOB_DEVICE=cuda: the same job on NCCL, one GPU a rank (`python -m ops.gpu_check --full` runs it)
+    # SHARDED_JOB_DEVICE=cuda: the same job on NCCL, one GPU a rank (`python -m ops.gpu.check --full` runs it)
     mesh = sharded.start(os.environ.get("SHARDED_JOB_DEVICE", "cpu"), timeout_s=120)
     if dist.get_rank() != 0:
         model = str(without_weights(model, Path(out)))
@@ -99,26 +94,5 @@ def main(model: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def wait(timeout_s: str, seconds: str, marker: str) -> int:
-    # Both ranks meet on torchrun's store (long timeout) first: on a loaded machine one may start seconds
-    # after the other, and joining the process group counts against its short timeout.
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=120))  # fmt: skip
-    store.set(f"sharded_job_ready_{rank}", "1")
-    store.wait([f"sharded_job_ready_{r}" for r in range(world)])
-    mesh = sharded.start("cpu", timeout_s=float(timeout_s))
-    if dist.get_rank() != 0:
-        return sharded.follow(mesh, Path("/nonexistent"))  # no "init" comes: nothing is loaded
-    lead = sharded.become_leader(mesh, float(timeout_s))
-    time.sleep(float(seconds))  # rank 0 waiting for rollouts, outside any collective
-    lead._closed.set()  # the keepalive stops: rank 0 as if stuck, with the others waiting on it
-    Path(marker).touch()
-    time.sleep(600)
-    return 0
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--idle":
-        raise SystemExit(wait(*sys.argv[2:5]))
     main(*sys.argv[1:3])

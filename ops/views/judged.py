@@ -15,8 +15,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ops import finished, text
-from ops.dlq import OpsError
+from ops.views import finished, text
+from ops.views.dlq import OpsError
 from streams import samples
 from streams.connect import connect
 from streams.keys import Keys
@@ -103,7 +103,7 @@ async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int
 
 def samples_from_run_dir(args: argparse.Namespace) -> int:
     """The run's traces: every sample it read, from its directory's files; their problems from a copy of its
-    Redis data, where the directory has it (ops.finished)."""
+    Redis data, where the directory has it (ops.views.finished)."""
     run_dir = Path(args.run_dir).expanduser()
     if not (run_dir / samples.FOLDER).is_dir():
         return text.fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
