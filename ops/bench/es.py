@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
-import orjson
+from ops.bench import common
 
 
 def bench(args: argparse.Namespace) -> dict:
@@ -87,30 +86,21 @@ def _synchronize(torch, device: str) -> None:
         torch.cuda.synchronize()
 
 
-def main(args: argparse.Namespace) -> int:
-    result = bench(args)
-    if not getattr(args, "json", False):
-        where = result.get("gpu", result["device"])
-        print(f"es ({result['engine']} on {where}): perturb+restore {result['perturb_restore_s']} s, noise alone "
-              f"{result['noise_only_s']} s, ratio {result['ratio']}; replay {result['replay_s_per_version']} s per "
-              f"version of {result['population']} members", file=sys.stderr)  # fmt: skip
-    print(orjson.dumps(result).decode())
-    return 0
+def summary(result: dict) -> str:
+    return (
+        f"es ({result['engine']} on {result.get('gpu', result['device'])}): perturb+restore "
+        f"{result['perturb_restore_s']} s, noise alone {result['noise_only_s']} s, ratio {result['ratio']}; replay "
+        f"{result['replay_s_per_version']} s per version of {result['population']} members"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("es", help="ES perturb+restore of the whole model against drawing its noise")
-    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="where the weights live and the noise is drawn (default auto: cuda when torch sees a GPU)",
-    )
-    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
-    p.add_argument("--rounds", type=int, default=3)
+    p = common.add_bench(sub, "es", "ES perturb+restore of the whole model against drawing its noise", bench, summary)
+    common.add_engine(p)
+    common.add_device(p, "where the weights live and the noise is drawn")
+    common.add_model(p)
+    p.add_argument("--rounds", type=int, default=3, help="rounds measured; medians are reported (default 3)")
     p.add_argument("--population", type=int, default=8, help="members per replayed step")
     p.add_argument("--versions", type=int, default=2, help="steps replayed")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library's default)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    common.add_threads(p)
+    common.add_ending(p)

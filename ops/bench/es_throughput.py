@@ -23,10 +23,9 @@ decoding (`longest`: the longest answer of the way, in tokens). Last line of out
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-import orjson
+from ops.bench import common
 
 
 def bench(args: argparse.Namespace) -> dict:
@@ -98,32 +97,32 @@ def bench(args: argparse.Namespace) -> dict:
     }
 
 
-def main(args: argparse.Namespace) -> int:
-    result = bench(args)
-    if not getattr(args, "json", False):
-        full = f", full-rank members {result['full_ratio']}" if result["full_ratio"] is not None else ""
-        print(f"es-throughput ({result['engine']} on {result.get('gpu', result['device'])}, {result['rows']} rows): "
-              f"low-rank members at {result['ratio']} of pure inference's tokens/s "
-              f"({result['lowrank']['tokens_per_s']} against {result['inference']['tokens_per_s']}){full}",
-              file=sys.stderr)  # fmt: skip
-    print(orjson.dumps(result).decode())
-    return 0
+def summary(result: dict) -> str:
+    full = f", full-rank members {result['full_ratio']}" if result["full_ratio"] is not None else ""
+    return (
+        f"es-throughput ({result['engine']} on {result.get('gpu', result['device'])}, {result['rows']} rows): "
+        f"low-rank members at {result['ratio']} of pure inference's tokens/s "
+        f"({result['lowrank']['tokens_per_s']} against {result['inference']['tokens_per_s']}){full}"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("es-throughput", help="ES members' tokens/s against pure batched inference (EGGROLL)")
-    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="where the engine runs (default auto: cuda when torch sees a GPU)")  # fmt: skip
-    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
+    about = "ES members' tokens/s against pure batched inference (EGGROLL)"
+    p = common.add_bench(sub, "es-throughput", about, bench, summary)
+    common.add_engine(p)
+    common.add_device(p, "where the engine runs")
+    common.add_model(p)
     p.add_argument("--population", type=int, default=8, help="members (antithetic pairs; default 8)")
     p.add_argument("--problems", type=int, default=16, help="Countdown prompts each member answers (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens at most (default 64)")
     p.add_argument("--rank", type=int, default=4, help="the low-rank members' r (default 4)")
     p.add_argument("--sigma", type=float, default=0.001, help="noise scale (default 0.001, the presets')")
     p.add_argument("--seed", type=int, default=0, help="seed of the Countdown problems (default 0)")
-    p.add_argument("--full", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure full-rank members written in turn (default on)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library's default)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    p.add_argument(
+        "--full",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure full-rank members written in turn (default on)",
+    )
+    common.add_threads(p)
+    common.add_ending(p)

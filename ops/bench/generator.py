@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 
-import orjson
-
+from ops.bench import common
 from streams.connect import connect
-from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from streams.publisher import Publisher
 from streams.schema import WorkOrder
@@ -145,43 +142,33 @@ def bench(url: str, args: argparse.Namespace) -> dict:
     }
 
 
-def main(args: argparse.Namespace) -> int:
-    redis_url = getattr(args, "redis_url", None)
-    if redis_url:
-        result = bench(redis_url, args)
-    else:
-        with EmbeddedRedis(appendfsync="everysec") as server:
-            result = bench(server.url, args)
-    if not getattr(args, "json", False):
-        where = result.get("gpu", result["device"])
-        print(f"generator ({result['engine']} on {where}): {result['tokens_per_s']} tokens/s through the service, "
-              f"{result['raw_tokens_per_s']} calling the engine, ratio {result['ratio']}", file=sys.stderr)  # fmt: skip
-    print(orjson.dumps(result).decode())
-    return 0
+def summary(result: dict) -> str:
+    return (
+        f"generator ({result['engine']} on {result.get('gpu', result['device'])}): {result['tokens_per_s']} tokens/s "
+        f"through the service, {result['raw_tokens_per_s']} calling the engine, ratio {result['ratio']}"
+    )
+
+
+def measure(args: argparse.Namespace) -> dict:
+    return common.on_redis(args, lambda url: bench(url, args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generator", help="tokens/s through the generator service against the engine alone")
-    p.add_argument("--engine", default="hf", help="hf, vllm or auto (default hf)")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="where the engine runs (default auto: cuda when torch sees a GPU)",
-    )
+    about = "tokens/s through the generator service against the engine alone"
+    p = common.add_bench(sub, "generator", about, measure, summary)
+    common.add_engine(p)
+    common.add_device(p, "where the engine runs")
     p.add_argument(
         "--kv-cache",
         default="dynamic",
         choices=("dynamic", "static"),
         help="hf engine: static lets transformers compile the decoding step on a GPU (producers/hf.py)",
     )
-    p.add_argument("--model", default=None, help="model folder, .gguf or Hugging Face id (default SmolLM2-135M)")
+    common.add_model(p)
     p.add_argument("--orders", type=int, default=3, help="work orders per round")
     p.add_argument("--prompts", type=int, default=4, help="Countdown problems per order")
     p.add_argument("--n", type=int, default=2, help="samples per problem")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens a sample generates at most (default 48)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="engine CPU threads (0: the library's default)")
-    p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    p.add_argument("--rounds", type=int, default=2, help="rounds of each side; medians are reported (default 2)")
+    common.add_threads(p)
+    common.add_ending(p, redis=True)

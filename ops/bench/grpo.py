@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import orjson
+from ops.bench import common
 
 
 def bench(args: argparse.Namespace) -> dict:
@@ -93,33 +92,21 @@ def _bf16_in_hardware(torch) -> bool | None:
         return None
 
 
-def main(args: argparse.Namespace) -> int:
-    result = bench(args)
-    if not getattr(args, "json", False):
-        where = result.get("gpu", result["device"])
-        print(f"grpo step on {where} ({result['groups']} x {result['group_size']} samples): fp32 "
-              f"{result['fp32_step_s']} s, bf16-mixed {result['bf16_mixed_step_s']} s, speedup {result['speedup']}",
-              file=sys.stderr)  # fmt: skip
-    line = orjson.dumps(result).decode()
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
-    return 0
+def summary(result: dict) -> str:
+    return (
+        f"grpo step on {result.get('gpu', result['device'])} ({result['groups']} x {result['group_size']} samples): "
+        f"fp32 {result['fp32_step_s']} s, bf16-mixed {result['bf16_mixed_step_s']} s, speedup {result['speedup']}"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grpo", help="one GRPO trainer step on the default model: fp32 against bf16-mixed")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="where the trainer steps (default auto: cuda when torch sees a GPU)",
+    p = common.add_bench(
+        sub, "grpo", "one GRPO trainer step on the default model: fp32 against bf16-mixed", bench, summary
     )
-    p.add_argument("--model", default=None, help="model folder or Hugging Face id (default SmolLM2-135M)")
+    common.add_device(p, "where the trainer steps")
+    common.add_model(p, gguf=False)
     p.add_argument("--groups", type=int, default=8, help="theorems in the batch (the GRPO default)")
     p.add_argument("--group-size", type=int, default=8, help="completions per theorem (the GRPO default)")
     p.add_argument("--completion-tokens", type=int, default=64, help="tokens a completion")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default="", help="also write the JSON line here")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    p.add_argument("--rounds", type=int, default=3, help="steps of each precision measured; medians are reported")
+    common.add_ending(p, out=True)

@@ -43,19 +43,17 @@ import itertools
 import os
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import orjson
 from redis.asyncio import Redis
 
 from consumers.service import VerifierService
+from ops.bench import common
 from streams import logs
 from streams.cluster import transaction
 from streams.codec import decode, encode_flat
 from streams.connect import connect
-from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from streams.schema import Attempt, Reward
 from streams.theorems import register
@@ -226,8 +224,8 @@ async def bench(url: str, args: argparse.Namespace) -> dict:
         restart_ms = await restarts(settings, args.hangs, args.hang_timeout_ms / 1000)
         version = (await redis.info("server"))["redis_version"]
     finally:
-        await _delete_run(redis, keys)
         await redis.aclose()
+        await asyncio.to_thread(common.delete_run, url, run)
     return {
         "bench": "verifier",
         "backend": args.backend,
@@ -259,14 +257,7 @@ async def bench(url: str, args: argparse.Namespace) -> dict:
     }
 
 
-async def _delete_run(redis: Redis, keys: Keys) -> None:
-    """The run's keys, so a bench against a shared Redis leaves nothing behind."""
-    names = [k async for k in redis.scan_iter(match=f"{keys.prefix}:*", count=1000)]  # braces: not glob characters
-    for i in range(0, len(names), 500):
-        await redis.delete(*names[i : i + 500])
-
-
-def _usage_problem(args: argparse.Namespace) -> str | None:
+def usage(args: argparse.Namespace) -> str | None:
     if args.sandboxes < 1 or args.hangs < 1 or args.hang_timeout_ms <= 0:
         return "--sandboxes and --hangs must be at least 1, --hang-timeout-ms positive"
     least = 4 * args.sandboxes * TASKS_PER_SLOT
@@ -279,46 +270,30 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-async def _main(url: str | None, args: argparse.Namespace) -> dict:
+async def _measured(url: str, args: argparse.Namespace) -> dict:
     # SIGTERM stops the bench as Ctrl-C does: the task is cancelled, so the pool drains and its sandboxes die.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     load_before = os.getloadavg()[0]
-    if url:
-        result = await bench(url, args)
-    else:
-        with EmbeddedRedis(appendfsync="everysec") as server:
-            result = await bench(server.url, args)
-    return {**result, "cpus": os.cpu_count(), "load_avg_1m_before": round(load_before, 2),
-            "load_avg_1m_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+    return {**await bench(url, args), **common.machine(load_before)}
 
 
-def main(args: argparse.Namespace) -> int:
-    if problem := _usage_problem(args):
-        print(f"bench verifier: {problem}", file=sys.stderr)
-        return 2
+def summary(result: dict) -> str:
+    return (
+        f"verifier ({result['backend']}, {result['sandboxes']} sandboxes): {result['proofs_per_s']:,} proofs/s, "
+        f"utilization {result['utilization']} ({result['utilization_from_rewards']} from rewards), "
+        f"restart p50 {result['restart_ms_p50']} ms (p90 {result['restart_ms_p90']}), "
+        f"{result['cache_hits_per_s']:,} cache hits/s"
+    )
+
+
+def measure(args: argparse.Namespace) -> dict:
     logs.configure(args.log_level)
-    try:
-        result = asyncio.run(_main(getattr(args, "redis_url", None), args))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return 130
-    except RuntimeError as e:
-        print(f"bench verifier: {e}", file=sys.stderr)
-        return 1
-    line = orjson.dumps(result).decode()
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    if not getattr(args, "json", False):
-        print(f"verifier ({args.backend}, {args.sandboxes} sandboxes): {result['proofs_per_s']:,} proofs/s, "
-              f"utilization {result['utilization']} ({result['utilization_from_rewards']} from rewards), "
-              f"restart p50 {result['restart_ms_p50']} ms (p90 {result['restart_ms_p90']}), "
-              f"{result['cache_hits_per_s']:,} cache hits/s", file=sys.stderr)  # fmt: skip
-    print(line)
-    return 0
+    return common.on_redis(args, lambda url: asyncio.run(_measured(url, args)))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verifier", help="the verifier pool on real sandboxes: proofs/s, utilization, restarts, cache",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    about = "the verifier pool on real sandboxes: proofs/s, utilization, restarts, cache"
+    p = common.add_bench(sub, "verifier", about, measure, summary, description=__doc__, usage=usage)
     p.add_argument("--backend", choices=("process", "docker"), default="process", help="the sandboxes to measure")
     p.add_argument("--sandboxes", type=int, default=os.cpu_count() or 1, help="slots of the pool (checks at once)")
     p.add_argument("--attempts", type=int, default=20_000, help="attempts checked in the first phase")
@@ -327,7 +302,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-timeout-ms", type=float, default=200.0, help="the limit each hanging request gets")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up on a phase after this long")
     p.add_argument("--log-level", default="warning", help="of the pool and its sandboxes")
-    p.add_argument("--out", default="", help="also write the JSON line here")
-    p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    common.add_ending(p, redis=True, out=True)

@@ -23,12 +23,11 @@ import contextlib
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 
-import orjson
 from redis.asyncio import Redis
 
+from ops.bench import common
 from streams.codec import encode
 from streams.connect import connect, connect_sync
 from streams.embedded import EmbeddedRedis
@@ -42,8 +41,12 @@ PROOF = "theorem t : 1 + 1 = 2 := by\n  norm_num"
 
 
 def _attempts(n: int) -> list[Attempt]:
-    return [Attempt(attempt_id=f"a{i}", work_id=f"w{i // 8}", theorem_id="t", policy_version=0,
-                    sample_index=i % 8, proof=PROOF) for i in range(n)]  # fmt: skip
+    return [
+        Attempt(
+            attempt_id=f"a{i}", work_id=f"w{i // 8}", theorem_id="t", policy_version=0, sample_index=i % 8, proof=PROOF
+        )
+        for i in range(n)
+    ]
 
 
 async def _read_results(redis: Redis, stream: str, n: int) -> None:
@@ -74,21 +77,52 @@ async def _ours_producer(redis: Redis, keys: Keys, attempts: list[Attempt], batc
 
 async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
     a = d.message
-    return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
-                   verdict="proved", reward=1.0)]  # fmt: skip
+    return [
+        Reward(
+            attempt_id=a.attempt_id,
+            theorem_id=a.theorem_id,
+            policy_version=a.policy_version,
+            verdict="proved",
+            reward=1.0,
+        )
+    ]
 
 
 async def _no_op_batch(ds: list[Delivery[Attempt]]) -> list[list[Reward]]:
-    return [[Reward(attempt_id=d.message.attempt_id, theorem_id=d.message.theorem_id,
-                    policy_version=d.message.policy_version, verdict="proved", reward=1.0)] for d in ds]  # fmt: skip
+    return [
+        [
+            Reward(
+                attempt_id=d.message.attempt_id,
+                theorem_id=d.message.theorem_id,
+                policy_version=d.message.policy_version,
+                verdict="proved",
+                reward=1.0,
+            )
+        ]
+        for d in ds
+    ]
 
 
 def _ours_consumer_with(settle_replicas: int | None = None, **handler):
     async def consume(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
-        settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000,
-                                    settle_replicas=settle_replicas, settle_wait_ms=5_000)  # fmt: skip
-        consumer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="bench", output=Reward,
-                            settings=settings, **handler)  # fmt: skip
+        settings = ConsumerSettings(
+            batch_size=batch,
+            block_ms=100,
+            claim_every_ms=60_000,
+            flush_ms=10_000,
+            settle_replicas=settle_replicas,
+            settle_wait_ms=5_000,
+        )
+        consumer = Consumer(
+            redis,
+            keys,
+            message_type=Attempt,
+            group=VERIFIERS,
+            name="bench",
+            output=Reward,
+            settings=settings,
+            **handler,
+        )
         await consumer.run(stop)
 
     return consume
@@ -166,8 +200,10 @@ def one_round(url: str, side: str, run: str, n: int, batch: int) -> float:
     go, stop = ctx.Event(), ctx.Event()
     readies = [ctx.Event(), ctx.Event()]
     asyncio.run(_create_group(url, run))
-    procs = [ctx.Process(target=_role, args=(role, side, url, run, n, batch, ready, go, stop))
-             for role, ready in zip(("producer", "consumer"), readies, strict=True)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_role, args=(role, side, url, run, n, batch, ready, go, stop))
+        for role, ready in zip(("producer", "consumer"), readies, strict=True)
+    ]
     for p in procs:
         p.start()
     try:
@@ -208,30 +244,42 @@ def _alternated(url: str, warmup: str, sides: tuple[str, str], n: int, batch: in
         for side, took in zip(sides, times, strict=True):
             took.append(one_round(url, side, f"bench-{side}-{r}", n, batch))
     redis = connect_sync(url)
-    server = {"redis_version": redis.info("server")["redis_version"],
-              "replicas_in_sync": in_sync(redis.info("replication"))}  # fmt: skip
+    server = {
+        "redis_version": redis.info("server")["redis_version"],
+        "replicas_in_sync": in_sync(redis.info("replication")),
+    }
     redis.flushdb()
     redis.close()
     return *times, server
 
 
-def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
-    ours = "ours" if handler == "entry" else "ours-batch"
-    raw_s, ours_s, server = _alternated(url, ours, ("raw", ours), n, batch, rounds)
-    version = server["redis_version"]
-    o, b = statistics.median(ours_s), statistics.median(raw_s)
+def _result(
+    name: str, n: int, batch: int, rounds: int, times: tuple[list[float], list[float]], sides: tuple[str, str]
+) -> dict:
+    """What both wire benches report: the measured side's rate against the other's, from their round times
+    (`times`: the measured side's, the other's), named by `sides` (`ours`/`baseline`, `wait`/`no_wait`)."""
+    (measured, other), (mine, theirs) = times, sides
+    m, o = statistics.median(measured), statistics.median(other)
     return {
-        "bench": "wire",
+        "bench": name,
         "n": n,
         "batch": batch,
         "rounds": rounds,
+        "attempts_per_s": round(n / m),
+        f"{theirs}_per_s": round(n / o),
+        "ratio": round(o / m, 3),
+        f"{mine}_s": [round(x, 3) for x in measured],
+        f"{theirs}_s": [round(x, 3) for x in other],
+    }
+
+
+def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
+    ours = "ours" if handler == "entry" else "ours-batch"
+    raw_s, ours_s, server = _alternated(url, ours, ("raw", ours), n, batch, rounds)
+    return {
+        **_result("wire", n, batch, rounds, (ours_s, raw_s), ("ours", "baseline")),
         "handler": handler,
-        "attempts_per_s": round(n / o),
-        "baseline_per_s": round(n / b),
-        "ratio": round(b / o, 3),
-        "ours_s": [round(x, 3) for x in ours_s],
-        "baseline_s": [round(x, 3) for x in raw_s],
-        "redis_version": version,
+        "redis_version": server["redis_version"],
         "topology": "producer process -> consumer process -> reader (this process)",
     }
 
@@ -240,23 +288,11 @@ def bench_wait(url: str, n: int, batch: int, rounds: int) -> dict:
     """Our consumer with WAIT for one replica after every settle against the same without, alternated."""
     load_before = os.getloadavg()[0]
     no_wait_s, wait_s, server = _alternated(url, "ours-wait", ("ours-no-wait", "ours-wait"), n, batch, rounds)
-    version, replicas = server["redis_version"], server["replicas_in_sync"]
-    w, b = statistics.median(wait_s), statistics.median(no_wait_s)
     return {
-        "bench": "wire-wait",
-        "n": n,
-        "batch": batch,
-        "rounds": rounds,
-        "attempts_per_s": round(n / w),
-        "no_wait_per_s": round(n / b),
-        "ratio": round(b / w, 3),
-        "wait_s": [round(x, 3) for x in wait_s],
-        "no_wait_s": [round(x, 3) for x in no_wait_s],
-        "replicas_in_sync": replicas,
-        "redis_version": version,
-        "cpus": os.cpu_count(),
-        "load_avg_1m_before": round(load_before, 2),
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        **_result("wire-wait", n, batch, rounds, (wait_s, no_wait_s), ("wait", "no_wait")),
+        "replicas_in_sync": server["replicas_in_sync"],
+        "redis_version": server["redis_version"],
+        **common.machine(load_before),
         "topology": "producer process -> consumer process (settle + WAIT 1) -> reader; master + 1 replica, local",
     }
 
@@ -277,43 +313,46 @@ def _with_replica(master: EmbeddedRedis):
         yield replica
 
 
-def main(args: argparse.Namespace) -> int:
-    redis_url, as_json = getattr(args, "redis_url", None), getattr(args, "json", False)
-    if args.replica:
-        if redis_url:
-            print("bench wire: --replica starts its own master and replica; leave --redis-url out", file=sys.stderr)
-            return 2
-        with EmbeddedRedis(appendfsync="everysec") as server, _with_replica(server):
-            result = bench_wait(server.url, args.n, args.batch, args.rounds)
-        if not as_json:
-            print(f"wire with WAIT for a replica: {result['attempts_per_s']:,} attempts/s, without "
-                  f"{result['no_wait_per_s']:,}/s, ratio {result['ratio']} (n={args.n}, batch={args.batch})",
-                  file=sys.stderr)  # fmt: skip
-        print(orjson.dumps(result).decode())
-        return 0
-    if redis_url:
-        result = bench(redis_url, args.n, args.batch, args.rounds, args.handler)
-    else:
-        with EmbeddedRedis(appendfsync="everysec") as server:
-            result = bench(server.url, args.n, args.batch, args.rounds, args.handler)
-    if not as_json:
-        print(f"wire: {result['attempts_per_s']:,} attempts/s, raw redis-py {result['baseline_per_s']:,}/s, "
-              f"ratio {result['ratio']} (n={args.n}, batch={args.batch}, Redis {result['redis_version']})",
-              file=sys.stderr)  # fmt: skip
-    print(orjson.dumps(result).decode())
-    return 0
+def summary(result: dict) -> str:
+    if result["bench"] == "wire-wait":
+        return (
+            f"wire with WAIT for a replica: {result['attempts_per_s']:,} attempts/s, without "
+            f"{result['no_wait_per_s']:,}/s, ratio {result['ratio']} (n={result['n']}, batch={result['batch']})"
+        )
+    return (
+        f"wire: {result['attempts_per_s']:,} attempts/s, raw redis-py {result['baseline_per_s']:,}/s, ratio "
+        f"{result['ratio']} (n={result['n']}, batch={result['batch']}, Redis {result['redis_version']})"
+    )
+
+
+def measure(args: argparse.Namespace) -> dict:
+    if not args.replica:
+        return common.on_redis(args, lambda url: bench(url, args.n, args.batch, args.rounds, args.handler))
+    with EmbeddedRedis(appendfsync="everysec") as server, _with_replica(server):
+        return bench_wait(server.url, args.n, args.batch, args.rounds)
+
+
+def usage(args: argparse.Namespace) -> str | None:
+    if args.replica and getattr(args, "redis_url", None):
+        return "--replica starts its own master and replica; leave --redis-url out"
+    return None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("wire", help="entries/s through publish -> consume -> settle -> read results")
+    about = "entries/s through publish -> consume -> settle -> read results"
+    p = common.add_bench(sub, "wire", about, measure, summary, usage=usage)
     p.add_argument("--n", type=int, default=50_000, help="attempts per round")
     p.add_argument("--batch", type=int, default=500, help="XADD chunk and XREADGROUP count")
     p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
-    p.add_argument("--handler", choices=("entry", "batch"), default="entry",
-                   help="our consumer's handler: called per entry (as the verifier's), or per batch")  # fmt: skip
-    p.add_argument("--replica", action="store_true",
-                   help="start a replica too and compare our consumer with and without WAIT for it")  # fmt: skip
-    # SUPPRESS: `python -m ops --redis-url X bench wire` must keep the X given before the command.
-    p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    p.add_argument(
+        "--handler",
+        choices=("entry", "batch"),
+        default="entry",
+        help="our consumer's handler: called per entry (as the verifier's), or per batch",
+    )
+    p.add_argument(
+        "--replica",
+        action="store_true",
+        help="start a replica too and compare our consumer with and without WAIT for it",
+    )
+    common.add_ending(p, redis=True)

@@ -128,6 +128,11 @@ def test_the_work_is_what_the_verdicts_are_checked_against():
     assert len({a.proof for a in attempts}) == 40  # no attempt is a cache hit of another
 
 
+def _run(args) -> int:
+    """What `python -m ops bench verifier` does with the parsed flags, in this process."""
+    return args.func(args)
+
+
 def _bench_args(one_redis_url: str, *extra: str):
     return build_parser().parse_args(["bench", "verifier", "--backend", "process", "--sandboxes", "1",
                                       "--attempts", "40", "--cache-hits", "40", "--hangs", "1",
@@ -142,7 +147,7 @@ def test_verdicts_that_are_not_the_solutions_fail_the_bench(one_redis_url, monke
         await real_register(redis, keys, [dataclasses.replace(t, target=t.target + 1) for t in theorems])
 
     monkeypatch.setattr(bench_verifier, "register", off_by_one)
-    assert bench_verifier.main(_bench_args(one_redis_url)) == 1
+    assert _run(_bench_args(one_redis_url)) == 1
     assert "verdicts are not the solutions'" in capsys.readouterr().err
 
 
@@ -158,7 +163,7 @@ def test_a_cache_that_misses_fails_the_bench(one_redis_url, monkeypatch, capsys)
         return await real_backlog(redis, service, attempts, timeout_s)
 
     monkeypatch.setattr(bench_verifier, "backlog", forgetting)
-    assert bench_verifier.main(_bench_args(one_redis_url)) == 1
+    assert _run(_bench_args(one_redis_url)) == 1
     assert "were not cache hits" in capsys.readouterr().err and phases == [40, 40]
 
 
