@@ -1,14 +1,13 @@
 """A finished or live run, opened for reading: its settings, its Redis, and what that Redis holds (the policy
-versions, the held-out split it registered). Read by `python -m evals.passk` and `python -m evals.compare`.
+versions, the held-out split it registered). Read by `python -m evals.passk`.
 
 - **The settings.** A finished run's `report.json` holds the settings it trained with; they are the run's,
   and a flag that contradicts one of them where it defines the run (`RUN_FIELDS`) is refused rather than
   silently evaluating other problems or another model. Without a report (the run is live or was killed),
   the flags/config are used as given.
-- **The Redis.** `--redis-url` (or the report's URL): that Redis. Otherwise the run's embedded Redis: if a
-  redis-server still serves `<run dir>/redis` (the run is going on) that one is read; else it is started
-  again on that data directory, under the lock the local pipeline takes (trainer/local.py `DATA_LOCK`), read,
-  and stopped. Nothing is written to a run's Redis.
+- **The Redis.** `--redis-url` (or the report's URL): that Redis. Otherwise the run's embedded Redis, opened
+  from its directory (streams/run_redis.py): the run's own server while it is going, else a private server on
+  a copy of its data, gone at the end. Nothing is written to a run's Redis or its directory.
 - **The held-out split.** Exactly the trainer's: `load_theorems(settings)`'s second part, checked record by
   record against the canonical records the run registered in `{ps:R}:theorems` and against the ids its
   checkpoint says it evaluated, so settings that are not the run's fail instead of evaluating other problems.
@@ -17,9 +16,7 @@ versions, the held-out split it registered). Read by `python -m evals.passk` and
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +27,14 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from streams.codec import decode
-from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
+from streams.run_dir import REDIS, REPORT
+from streams.run_redis import NoRunData, reopen
 from streams.schema import PolicyUpdate, SchemaError
 from streams.theorems import Theorem
 from tasks.problems import DataError
 from trainer.config import TrainerSettings
 from trainer.data import load_theorems
-from trainer.local import DATA_LOCK
 
 # What defines a run: a flag that contradicts the finished run's report on one of these is refused.
 RUN_FIELDS = ("run", "algo", "task", "seed", "dataset", "problems", "held_out", "curriculum", "model", "prompt_format")
@@ -52,7 +49,7 @@ class EvalError(Exception):
 
 def run_settings(cli: TrainerSettings, run_dir: Path) -> tuple[TrainerSettings, str]:
     """The run's settings and where they came from: the finished run's report.json, else the flags/config."""
-    report = run_dir / "report.json"
+    report = run_dir / REPORT
     if not report.is_file():
         return cli, f"the flags/config ({report} does not exist: the run has not finished)"
     try:
@@ -77,63 +74,26 @@ def run_settings(cli: TrainerSettings, run_dir: Path) -> tuple[TrainerSettings, 
 # ----------------------------------------------------------------------------------------------- Redis
 
 
-def live_server(data_dir: Path) -> str | None:
-    """URL of a redis-server running on `data_dir` (its working directory), if any. Its argv is replaced by
-    its process title, `redis-server HOST:PORT`, which gives the address."""
-    want = data_dir.resolve()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "comm").read_text().strip() != "redis-server" or Path(os.readlink(proc / "cwd")) != want:
-                continue
-            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:  # gone meanwhile, a zombie, or not ours to read
-            continue
-        host, _, port = title.rsplit(" ", 1)[-1].rpartition(":")
-        if not port.isdigit():
-            raise EvalError(f"a redis-server (pid {proc.name}) serves {data_dir}, at an address its title "
-                            f"{title!r} does not give; pass --redis-url")  # fmt: skip
-        return f"redis://{'127.0.0.1' if host in ('', '*', '0.0.0.0', '::') else host}:{port}/0"
-    return None
-
-
 @contextlib.contextmanager
-def run_redis(settings: TrainerSettings, run_dir: Path):
-    """Yields (url, how): the run's Redis, restarted from the run directory (and stopped) when needed."""
+def run_redis(settings: TrainerSettings, run_dir: Path) -> Iterator[tuple[str, str]]:
+    """Yields (url, how): `--redis-url`'s Redis, else the run's own (streams/run_redis.py): its server while the
+    run is going, else a served copy of its data."""
     if settings.redis_url:
         yield settings.redis_url, f"the Redis at {settings.redis_url}"
         return
-    data = run_dir / "redis"
     if not run_dir.is_dir():
         raise EvalError(f"no run {settings.run!r}: {run_dir} does not exist. Name the run directory "
                         f"(--run-dir, or --run for runs/<run>), or pass --redis-url for a run whose Redis is "
                         f"elsewhere")  # fmt: skip
-    if not ((data / "appendonlydir").is_dir() or (data / "appendonly.aof").is_file()):
-        raise EvalError(f"{run_dir} holds no Redis data ({data}): a run trained against another Redis needs "
-                        f"--redis-url")  # fmt: skip
-    url = live_server(data)
-    if url:  # the run is going on: read its server (the trainer holds the data directory's lock)
-        yield url, f"the run's embedded Redis, still running, at {url}"
-        return
-    with open(data / DATA_LOCK, "a+") as lock:
-        # Two servers on one AOF would corrupt it: a second eval of the same stopped run waits for the first
-        # (a trainer resuming the run refuses to start while an eval holds the lock: trainer/local.py).
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"eval: waiting for another process using {data} (an eval, or a trainer starting)", file=sys.stderr)
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        url = live_server(data)
-        if url:
-            yield url, f"the run's embedded Redis, still running, at {url}"
-            return
-        server = EmbeddedRedis(data_dir=data, appendfsync="everysec", start_timeout_s=120.0)
-        server.start()
-        try:
-            yield server.url, f"the run's embedded Redis, restarted from {data} (stopped again at the end)"
-        finally:
-            server.stop()
+            run = stack.enter_context(reopen(run_dir, live=True))
+        except NoRunData as e:
+            raise EvalError(str(e)) from e
+        if run.copy:
+            yield run.url, f"a copy of the run's embedded Redis data ({run_dir / REDIS}), served for this read"
+        else:
+            yield run.url, f"the run's embedded Redis, still running, at {run.url}"
 
 
 # ---------------------------------------------------------------------------------- what the Redis holds

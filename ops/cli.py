@@ -1,8 +1,10 @@
-"""`python -m ops`: the operator's view of a run, from the same Redis the roles use.
+"""`python -m ops`: the operator's view of a run, from the same Redis the roles use (the views: ops/views/).
 
     python -m ops run                          the run's result first (ops/views/runs.py), then its health
     python -m ops runs [--dir runs]            the runs in a folder, from their files (no Redis)
-    python -m ops compare R1 R2 ... [--plot P] runs side by side: table, differences, one plot
+    python -m ops compare R1 R2 ... [--plot P] finished runs side by side: table, differences, one plot
+                                               (ops/views/compare.py; the ES-against-GRPO experiment that
+                                               trains runs to compare is `python -m evals.es_vs_grpo`)
     python -m ops theorem ID                   one problem of the run, as the verifier judges it
     python -m ops streams                      lengths, group lag / pending, consumers and their idle time
     python -m ops dlq list [--limit N]         dead letters, oldest first
@@ -17,17 +19,13 @@
     python -m ops samples [--version V] [--verdict X] [--theorem ID] [--text REGEX] [-n N]
                                                judged attempts: problem, text, proof, verdict (the run dir's
                                                traces with --run-dir, else the streams' history)
-    python -m ops bench wire [--json]          (ops/bench/wire.py)
-    python -m ops bench generator [--json]     (ops/bench/generator.py)
-    python -m ops bench es [--json]            (ops/bench/es.py)
-    python -m ops bench es-throughput [--json] (ops/bench/es_throughput.py)
-    python -m ops bench grpo [--json]          (ops/bench/grpo.py)
-    python -m ops bench verifier [--json]      (ops/bench/verifier.py)
+    python -m ops bench NAME [--json]          wire, generator, es, es-throughput, grpo, pipeline, verifier
+                                               (ops/bench/NAME.py; --help after NAME for its flags)
 
 Shared flags (`--run`, `--redis-url`, `--run-dir`, `--config`, `--json`, ...) go before or after the command.
-`--run-dir DIR` reads a finished local run from its directory instead of a live Redis (ops/views/finished.py). Text by
-default; `--json` prints one JSON object (`tail --follow --json`: one per entry). Exit status: 0 done,
-1 Redis or the operation failed, 2 bad usage or configuration.
+`--run-dir DIR` reads a finished local run from its directory instead of a live Redis, on a copy of its data
+(streams/run_redis.py). Text by default; `--json` prints one JSON object (`tail --follow --json`: one per
+entry). Exit status: 0 done, 1 Redis or the operation failed, 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -49,11 +47,12 @@ from redis import exceptions as rx
 from redis.asyncio import Redis
 
 from ops.bench import es, es_throughput, generator, grpo, pipeline, verifier, wire
-from ops.views import dashboard, dlq, finished, inspect, judged, runs, text, verdicts
+from ops.views import compare, dashboard, dlq, inspect, judged, runs, text, verdicts
 from ops.views.text import emit, fail
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
 from streams.keys import STREAMS, Keys
+from streams.run_redis import NoRunData, reopen
 from streams.settings import RoleSettings, SettingsError, SettingsParser
 from weights.device import NoDevice
 
@@ -289,7 +288,7 @@ def _files(sub) -> None:
     commands = (
         ("runs", runs.cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward and exact "
          "first -> last, wall time, start (from their files; no Redis)"),
-        ("compare", runs.cmd_compare, "runs side by side: their table, the settings they differ in, and one plot "
+        ("compare", compare.cmd_compare, "runs side by side: their table, the settings they differ in, and one plot "
          "of held-out reward and exact against samples and wall time"),
     )  # fmt: skip
     for name, fn, about in commands:
@@ -345,11 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         if settings.redis_url:
             return fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
         try:
-            with finished.FinishedRun(run_dir) as run:
+            with reopen(run_dir) as run:
                 named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
-                update = {"redis_url": run.url} | ({} if named or run.run_id is None else {"run": run.run_id})
+                found = None if named else run.only_run()
+                update = {"redis_url": run.url} | ({} if found is None else {"run": found})
                 return _inspect(args, settings.model_copy(update=update))
-        except finished.NotARunDir as e:
+        except NoRunData as e:
             return fail(str(e), 2)
     if not settings.redis_url:
         return fail(NO_REDIS, 2)

@@ -59,7 +59,9 @@ def server_version(binary: str) -> str:
     raise RuntimeError(f"{binary} --version did not say its version: {out[:200]!r}")
 
 
-def _has_data(data_dir: Path) -> bool:
+def has_data(data_dir: Path) -> bool:
+    """The folder holds a server's data: an AOF (a 6.2 file or a 7.x appendonlydir) or an RDB snapshot. The one
+    rule of "this folder has data", for the version check below and for reopening a run's Redis (run_redis.py)."""
     return any(data_dir.glob("*.aof")) or any(data_dir.glob("appendonlydir/*")) or (data_dir / "dump.rdb").exists()
 
 
@@ -139,7 +141,7 @@ class EmbeddedRedis:
         it. (A directory with data but no record predates the record: it is recorded as it is now.)"""
         version, record = server_version(self.binary), self._record()
         wrote = record.get("version")
-        if wrote and wrote != version and _has_data(self.data_dir):
+        if wrote and wrote != version and has_data(self.data_dir):
             raise RedisDataMismatch(
                 f"the Redis data in {self.data_dir} was written by redis-server {wrote} ({record.get('binary')}), "
                 f"and this one is {version} ({self.binary}): their data files are not compatible, and opening "

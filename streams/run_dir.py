@@ -7,7 +7,8 @@
       reward.png, staleness.png, throughput.png   PLOTS, drawn from metrics.jsonl at the end
       samples/              SAMPLES: the judged attempts, v<version>.jsonl.gz (streams/samples.py)
       logs/                 LOGS: the local pipeline's roles' logs (trainer/local.py)
-      redis/                REDIS: the local pipeline's Redis data; reopened by `ops open` and evals
+      redis/                REDIS: the local pipeline's Redis data; `redis/.lock` (DATA_LOCK) is held by whoever
+                            runs a server on it or copies it (streams/run_redis.py reopens it for ops and evals)
       tensorboard/, mlflow.json   TENSORBOARD, MLFLOW: the trackers (trainer/metrics.py)
       policy/, checkpoints/ POLICY, CHECKPOINTS: GRPO's weights folders and trainer checkpoints
 
@@ -29,6 +30,9 @@ PLOTS = ("reward.png", "staleness.png", "throughput.png")
 SAMPLES = "samples"
 LOGS = "logs"
 REDIS = "redis"
+# In REDIS: held by whoever runs a server on that data (a local pipeline for its lifetime, trainer/local.py) or
+# copies it (streams/run_redis.py): two servers on one AOF corrupt it, and a copy taken mid-write is torn.
+DATA_LOCK = ".lock"
 TENSORBOARD = "tensorboard"
 MLFLOW = "mlflow.json"
 POLICY = "policy"

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from streams.embedded import EmbeddedRedis, die_with_parent
+from streams.run_dir import DATA_LOCK
 from streams.settings import CONFIG_ENV
 from trainer.config import TrainerSettings
 
@@ -104,11 +105,6 @@ def lora_env(settings: TrainerSettings, base: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in base}
 
 
-# In `<run_dir>/redis`: held by whoever runs a server on that data directory (a local pipeline for its
-# lifetime, `python -m evals.passk` while it restarts a stopped run's Redis): two servers on one AOF corrupt it.
-DATA_LOCK = ".lock"
-
-
 class LocalPipeline:
     """Redis + generator + verifiers for one run, all stopped by `stop()` (idempotent)."""
 
@@ -137,8 +133,9 @@ class LocalPipeline:
             self._lock.close()
             self._lock = None
             raise RuntimeError(
-                f"{self.run_dir} is in use: another trainer of run {self.settings.run!r}, or `python -m "
-                "evals.passk` reading its Redis, holds it. Wait for it to finish, or use another --run"
+                f"{self.run_dir} is in use: another trainer of run {self.settings.run!r}, or a reader copying its "
+                "Redis data (`python -m ops --run-dir`, `python -m evals.passk`), holds it. Wait for it to finish, "
+                "or use another --run"
             ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
         base = child_env(self.settings, self.url, self.config)

@@ -15,11 +15,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ops.views import finished, text
+from ops.views import text
 from ops.views.dlq import OpsError
 from streams import samples
 from streams.connect import connect
 from streams.keys import Keys
+from streams.run_redis import NoRunData, reopen
 from streams.schema import SchemaError
 from streams.theorems import Theorem
 
@@ -103,17 +104,17 @@ async def cmd_samples(redis: Redis, keys: Keys, args: argparse.Namespace) -> int
 
 def samples_from_run_dir(args: argparse.Namespace) -> int:
     """The run's traces: every sample it read, from its directory's files; their problems from a copy of its
-    Redis data, where the directory has it (ops.views.finished)."""
+    Redis data, where the directory has it (streams/run_redis.py)."""
     run_dir = Path(args.run_dir).expanduser()
     if not (run_dir / samples.FOLDER).is_dir():
         return text.fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
                      "before traces were kept", 2)  # fmt: skip
     matched, shown = pick(samples.read_dir(run_dir, args.version), _filters(args), args.count)
     try:
-        with finished.FinishedRun(run_dir) as run:
-            keys = Keys(getattr(args, "run", None) or run.run_id or "default")
+        with reopen(run_dir) as run:
+            keys = Keys(getattr(args, "run", None) or run.only_run() or "default")
             shown = asyncio.run(_problems_at(run.url, keys, shown))
-    except finished.NotARunDir:  # no Redis data (a run against another Redis): the samples without problems
+    except NoRunData:  # no Redis data (a run against another Redis), or the run is going: no problems shown
         pass
     return _show_samples(args, matched, shown, f"traces in {run_dir / samples.FOLDER}")
 

@@ -15,11 +15,11 @@ import orjson
 import pytest
 
 from evals import passk
-from evals.runs import live_server
 from streams.codec import encode
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
+from streams.run_redis import live_server
 from streams.schema import PolicyUpdate
 from streams.theorems import register
 from tests.producers.conftest import needs_model
@@ -161,6 +161,7 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     finally:
         server.stop()
     (run_dir / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump(), "version": 2}))
+    data_before = {p: p.read_bytes() for p in sorted((run_dir / "redis").rglob("*")) if p.is_file()}
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
     argv = [sys.executable, "-m", "evals.passk", "--run-dir", str(run_dir), "--version", "2", "--samples", "2",
@@ -195,7 +196,8 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     assert line["reward_mean"] == pytest.approx(sum(s["reward"] for s in samples) / 8, abs=1e-6)
     passed = [p["passed"] for p in doc["per_problem"]]
     assert line["pass_at_k"]["1"] == pytest.approx(passk.mean_pass_at_k(passed, 2, 1), abs=1e-6)
-    assert live_server(run_dir / "redis") is None  # the run's Redis was stopped again
+    assert live_server(run_dir / "redis") is None  # read on a copy: no server on the run's own data
+    assert {p: p.read_bytes() for p in sorted((run_dir / "redis").rglob("*")) if p.is_file()} == data_before
 
 
 def test_help_offers_what_an_evaluation_uses_and_not_the_training_flags():

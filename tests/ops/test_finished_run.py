@@ -1,6 +1,7 @@
 """`python -m ops --run-dir DIR`: a finished local run is inspected from its directory, on a copy of its Redis
-data (a real redis-server started on the copy), and the directory is left byte for byte as it was; a run
-still going, a directory without Redis data and `--redis-url` together with `--run-dir` are refused."""
+data (a real redis-server started on the copy: streams/run_redis.py), and the directory is left byte for byte as
+it was; a run still going, a directory without Redis data and `--redis-url` together with `--run-dir` are
+refused."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from ops.views.finished import COPY_PREFIX, FinishedRun
 from streams.embedded import EmbeddedRedis
+from streams.run_redis import COPY_PREFIX, reopen
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,8 +99,8 @@ def test_a_run_still_going_a_folder_without_data_and_two_sources_are_refused(tmp
 def test_the_run_id_comes_from_report_json_when_there_is_one(tmp_path):
     _finished_run(tmp_path, "from-keys", rewards=1)
     (tmp_path / "report.json").write_text(json.dumps({"settings": {"run": "from-report"}}))
-    with FinishedRun(tmp_path) as run:
-        assert run.run_id == "from-report" and run.url.startswith("redis://127.0.0.1:")
+    with reopen(tmp_path) as run:
+        assert run.only_run() == "from-report" and run.url.startswith("redis://127.0.0.1:") and run.copy
 
 
 def test_a_copy_left_by_an_open_killed_with_sigkill_is_removed_by_the_next(tmp_path):
@@ -116,8 +117,8 @@ def test_a_copy_left_by_an_open_killed_with_sigkill_is_removed_by_the_next(tmp_p
     assert copies[0].exists()
     mine = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-"))  # a live process's copy stays
     try:
-        with FinishedRun(tmp_path) as run:
-            assert run.run_id == "exp-9"
+        with reopen(tmp_path) as run:
+            assert run.only_run() == "exp-9"
         assert not copies[0].exists() and mine.exists()
     finally:
         shutil.rmtree(mine, ignore_errors=True)
