@@ -32,8 +32,11 @@ class GeneratorStats(TypedDict, total=False):
     policy_latest: int  # the newest policy version it has applied
     policy_rewinds: int  # times a failover rewrote the policy history under it
     fatal: str | None  # why it stopped serving; the trainer's progress watch names it
+    orders: int  # work orders generated for
     attempts: int  # attempts published, evaluation orders' included
     stale_skipped: int  # work orders skipped as too stale
+    settled_skipped: int  # work orders skipped as settled already, or cut by the trainer
+    policy_errors: int  # work orders whose policy did not match the weights (dead-lettered)
     held_for_room_s: float  # seconds held back because the attempts stream's lag was over its bound
     busy_share: float  # share of its uptime spent generating
     engine_stats: EngineStats

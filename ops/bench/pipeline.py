@@ -50,9 +50,9 @@ from typing import Any
 import orjson
 import redis as redis_sync
 
-from streams import logs
+from ops.bench import common
+from streams import logs, role_stats
 from streams.connect import connect, connect_sync
-from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from tasks.countdown import countdown_problems
 from trainer.config import PRESETS, TrainerSettings
@@ -94,7 +94,7 @@ class Roles(LocalPipeline):
         keys, r = Keys(self.settings.run), connect_sync(self.settings.redis_url)
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
-            while r.hlen(keys.generator_stats) < generators or r.hlen(keys.verifier_stats) < 1:
+            while len(role_stats.generators_sync(r, keys)) < generators or not role_stats.verifiers_sync(r, keys):
                 self.check()
                 if time.monotonic() > deadline:
                     tails = "\n".join(f"{name}: ...{self.log_tail(name)}" for name, _ in self.children)
@@ -259,7 +259,7 @@ def bench(url: str, args: argparse.Namespace) -> dict:
             recorded = roles.stop_roles()
             try:
                 streams = _stream_times(url, run) if args.trace_out else {}
-                _delete_run(url, run)
+                common.delete_run(url, run)
             except redis_sync.ConnectionError:
                 streams = {}  # the private server is gone already (a Ctrl-C in the terminal reached it too)
     if args.trace_out:
@@ -268,8 +268,7 @@ def bench(url: str, args: argparse.Namespace) -> dict:
     missing = [r["role"] for r in recorded if r.get("missing")]
     if missing:
         raise RuntimeError(f"bench roles {missing} stopped without writing their figures")
-    return {**figures(updates, recorded, args), "cpus": os.cpu_count(), "load_avg_1m_before": round(load_before, 2),
-            "load_avg_1m_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+    return {**figures(updates, recorded, args), **common.machine(load_before)}
 
 
 def _stream_times(url: str, run: str) -> dict[str, list]:
@@ -286,18 +285,7 @@ def _stream_times(url: str, run: str) -> dict[str, list]:
     return out
 
 
-def _delete_run(url: str, run: str) -> None:
-    """The run's keys, so a bench against a shared Redis leaves nothing behind."""
-    r = connect_sync(url)
-    try:
-        names = list(r.scan_iter(match=f"{Keys(run).prefix}:*", count=1000))  # braces are not glob characters
-        for i in range(0, len(names), 500):
-            r.delete(*names[i : i + 500])
-    finally:
-        r.close()
-
-
-def _usage_problem(args: argparse.Namespace) -> str | None:
+def usage(args: argparse.Namespace) -> str | None:
     if min(args.gen_ms, args.verify_ms, args.train_ms) < 0:
         return "latencies cannot be negative"
     if args.generators < 1 or args.verifier_slots < 1 or args.population < 2 or args.batch < 1:
@@ -313,39 +301,27 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the bench as Ctrl-C does: through the `finally` that stops the roles
 
 
-def main(args: argparse.Namespace) -> int:
-    if problem := _usage_problem(args):
-        print(f"bench pipeline: {problem}", file=sys.stderr)
-        return 2
+def summary(result: dict) -> str:
+    return (
+        f"pipeline: {result['iteration_s']} s per version, ideal {result['ideal_s']} s ({result['bottleneck']}), "
+        f"sequential {result['sequential_s']} s, efficiency {result['efficiency']}"
+    )
+
+
+def measure(args: argparse.Namespace) -> dict:
     logs.configure(args.log_level)
-    redis_url, as_json = getattr(args, "redis_url", None), getattr(args, "json", False)
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there
     previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
-        if redis_url:
-            result = bench(redis_url, args)
-        else:
-            with EmbeddedRedis(appendfsync="everysec") as server:
-                result = bench(server.url, args)
-    except KeyboardInterrupt:
-        return 130
-    except RuntimeError as e:
-        print(f"bench pipeline: {e}", file=sys.stderr)
-        return 1
+        return common.on_redis(args, lambda url: bench(url, args))
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
-    if not as_json:
-        print(f"pipeline: {result['iteration_s']} s per version, ideal {result['ideal_s']} s "
-              f"({result['bottleneck']}), sequential {result['sequential_s']} s, "
-              f"efficiency {result['efficiency']}", file=sys.stderr)  # fmt: skip
-    print(orjson.dumps(result).decode())
-    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pipeline", help="the ES trainer, generators and verifiers overlapping, synthetic latencies",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    about = "the ES trainer, generators and verifiers overlapping, synthetic latencies"
+    p = common.add_bench(sub, "pipeline", about, measure, summary, description=__doc__, usage=usage)
     p.add_argument("--gen-ms", type=float, default=20.0, help="generation time per attempt, per generator")
     p.add_argument("--verify-ms", type=float, default=15.0, help="check time per attempt, per verifier slot")
     p.add_argument("--train-ms", type=float, default=0.0, help="training time per update, in the trainer")
@@ -354,15 +330,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     trainer = TrainerSettings.model_fields  # the ES schedule: the trainer's own defaults unless given
     p.add_argument("--population", type=int, default=PRESETS["cpu"]["population"], help="ES members in flight")
     p.add_argument("--batch", type=int, default=trainer["batch"].default, help="theorems per member")
-    p.add_argument("--quorum", type=float, default=trainer["quorum"].default,
-                   help="share of the population an update waits for")  # fmt: skip
-    p.add_argument("--max-staleness", type=int, default=trainer["max_staleness"].default,
-                   help="versions a member's center may lag behind the version it is used for")  # fmt: skip
+    p.add_argument(
+        "--quorum", type=float, default=trainer["quorum"].default, help="share of the population an update waits for"
+    )
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=trainer["max_staleness"].default,
+        help="versions a member's center may lag behind the version it is used for",
+    )
     p.add_argument("--versions", type=int, default=20, help="versions measured after the warm-up")
     p.add_argument("--warmup", type=int, default=2, help="versions run first and not measured")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up after this long")
     p.add_argument("--log-level", default="warning", help="of the trainer and the roles (their logs: a temp dir)")
     p.add_argument("--trace-out", default="", help="write every update's time and every busy interval here (JSON)")
-    p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")
-    p.set_defaults(func=main)
+    common.add_ending(p, redis=True)

@@ -32,13 +32,13 @@ import argparse
 import os
 import socket
 import sys
-import time
 
 import orjson
 import redis
 import redis.exceptions as rx
 from redis.exceptions import RedisError
 
+from streams import role_stats
 from streams.connect import connect_sync
 from streams.keys import Keys
 from streams.settings import DefaultsFormatter
@@ -46,14 +46,12 @@ from streams.settings import DefaultsFormatter
 
 def check_generator(client: redis.Redis, keys: Keys, max_age_s: float, name: str = "") -> str | None:
     """None when a generator of this container reported recently; else why not."""
-    reports = client.hgetall(keys.generator_stats)
     prefix = f"gen-{socket.gethostname()}-"
     ours = (lambda n: n == name) if name else (lambda n: n.startswith(prefix))
-    mine = {k.decode(): v for k, v in reports.items() if ours(k.decode())}
+    mine = {n: report for n, report in role_stats.generators_sync(client, keys).items() if ours(n)}
     if not mine:
         return f"no report from {name or prefix + '*'} in {keys.generator_stats} yet"
-    now_ms = time.time() * 1000
-    age_s = min((now_ms - orjson.loads(v).get("reported_ms", 0)) / 1000 for v in mine.values())
+    age_s = min(role_stats.age_s("generator", report) for report in mine.values())
     if age_s > max_age_s:
         return f"the last report of {', '.join(sorted(mine))} is {age_s:.0f} s old (limit {max_age_s:.0f} s)"
     return None
@@ -63,11 +61,11 @@ def check_verifier(client: redis.Redis, keys: Keys, max_age_s: float, sandboxes:
     """None when the newest report of a verifier worker of this container is fresh and (unless `sandboxes`
     is False) all its sandboxes could start; else why not."""
     prefix = f"{socket.gethostname()}-"
-    mine = [orjson.loads(v) for k, v in client.hgetall(keys.verifier_stats).items() if k.decode().startswith(prefix)]
+    mine = [report for k, report in role_stats.verifiers_sync(client, keys).items() if k.startswith(prefix)]
     if not mine:
         return f"no report from a verifier worker {prefix}* in {keys.verifier_stats} yet"
-    newest = max(mine, key=lambda r: r.get("updated_ms", 0))
-    age_s = (time.time() * 1000 - newest.get("updated_ms", 0)) / 1000
+    newest = min(mine, key=lambda report: role_stats.age_s("verifier", report))
+    age_s = role_stats.age_s("verifier", newest)
     if age_s > max_age_s:
         return f"the last report of {newest.get('worker')} is {age_s:.0f} s old (limit {max_age_s:.0f} s)"
     down = newest.get("sandboxes_unavailable") or {}

@@ -16,7 +16,7 @@ API (JSON): `/api/state` the served run's snapshot; `/api/samples?verdict=&versi
 runs under `--dir`; `/api/run?name=N` one of them from its files (result and curves).
 
 It only reads (XRANGE, XLEN, XINFO, XPENDING, HGET*, never a consumer group), so it can watch a live run from
-anywhere; `--run-dir DIR` shows a finished local run from its directory (ops.views.finished). Served by the standard
+anywhere; `--run-dir DIR` shows a finished local run from its directory (streams/run_redis.py). Served by the standard
 library's ThreadingHTTPServer in a thread; each request's Redis reads run on the command's event loop with
 the command's client. Bound to 127.0.0.1 by default; another `--host` needs `--token`, which every request
 must then carry (`?token=` or `Authorization: Bearer`): the page passes its own on.
@@ -39,9 +39,10 @@ import orjson
 from redis.asyncio import Redis
 
 from ops.views import dlq, inspect, judged, runs, verdicts
-from streams import samples
+from streams import role_stats, samples
 from streams.keys import Keys
-from trainer.metrics import COLORS, read_records, update_records
+from streams.run_dir import METRICS, eval_records, read_records, update_records
+from trainer.metrics import COLORS
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLES = 40  # judged samples on the page: the newest that match its filters
@@ -93,11 +94,10 @@ async def snapshot(redis: Redis, keys: Keys, run_dir: Path | None = None) -> dic
     evals = orjson.loads(raw_state).get("eval_results", {}) if raw_state else {}
     newest = reversed(await redis.xrevrange(keys.metrics, count=VERSIONS))
     metrics = [orjson.loads(f[b"json"]) for _, f in newest if b"json" in f]
-    if run_dir is not None and (run_dir / runs.METRICS).is_file():  # the file also has the evaluations' times
-        records = read_records(run_dir / runs.METRICS)
-        metrics, evals = update_records(records), {r["version"]: r for r in records if r.get("eval")} or evals
-    generators = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
-    verifiers = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.verifier_stats)).items()}
+    if run_dir is not None and (run_dir / METRICS).is_file():  # the file also has the evaluations' times
+        records = read_records(run_dir)
+        metrics, evals = update_records(records), {r["version"]: r for r in eval_records(records)} or evals
+    generators, verifiers = await role_stats.generators(redis, keys), await role_stats.verifiers(redis, keys)
     newest = [eid.decode() for eid, _ in await redis.xrevrange(keys.dlq, count=LETTERS)]
     letters = [await dlq.show_letter(redis, keys, eid) for eid in newest]
     return {
@@ -129,8 +129,8 @@ def other_run(folder: Path, name: str) -> dict[str, Any] | None:
     wanted = next((r for r in runs.listing(folder) if r["name"] == name), None)
     if wanted is None:
         return None
-    records = read_records(Path(wanted["dir"]) / runs.METRICS)
-    evals = {r["version"]: r for r in records if r.get("eval")}
+    records = read_records(Path(wanted["dir"]))
+    evals = {r["version"]: r for r in eval_records(records)}
     return {"result": wanted, "series": series(records, evals, wanted["started"])}
 
 

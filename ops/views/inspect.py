@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from streams import letters
+from streams import letters, role_stats
 from streams.cluster import on_slot
 from streams.codec import VERSION_FIELD, decode
 from streams.groups import consumer_states, group_states
@@ -115,6 +115,7 @@ def _consumer(row: dict) -> dict[str, Any]:
 
 # -- a run's health ------------------------------------------------------------------------------------
 
+# The generators' figures `ops run` shows (streams/role_stats.py GeneratorStats), each 0 where a report lacks it.
 GENERATOR_FIGURES = ("orders", "attempts", "stale_skipped", "settled_skipped", "policy_errors")
 DLQ_SCAN = 10_000  # dead letters read to count by reason (the newest ones; the total is XLEN)
 
@@ -137,7 +138,7 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
                    "counts": state.get("counts", {})}  # fmt: skip
     lease = await redis.get(keys.trainer_lease)
     alert = await redis.get(keys.trainer_alert)
-    generators = {_key(k): orjson.loads(v) for k, v in (await redis.hgetall(keys.generator_stats)).items()}
+    generators = await role_stats.generators(redis, keys)
     by_reason = await letters.by_reason(redis, keys, DLQ_SCAN)
     streams = streams or await stream_report(redis, keys)
     pending = {f"{name}/{group}": {k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms",

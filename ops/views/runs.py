@@ -1,9 +1,9 @@
 """Runs as a user looks for them: one run's result (trainer/result.py) read from its Redis or from its
-directory, the runs a folder holds (`python -m ops runs`), and several side by side (`python -m ops compare`).
+directory, and the runs a folder holds (`python -m ops runs`; side by side: ops/views/compare.py).
 
-From a directory, without any Redis: `run.json` (what the trainer runs and since when; written at each start),
-`report.json` (written at the end: the settings, version, counts, evaluations, wall time), `metrics.jsonl`
-(versions, evaluations, their times). A run's status:
+From a directory, without any Redis (streams/run_dir.py names its files): `run.json` (what the trainer runs
+and since when; written at each start), `report.json` (written at the end: the settings, version, counts,
+evaluations, wall time), `metrics.jsonl` (versions, evaluations, their times). A run's status:
 - finished / interrupted: its report.json is newer than its run.json (the trainer ended and said how);
 - live: no such report, and the trainer process run.json names is alive on this host;
 - interrupted: no such report and no such process (killed, or its machine went away).
@@ -22,22 +22,9 @@ from redis.asyncio import Redis
 
 from ops.views import text
 from streams.keys import Keys
+from streams.run_dir import INFO, PARTS, REPORT, eval_records, holds_run, read_json, read_records, update_records
 from trainer import result
-from trainer.curves import curve, plot_runs, samples_used
-from trainer.metrics import read_records, update_records
-from trainer.result import INFO
-
-REPORT = "report.json"
-METRICS = "metrics.jsonl"
-SKIP = {"redis", "samples", "logs", "tensorboard", "policy", "checkpoints"}  # folders of a run, not runs
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
+from trainer.curves import samples_used
 
 
 def alive(info: dict[str, Any]) -> bool:
@@ -56,8 +43,8 @@ def alive(info: dict[str, Any]) -> bool:
 
 def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
     """A run's result from its directory's files; None where the folder holds no run."""
-    info, report = _json(run_dir / INFO), _json(run_dir / REPORT)
-    records = read_records(run_dir / METRICS)
+    info, report = read_json(run_dir / INFO), read_json(run_dir / REPORT)
+    records = read_records(run_dir)
     if info is None and report is None and not records:
         return None
     started = (info or {}).get("started")
@@ -76,7 +63,7 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
     else:
         version = max((int(r["version"]) for r in updates), default=0)
         counts = {"samples": samples_used(records)}
-        evals = {r["version"]: r for r in records if r.get("eval")}
+        evals = {r["version"]: r for r in eval_records(records)}
         status = "live" if info and alive(info) else "interrupted"
         last = max((r.get("time", 0) for r in records), default=None)
         wall_s = None if status == "live" or started is None or not last else last - started
@@ -94,8 +81,8 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         return None
     state = orjson.loads(raw_state)
     raw_info = await redis.get(keys.run_info)
-    info = orjson.loads(raw_info) if raw_info else (_json(run_dir / INFO) if run_dir else None) or {}
-    report = _json(run_dir / REPORT) if run_dir else None
+    info = orjson.loads(raw_info) if raw_info else (read_json(run_dir / INFO) if run_dir else None) or {}
+    report = read_json(run_dir / REPORT) if run_dir else None
     settings = info.get("settings") or (report or {}).get("settings") or {"run": keys.run, "algo": state.get("algo")}
     times = [orjson.loads(f[b"json"]).get("time") for _, f in await redis.xrevrange(keys.metrics, count=8)]
     if state.get("finished"):
@@ -122,14 +109,15 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
 
 def find(folder: Path) -> list[Path]:
     """The run directories under `folder` (itself included): those holding run.json, report.json or
-    metrics.jsonl, at any depth (evals.compare keeps its runs in OUT/seed<K>/<algo>, sweeps in DIR/cells/...)."""
+    metrics.jsonl, at any depth (evals.es_vs_grpo keeps its runs in OUT/seed<K>/<algo>, sweeps in
+    DIR/cells/...)."""
     found, todo = [], [folder]
     while todo:
         here = todo.pop()
-        if any((here / name).is_file() for name in (INFO, REPORT, METRICS)):
+        if holds_run(here):
             found.append(here)
         try:
-            children = sorted(p for p in here.iterdir() if p.is_dir() and p.name not in SKIP)
+            children = sorted(p for p in here.iterdir() if p.is_dir() and p.name not in PARTS)
         except OSError:
             continue
         todo += [c for c in children if not c.name.startswith(".")]
@@ -148,56 +136,6 @@ def listing(folder: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["started"] or 0, r["name"]))
 
 
-def resolve(name: str, folder: Path) -> Path:
-    """A run named on the command line: a directory path, else a folder under `folder` (runs/<name>)."""
-    path = Path(name).expanduser()
-    return path if path.is_dir() else folder / name
-
-
-def compare(run_dirs: list[Path]) -> dict[str, Any]:
-    """The runs' results and held-out curves, the settings on which they differ, and where their MLflow runs
-    and TensorBoard logs are."""
-    runs = []
-    for run_dir in run_dirs:
-        r = from_dir(run_dir)
-        if r is None:
-            raise FileNotFoundError(f"{run_dir} holds no run (no {INFO}, {REPORT} or {METRICS})")
-        r["name"] = run_dir.name if run_dir.name not in {x["name"] for x in runs} else str(run_dir)
-        r["curve"] = curve(read_records(run_dir / METRICS), r["started"])
-        r["mlflow"] = _json(run_dir / "mlflow.json")
-        r["tensorboard"] = str(run_dir / "tensorboard") if (run_dir / "tensorboard").is_dir() else None
-        runs.append(r)
-    keys = sorted({k for r in runs for k in r["settings"]})
-    differ = {
-        k: [r["settings"].get(k) for r in runs] for k in keys if len({repr(r["settings"].get(k)) for r in runs}) > 1
-    }
-    for attribute in ("algo", "task", "model"):
-        values = [r[attribute] for r in runs]
-        if len(set(values)) > 1:
-            differ[attribute] = values
-    return {"runs": runs, "differ": differ}
-
-
-def elsewhere(runs: list[dict[str, Any]]) -> list[str]:
-    """How to open the same comparison in MLflow's UI (runs logged there) or TensorBoard (their event files)."""
-    lines = []
-    stores: dict[tuple[str, str], list[str]] = {}
-    for r in runs:
-        if r.get("mlflow"):
-            stores.setdefault((r["mlflow"]["uri"], r["mlflow"].get("experiment", "")), []).append(r["mlflow"]["run_id"])
-    for (uri, experiment), ids in stores.items():
-        lines.append(f"MLflow: `mlflow ui --backend-store-uri {uri}`, experiment {experiment!r}: tick runs "
-                     f"{', '.join(ids)} and press Compare")  # fmt: skip
-    boards = [f"{r['name']}:{r['tensorboard']}" for r in runs if r.get("tensorboard")]
-    if len(boards) > 1:
-        lines.append(f"TensorBoard: `tensorboard --logdir_spec {','.join(boards)}`")
-    return lines
-
-
-def stamp(epoch: float | None) -> str:
-    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
-
-
 # -- the commands (no Redis) ---------------------------------------------------------------------------
 
 
@@ -206,18 +144,4 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         return text.fail(f"{folder} does not exist: name the folder of the runs with --dir (default runs)", 2)
     text.emit(args, {"dir": str(folder), "runs": listing(folder)}, text.runs)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    folder = Path(args.dir).expanduser()
-    try:
-        data = compare([resolve(name, folder) for name in args.runs])
-    except FileNotFoundError as e:
-        return text.fail(str(e), 2)
-    path = Path(args.plot).expanduser() if args.plot else (folder if folder.is_dir() else Path()) / "compare.png"
-    title = "held-out reward and exact success: " + ", ".join(r["name"] for r in data["runs"])
-    plotted = plot_runs([{"label": r["name"], "curve": r["curve"]} for r in data["runs"]], path, title)
-    data |= {"plot": str(plotted) if plotted else None, "elsewhere": elsewhere(data["runs"])}
-    text.emit(args, data, text.compare)
     return 0

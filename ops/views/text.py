@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
+from streams.run_dir import INFO, METRICS, REPORT
 from streams.settings import shown_default
-from trainer.result import duration as minutes
-from trainer.result import evaluation_line
+from trainer.result import duration, evaluation_line
 
 NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES", "VERSION", "SAMPLES"}
 ALGOS = {"es": "ES", "grpo": "GRPO"}
@@ -46,22 +46,10 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def duration(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if ms < 1000:
-        return f"{ms}ms"
-    s = ms / 1000
-    if s < 60:
-        return f"{s:.1f}s"
-    m, s = divmod(int(s), 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
+def since(ms: int | None) -> str:
+    """A span Redis reports in milliseconds (an entry's age, a consumer's idle time), in the one duration
+    format (trainer/result.py `duration`)."""
+    return duration(None if ms is None else ms / 1000)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -122,12 +110,12 @@ def streams(report: dict[str, Any]) -> str:
         for gname, g in s["groups"].items():
             rows.append([
                 *first, gname, str(g["lag"]), str(g["pending"]), g["last_delivered_id"],
-                g["oldest_pending_id"] or "-", duration(g["oldest_pending_age_ms"]),
-                duration(g["oldest_pending_idle_ms"]),
+                g["oldest_pending_id"] or "-", since(g["oldest_pending_age_ms"]),
+                since(g["oldest_pending_idle_ms"]),
             ])  # fmt: skip
             first = ["", ""]
             for c in g["consumers"]:
-                consumers.append([c["name"], name, gname, str(c["pending"]), duration(c["idle_ms"])])
+                consumers.append([c["name"], name, gname, str(c["pending"]), since(c["idle_ms"])])
     lines += table(headers, rows)
     lines.append("")
     if consumers:
@@ -148,13 +136,13 @@ def result(r: dict[str, Any]) -> list[str]:
     evaluation, the samples, the settings that shape it, and how to read the numbers."""
     where = f"version {r['version']} of {r['iterations']}"
     if r["status"] == "live":
-        when = f"live at {where}, {minutes(r['wall_s'])} so far"
+        when = f"live at {where}, {duration(r['wall_s'])} so far"
         if r["eta_s"] is not None:
-            when += f", ETA {minutes(r['eta_s'])} (about {clock(time.time() + r['eta_s'])})"
+            when += f", ETA {duration(r['eta_s'])} (about {clock(time.time() + r['eta_s'])})"
     else:
         state = "finished" if r["status"] == "finished" else "interrupted at"
         ended = f" at {clock(r['ended'])}" if r["ended"] else ""
-        when = f"{state} {where}{ended} after {minutes(r['wall_s'])}"
+        when = f"{state} {where}{ended} after {duration(r['wall_s'])}"
     lines = [f"run {r['run']}: {when}", f"  {ALGOS.get(r['algo'], r['algo'])} on {r['task']}, {r['model']}"]
     h = r["held_out"]
     if h:
@@ -185,7 +173,7 @@ def run(report: dict[str, Any]) -> str:
                          f"{t['in_flight']} in flight, {t['evals_in_flight']} evaluations")  # fmt: skip
         else:
             lines.append(f"trainer: {t['algo']} version {t['version']}; {t['in_flight']} in flight (oldest "
-                         f"{duration(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
+                         f"{since(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
                          f"update, {t['evals_in_flight']} evaluations in flight")  # fmt: skip
         keys = ("samples", "members_issued", "members_used", "members_stale_dropped", "groups_issued", "groups_used",
                 "groups_stale_dropped", "deadline_updates", "late_rewards", "duplicate_rewards", "resumes")  # fmt: skip
@@ -206,8 +194,8 @@ def run(report: dict[str, Any]) -> str:
     lines.append(f"dead letters: {d['total']}")
     lines += [f"  {n:>6}  {kind}" for kind, n in sorted(d["by_reason"].items(), key=lambda kv: -kv[1])]
     lines.append("")
-    rows = [[g, str(v["pending"]), str(v["lag"]), v["oldest_pending_id"] or "-", duration(v["oldest_pending_age_ms"]),
-             duration(v["oldest_pending_idle_ms"])] for g, v in report["groups"].items()]  # fmt: skip
+    rows = [[g, str(v["pending"]), str(v["lag"]), v["oldest_pending_id"] or "-", since(v["oldest_pending_age_ms"]),
+             since(v["oldest_pending_idle_ms"])] for g, v in report["groups"].items()]  # fmt: skip
     lines += table(["STREAM/GROUP", "PENDING", "LAG", "OLDEST PENDING", "AGE", "IDLE"], rows)
     if report.get("idle_kept") is False:
         lines.append(NOT_KEPT)
@@ -244,7 +232,7 @@ def entry(view: dict[str, Any]) -> str:
 def dlq_list(data: dict[str, Any]) -> str:
     rows = [
         [r["id"], short(r["source"], 40, quote=False), short(r["original_id"], quote=False),
-         short(r["deliveries"]), duration(r["age_ms"]), short(r["reason"] or f"! {r['error']}", 80, quote=False)]
+         short(r["deliveries"]), since(r["age_ms"]), short(r["reason"] or f"! {r['error']}", 80, quote=False)]
         for r in data["dead_letters"]
     ]  # fmt: skip
     shown = f"{len(rows)} of {data['length']} dead letters in {data['key']}"
@@ -254,7 +242,7 @@ def dlq_list(data: dict[str, Any]) -> str:
 
 
 def dlq_show(data: dict[str, Any]) -> str:
-    lines = [f"dead letter {data['id']} in {data['key']} (age {duration(data['age_ms'])})"]
+    lines = [f"dead letter {data['id']} in {data['key']} (age {since(data['age_ms'])})"]
     if data["error"]:
         lines.append(f"  ! does not decode as a DeadLetter: {data['error']}")
     lines += _fields(data["letter"])
@@ -336,7 +324,7 @@ def _held_out_cells(r: dict[str, Any]) -> list[str]:
 
 
 def _row(r: dict[str, Any]) -> list[str]:
-    wall = minutes(r["wall_s"]) + (f" (ETA {minutes(r['eta_s'])})" if r.get("eta_s") else "")
+    wall = duration(r["wall_s"]) + (f" (ETA {duration(r['eta_s'])})" if r.get("eta_s") else "")
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
     return [r["name"], ALGOS.get(r["algo"], r["algo"] or "-"), r["status"], f"{r['version']}/{r['iterations']}",
             str(r["samples"]), *_held_out_cells(r), wall, started]  # fmt: skip
@@ -348,7 +336,7 @@ RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD",
 def runs(data: dict[str, Any]) -> str:
     """`python -m ops runs`: a row per run, oldest first."""
     if not data["runs"]:
-        return f"no runs in {data['dir']} (a run directory holds run.json, report.json or metrics.jsonl)"
+        return f"no runs in {data['dir']} (a run directory holds {INFO}, {REPORT} or {METRICS})"
     lines = table(RUN_COLUMNS, [_row(r) for r in data["runs"]])
     return "\n".join([f"{len(data['runs'])} runs in {data['dir']}", "", *lines])
 
