@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from trainer.metrics import read_records, update_records
+from streams.run_dir import read_records, update_records
 from trainer.result import duration
 
 
 class Eta:
-    """`start(run_dir)` before each trainer, `tick()` while it runs (evals.compare.run_one calls it), `done()`
+    """`start(run_dir)` before each trainer, `tick()` while it runs (evals.runner.run_one calls it), `done()`
     after it; `total`: the versions of every run the job will make."""
 
     def __init__(self, who: str, total: int, *, clock: Callable[[], float] = time.monotonic,
@@ -43,7 +43,7 @@ class Eta:
     def _current(self) -> int:
         if self.run_dir is None:
             return 0
-        return len({int(r["version"]) for r in update_records(read_records(self.run_dir / "metrics.jsonl"))})
+        return len({int(r["version"]) for r in update_records(read_records(self.run_dir))})
 
     def tick(self) -> str | None:
         """The line for the versions done since the last tick (printed), or None when none were."""

@@ -1,4 +1,6 @@
-"""The plots of evals: held-out reward against training samples, one line per algorithm or configuration."""
+"""The plots of the experiments (evals/es_vs_grpo_report.py, evals/sweep.py): held-out reward against training
+samples, one line per algorithm or configuration, the mean of its seeds with their min-max band. Drawn with the
+project's one pyplot loader and PNG saver (trainer/plots.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.curves import SAMPLES_LABEL
-from trainer.plots import pyplot
-from trainer.plots import save as save_png
-
-__all__ = ["X_LABEL", "mean_band", "pyplot", "save"]
-
-X_LABEL = SAMPLES_LABEL
+from trainer.plots import save
 
 
 def mean_band(ax: Any, curves: list[list[dict[str, Any]]], label: str, color: str | None = None) -> None:
@@ -27,10 +24,11 @@ def mean_band(ax: Any, curves: list[list[dict[str, Any]]], label: str, color: st
         ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
 
 
-def save(plt: Any, fig: Any, ax: Any, path: Path, title: str, ylabel: str, legend_size: int = 8) -> Path:
-    ax.set_xlabel(X_LABEL)
+def finish(fig: Any, ax: Any, path: Path, title: str, ylabel: str, legend_size: int = 8) -> Path:
+    """Label the axes (training samples across), title, grid and legend, then write the PNG (trainer/plots.py)."""
+    ax.set_xlabel(SAMPLES_LABEL)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size)
-    return save_png(fig, path)
+    return save(fig, path)

@@ -25,7 +25,7 @@ how many versions it will run, an estimate once the first is done and an ETA aft
 
 Budget: `--iterations` versions a cell, or `--samples N` training samples a cell (each cell gets the versions
 they buy at its cost a version, evaluated at `--eval-points` even steps): cells that differ in population or
-batch are then compared at equal samples, as `evals.compare` compares the algorithms.
+batch are then compared at equal samples, as `evals.es_vs_grpo` compares the algorithms.
 
 Output in DIR: `sweep.csv` (a row per cell), `sweep.md` (per configuration over its seeds: held-out reward at
 the start and the end, the gain's mean and spread, exact success, samples, wall time) and `sweep.png`
@@ -51,13 +51,14 @@ from typing import Any
 import orjson
 
 from evals import plots
-from evals.compare import INTERRUPTED, _json, _minutes, endpoints, plan, run_one, samples_per_version
 from evals.eta import Eta
+from evals.runner import INTERRUPTED, endpoints, outcome, plan, run_one, samples_per_version
+from streams.run_dir import read_json
 from streams.settings import DefaultsFormatter
 from trainer.config import PRESETS, TrainerSettings
-from trainer.curves import curve, samples_used
 from trainer.loop import FINISHED_BEFORE
-from trainer.metrics import read_records
+from trainer.plots import pyplot
+from trainer.result import duration
 
 ES_GRID = ("sigma", "alpha", "population", "antithetic", "noise", "rank")  # an ES cell's own list-valued flags
 GRPO_GRID = ("lr", "group_size", "temperature")  # a GRPO cell's
@@ -65,6 +66,7 @@ SHARED_GRID = ("batch", "curriculum", "problems")
 GRID = (*ES_GRID, *GRPO_GRID, *SHARED_GRID)
 OWNED = ("--algo", "--run", "--run-dir", "--iterations", "--eval-every", "--seed", "--group-size",
          *(f"--{k}" for k in GRID), "--no-antithetic", "--es-noise", "--es-rank")  # fmt: skip
+CELL = "cell.json"  # in a cell's run directory: its result; exit 0 there means the cell is done
 CSV_COLUMNS = ("key", "config", "algo", *GRID, "seed", "returncode", "versions", "samples_used", "reward_start",
                "reward_end", "gain", "exact_start", "exact_end", "wall_s", "run")  # fmt: skip
 
@@ -166,16 +168,15 @@ def run_id(out: Path, cell: Cell) -> str:
 
 
 def cell_result(cell: Cell, run_dir: Path, run: str, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
-    records = read_records(run_dir / "metrics.jsonl")
-    points = curve(records)
+    done = outcome(run_dir, wall_clock=False)
     return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": run, "command": argv,
-            "returncode": code, "wall_s": wall_s, "versions": _json(run_dir / "report.json").get("version"),
-            "samples_used": samples_used(records), "curve": points}  # fmt: skip
+            "returncode": code, "wall_s": wall_s, "versions": done["versions"], "samples_used": done["samples_used"],
+            "curve": done["curve"]}
 
 
 def finished(run_dir: Path) -> dict[str, Any] | None:
     """The cell's result if its run finished (exit 0), else None (never run, cut short, or failed)."""
-    doc = _json(run_dir / "cell.json")
+    doc = read_json(run_dir / CELL) or {}
     return doc if doc.get("returncode") == 0 else None
 
 
@@ -228,14 +229,14 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
             f"{_spread([r['reward_end'] for r in pick])} | {_spread([r['gain'] for r in pick])} | "
             f"{_spread([r['exact_end'] for r in pick if r['exact_end'] is not None])} | "
             f"{max((r['versions'] or 0) for r in group)} | {max((r['samples_used'] or 0) for r in group)} | "
-            f"{_minutes(statistics.fmean(r['wall_s'] for r in group))} |"
+            f"{duration(statistics.fmean(r['wall_s'] for r in group))} |"
         )
     lines += ["", "Command: `python -m evals.sweep " + " ".join(settings["argv"]) + "`", ""]
     return "\n".join(lines)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
-    if (plt := plots.pyplot()) is None:
+    if (plt := pyplot()) is None:
         return None
     by_config: dict[str, list[list[dict[str, Any]]]] = {}
     for r in results:
@@ -245,7 +246,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
     for config, curves in sorted(by_config.items()):
         plots.mean_band(ax, curves, f"{config} ({len(curves)} seeds)")
     title = "Sweep: mean over seeds, band = min-max"
-    return plots.save(plt, fig, ax, path, title, "held-out reward (shaped, greedy)", legend_size=7)
+    return plots.finish(fig, ax, path, title, "held-out reward (shaped, greedy)", legend_size=7)
 
 
 def write(out: Path, results: list[dict[str, Any]], settings: dict[str, Any]) -> None:
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its cell.json was written: read it
         result = cell_result(cell, run_dir, run, command, code, wall_s)
-        (run_dir / "cell.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        (run_dir / CELL).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
         results.append(result)
         ran += 1
         ok = ok and code == 0

@@ -100,11 +100,11 @@ def test_the_generators_help_shows_its_defaults():
 
 
 def test_the_evaluation_commands_say_each_flags_default():
-    """evals.compare, evals.sweep and evals.members have their own flags (not settings): each has help, and
+    """evals.es_vs_grpo, evals.sweep and evals.members have their own flags (not settings): each has help, and
     each that has a value by default says it (argparse's `(default: X)`, or the help's own words)."""
-    from evals import compare, members, sweep
+    from evals import es_vs_grpo, members, sweep
 
-    for parser in (compare.parser(), sweep.parser(), members.parser()):
+    for parser in (es_vs_grpo.parser(), sweep.parser(), members.parser()):
         text = " ".join(parser.format_help().split())
         for action in parser._actions:
             if not action.option_strings or action.dest == "help":
@@ -113,5 +113,5 @@ def test_the_evaluation_commands_say_each_flags_default():
             if action.default not in (None, False, "", argparse.SUPPRESS) and "default" not in action.help:
                 assert f"(default: {action.default})" in text, (parser.prog, action.dest)
     assert "--es-population ES_POPULATION ES members a version (default: the cpu preset's, 8)" in " ".join(
-        compare.parser().format_help().split()
+        es_vs_grpo.parser().format_help().split()
     )

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from evals import compare
+from evals import runner
 from evals.eta import Eta
 
 
@@ -53,5 +53,5 @@ def test_run_one_ticks_while_the_trainer_runs(tmp_path):
         ticks.append(1)
         flag.touch()
 
-    code, _ = compare.run_one([sys.executable, "-c", waits_for_a_tick], {}, tmp_path / "log", tick=tick, every_s=0.05)
+    code, _ = runner.run_one([sys.executable, "-c", waits_for_a_tick], {}, tmp_path / "log", tick=tick, every_s=0.05)
     assert code == 0 and ticks  # the child could only end after a tick made its file

@@ -103,7 +103,7 @@ def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path
     # gains 0.1, 0.2, 0.3: mean 0.2, sample std 0.1; the failed cell of b is left out of its line
     assert "| s0.001-a0.0005-p8-b16-easy-n256 | 3 | 0.100 ± 0.000 | 0.300 ± 0.100 | 0.200 ± 0.100 |" in md
     assert "| s0.003-a0.0005-p8-b16-easy-n256 | 1 | 0.100 | 0.100 | 0.000 |" in md
-    assert "| 0.250 | 4 | 256 | 1 min 0 s |" in md  # exact at the end, versions, samples, wall
+    assert "| 0.250 | 4 | 256 | 1 min 00 s |" in md  # exact at the end, versions, samples, wall
     assert (tmp_path / "sweep.png").stat().st_size > 1000
 
 

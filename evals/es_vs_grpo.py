@@ -1,0 +1,392 @@
+"""`python -m evals.es_vs_grpo --task countdown --budget N [--seeds 0 1 2] [flags] [extra trainer flags]`: the
+experiment that trains ES and GRPO (and ES with low-rank members, `--algos es-lowrank`) from the same base
+model at the same number of training samples, then compares them. (`python -m ops compare` shows runs that
+exist side by side; `python -m evals.compare` is this command's other name.)
+
+For each seed, in `OUT/seed<K>/`: one run per algorithm, one after the other, each a `python -m trainer` with
+its own local pipeline, the same seed (so the same problems and held-out split), sampling temperature,
+max_new_tokens and generator precision; the budget becomes each algorithm's versions (evals/runner.py).
+Resumable: a seed whose runs finished is not run again. It says how many versions it will run, an estimate
+once the first is done and an ETA after each (evals/eta.py). The tables, JSON and plots it writes per seed
+and over the seeds: evals/es_vs_grpo_report.py; how to read them and why the settings are what they are:
+docs/EXPERIMENTS.md. Flags the comparison does not own (`--engine hf`, `--model PATH`, `--curriculum ramp`,
+...) go to every run unchanged; the ones it sets for fairness are refused there, with the flag to use instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from evals import es_vs_grpo_report as report
+from evals.eta import Eta
+from evals.runner import INTERRUPTED, Plan, outcome, plan, run_one, samples_per_version
+from streams import role_stats
+from streams.keys import Keys
+from streams.run_dir import eval_records, read_json, read_records
+from streams.run_redis import NoRunData, reopen
+from streams.settings import DefaultsFormatter
+from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
+from trainer.loop import FINISHED_BEFORE
+from trainer.result import duration
+
+WHO = "es_vs_grpo"  # how its lines on stderr begin
+ALGOS = ("es", "grpo", "es-lowrank")  # es-lowrank: ES with low-rank members (--es-noise lowrank, EGGROLL)
+DEFAULT_ALGOS = ("es", "grpo")
+SEED_RESULT = report.FILES[0]  # a seed's compare.json: a seed whose runs all finished is not run again
+# Trainer flags this module sets itself (same value for both runs, or per algorithm from the budget).
+OWNED = {
+    "--algo": "(both run)",
+    "--task": "--task",
+    "--iterations": "--budget",
+    "--eval-every": "--eval-points",
+    "--run": "--out",
+    "--run-dir": "--out",
+    "--redis-url": "(each run starts its own local pipeline)",
+    "--seed": "--seeds",
+    "--temperature": "--temperature",
+    "--max-new-tokens": "--max-new-tokens",
+    "--held-out": "--held-out",
+    "--problems": "--problems",
+    "--population": "--es-population",
+    "--preset": "--es-population",
+    "--sigma": "--es-sigma",
+    "--alpha": "--es-alpha",
+    "--batch": "--es-batch / --grpo-batch",
+    "--group-size": "--grpo-group-size",
+    "--lr": "--grpo-lr",
+    "--quorum": "--quorum",
+    "--es-noise": "--algos es-lowrank",
+    "--es-rank": "--lowrank-rank",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m evals.es_vs_grpo",
+        description=__doc__.split("\n\n")[1],
+        epilog="Any other flag goes to both `python -m trainer` runs.",
+        formatter_class=DefaultsFormatter,
+    )
+    p.add_argument("--task", choices=("countdown", "lean"), default="countdown", help="the task both runs train on")
+    p.add_argument("--budget", type=int, required=True, help="training samples (generated attempts) per algorithm")
+    p.add_argument("--out", default="", help="output folder (default runs/compare-<timestamp>)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one comparison per seed")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=TrainerSettings.model_fields["temperature"].default,
+        help="GRPO's sampling temperature (the trainer's default; ES members: --es-temperature, default 0; "
+        "evaluation: 0)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most (both runs)")
+    p.add_argument("--held-out", type=int, default=32, help="held-out problems")
+    p.add_argument("--problems", type=int, default=256, help="countdown training problems")
+    p.add_argument("--eval-points", type=int, default=4, help="evaluations after version 0, per algorithm")
+    p.add_argument(
+        "--quorum",
+        type=float,
+        default=1.0,
+        help="share of a version's members (ES) or groups (GRPO) an update waits for; 1: every version "
+        "uses exactly its samples",
+    )
+    p.add_argument(
+        "--gen-dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="float32",
+        help="the generators' weights precision (PROOFSTREAM_DTYPE for the runs' generators)",
+    )
+    cpu, trainer = PRESETS["cpu"], TrainerSettings.model_fields
+    p.add_argument(
+        "--es-population",
+        type=int,
+        default=cpu["population"],
+        help=f"ES members a version (default: the cpu preset's, {cpu['population']})",
+    )
+    p.add_argument(
+        "--es-batch",
+        type=int,
+        default=cpu["batch"],
+        help=f"problems every ES member answers a version (default: the cpu preset's, {cpu['batch']})",
+    )
+    p.add_argument(
+        "--es-sigma", type=float, default=None, help=f"ES noise scale (default: the cpu preset's, {cpu['sigma']})"
+    )
+    p.add_argument(
+        "--es-alpha", type=float, default=None, help=f"ES step size (default: the cpu preset's, {cpu['alpha']})"
+    )
+    p.add_argument(
+        "--algos",
+        nargs="+",
+        choices=ALGOS,
+        default=list(DEFAULT_ALGOS),
+        help="the runs of each seed, in order; es-lowrank: ES with low-rank members, a population "
+        "generated in one engine call (--lowrank-*)",
+    )
+    p.add_argument("--lowrank-population", type=int, default=32, help="es-lowrank: members a version")
+    p.add_argument("--lowrank-batch", type=int, default=cpu["batch"], help="es-lowrank: problems a member answers")
+    p.add_argument("--lowrank-rank", type=int, default=4, help="es-lowrank: r of each member's A B^T")
+    p.add_argument(
+        "--lowrank-sigma",
+        type=float,
+        default=None,
+        help=f"es-lowrank: noise scale (default: the cpu preset's, {cpu['sigma']})",
+    )
+    p.add_argument(
+        "--lowrank-alpha",
+        type=float,
+        default=None,
+        help=f"es-lowrank: step size (default: the cpu preset's, {cpu['alpha']})",
+    )
+    p.add_argument("--grpo-batch", type=int, default=GRPO_BATCH, help="theorems (groups) per GRPO step")
+    p.add_argument(
+        "--grpo-group-size", type=int, default=trainer["group_size"].default, help="GRPO: samples per theorem"
+    )
+    p.add_argument("--grpo-lr", type=float, default=trainer["lr"].default, help="GRPO's AdamW learning rate")
+    return p
+
+
+def plans(args: argparse.Namespace) -> list[Plan]:
+    es_flags = ["--population", str(args.es_population), "--batch", str(args.es_batch)]
+    if args.es_sigma:
+        es_flags += ["--sigma", str(args.es_sigma)]
+    if args.es_alpha:
+        es_flags += ["--alpha", str(args.es_alpha)]
+    grpo_flags = ["--batch", str(args.grpo_batch), "--group-size", str(args.grpo_group_size), "--lr", str(args.grpo_lr)]
+    lowrank_flags = [
+        "--es-noise",
+        "lowrank",
+        "--es-rank",
+        str(args.lowrank_rank),
+        "--population",
+        str(args.lowrank_population),
+        "--batch",
+        str(args.lowrank_batch),
+    ]
+    if args.lowrank_sigma:
+        lowrank_flags += ["--sigma", str(args.lowrank_sigma)]
+    if args.lowrank_alpha:
+        lowrank_flags += ["--alpha", str(args.lowrank_alpha)]
+    per_version = {
+        "es": (samples_per_version("es", population=args.es_population, batch=args.es_batch), es_flags),
+        "grpo": (samples_per_version("grpo", batch=args.grpo_batch, group_size=args.grpo_group_size), grpo_flags),
+        "es-lowrank": (
+            samples_per_version("es-lowrank", population=args.lowrank_population, batch=args.lowrank_batch),
+            lowrank_flags,
+        ),
+    }
+    return [
+        plan(algo, args.budget, per_version[algo][0], args.eval_points, tuple(per_version[algo][1]))
+        for algo in dict.fromkeys(args.algos)
+    ]
+
+
+def refused(extra: list[str]) -> list[str]:
+    """Problems with the pass-through flags: the ones this command owns."""
+    out = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED:
+            out.append(f"{flag} is set by the comparison: use {OWNED[flag]}")
+    return out
+
+
+def _value(extra: list[str], flag: str, default: str) -> str:
+    for i, arg in enumerate(extra):
+        if arg == flag and i + 1 < len(extra):
+            return extra[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parser().parse_known_args(argv)
+    problems = refused(extra)
+    try:
+        todo = plans(args)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        for problem in problems:
+            print(f"{WHO}: {problem}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    eta = Eta(WHO, versions_to_run(args.seeds, out, todo))
+    print(
+        f"{WHO}: {eta.total} versions to run ({', '.join(f'{p.algo} {p.iterations}' for p in todo)} a seed, "
+        f"seeds {args.seeds}, less what finished before); an estimate follows the first version",
+        file=sys.stderr,
+    )
+    results: dict[int, dict[str, Any]] = {}
+    summary: dict[str, Any] = {}
+    for seed in args.seeds:
+        seed_out = out / f"seed{seed}"
+        done = read_json(seed_out / SEED_RESULT) or {}
+        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
+            print(f"{WHO}: seed {seed}: finished before, not run again", file=sys.stderr)
+            results[seed] = done
+        else:
+            results[seed] = compare_seed(args, seed, seed_out, todo, extra, eta)
+        summary = report.summarize(results, args.algos, args.seeds, args.budget)
+        report.write_summary(summary, out)  # after each seed: a comparison cut short keeps its summary
+        if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
+            print(f"{WHO}: stopped", file=sys.stderr)
+            break
+    print(f"{WHO}: {', '.join(str(out / name) for name in report.FILES[1:])}", file=sys.stderr)
+    print(json.dumps(report.summary_line(summary)))
+    return 0 if summary["ok"] else 1
+
+
+def versions_to_run(seeds: list[int], out: Path, todo: list[Plan]) -> int:
+    """The versions the comparison still has to make: every seed's runs but those that finished before."""
+    total = 0
+    for seed in seeds:
+        done = read_json(out / f"seed{seed}" / SEED_RESULT) or {}
+        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
+            continue
+        total += sum(p.iterations for p in todo if done.get("algos", {}).get(p.algo, {}).get("returncode") != 0)
+    return total
+
+
+def compare_seed(
+    args: argparse.Namespace, seed: int, out: Path, todo: list[Plan], extra: list[str], eta: Eta | None = None
+) -> dict[str, Any]:
+    """ES then GRPO on one seed (the same problems and held-out split for both), in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ}
+    if args.gen_dtype != "auto":
+        env["PROOFSTREAM_DTYPE"] = args.gen_dtype
+    common = [
+        "--task",
+        args.task,
+        "--seed",
+        str(seed),
+        "--temperature",
+        str(args.temperature),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--held-out",
+        str(args.held_out),
+        "--quorum",
+        str(args.quorum),
+    ]
+    if args.task == "countdown":
+        common += ["--problems", str(args.problems)]
+    result: dict[str, Any] = {
+        "out": str(out),
+        "budget": args.budget,
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
+            "seed": seed,
+            "model": _value(extra, "--model", "default (SmolLM2-135M-Instruct)"),
+            "engine": _value(extra, "--engine", "auto"),
+            "max_staleness": int(
+                _value(extra, "--max-staleness", str(TrainerSettings.model_fields["max_staleness"].default))
+            ),
+        },
+        "extra": extra,
+        "algos": {},
+        "ok": True,
+    }
+    started = time.monotonic()
+    before = (read_json(out / SEED_RESULT) or {}).get("algos", {})
+    for p in todo:
+        if before.get(p.algo, {}).get("returncode") == 0:  # this seed was cut short after that run finished
+            result["algos"][p.algo] = before[p.algo]
+            print(f"{WHO}: seed {seed}: {p.algo}: finished before, not run again", file=sys.stderr)
+            continue
+        run_dir = out / p.algo
+        run = f"{out.parent.name}-{out.name}-{p.algo}"
+        argv = trainer_argv(p, common, run, run_dir, extra)
+        print(
+            f"{WHO}: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
+            f"log {out / p.algo}.log",
+            file=sys.stderr,
+        )
+        if eta is not None:
+            eta.start(run_dir)
+        code, wall_s = run_one(argv, env, out / f"{p.algo}.log", tick=eta.tick if eta else None)
+        if eta is not None:
+            eta.done()
+        code = 0 if code == FINISHED_BEFORE else code  # it finished before its result was written: read it
+        result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
+        result["ok"] = result["ok"] and code == 0
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        report.write(result, out)  # after each run, so a comparison cut short keeps what it has
+        print(f"{WHO}: seed {seed}: {p.algo}: exit {code} after {duration(wall_s)}", file=sys.stderr)
+        if code in INTERRUPTED:  # the trainer was stopped (Ctrl-C, SIGTERM): so is the comparison
+            break
+    return result
+
+
+def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: list[str]) -> list[str]:
+    algo = "es" if p.algo == "es-lowrank" else p.algo  # the low-rank flags are the plan's
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--algo",
+        algo,
+        *common,
+        "--iterations",
+        str(p.iterations),
+        "--eval-every",
+        str(p.eval_every),
+        *p.flags,
+        "--run",
+        run,
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:
+    """One run's result as the seed's compare.json keeps it."""
+    done = outcome(run_dir)
+    return {
+        "plan": {**asdict(p), "flags": list(p.flags), "samples": p.samples},
+        "command": argv,
+        "returncode": code,
+        "wall_s": wall_s,
+        "trainer_wall_s": done["trainer_wall_s"],
+        "versions": done["versions"],
+        "samples_used": done["samples_used"],
+        "generated_for_training": generated_for_training(run_dir, run, read_records(run_dir)),
+        "counts": done["counts"],
+        "curve": done["curve"],
+        "run_dir": str(run_dir),
+    }
+
+
+def generated_for_training(run_dir: Path, run: str, records: list[dict[str, Any]]) -> int | None:
+    """Attempts the run's generators published (their own final count, in the run's Redis, reopened from its
+    directory: streams/run_redis.py), less those of evaluation orders (one per held-out problem each). None
+    when the run kept no Redis data there (a run against an external Redis) or no generator reported."""
+    try:
+        with reopen(run_dir, live=True) as opened:
+            client = redis.Redis.from_url(opened.url)
+            try:
+                figures = role_stats.generators_sync(client, Keys(run))
+            finally:
+                client.close()
+    except NoRunData:  # no Redis data in the run directory
+        return None
+    if not figures:
+        return None
+    evaluation = sum(int(r.get("problems") or 0) for r in eval_records(records))
+    return sum(int(f.get("attempts", 0)) for f in figures.values()) - evaluation
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
