@@ -1,6 +1,6 @@
 """Held-out curves from a run's metrics records, and the one plot that compares runs by them: held-out reward
 (solid) and exact success (dashed) against training samples and against wall time, a colour per run. Here,
-below both `python -m ops compare` and `python -m evals.compare` (neither may import the other), next to the
+below both `python -m ops compare` and `python -m evals.es_vs_grpo` (neither may import the other), next to the
 records the trainer writes.
 
 The x coordinate of an evaluation is the number of training attempts the updates up to its version consumed
