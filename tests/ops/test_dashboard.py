@@ -297,7 +297,7 @@ async def test_a_finished_run_says_when_it_finished_instead_of_a_live_clock(one_
         WebDriverWait(driver, 30).until(lambda d: (page.text("status") or "").startswith("finished"))
         at = driver.execute_script("return new Date(arguments[0] * 1000).toLocaleTimeString([], {hour: '2-digit', "
                                    "minute: '2-digit', hourCycle: 'h23'})", STARTED + 397)  # fmt: skip
-        assert page.text("status") == f"finished at {at}, 6.6 minutes · version 1 of 4 · Redis " + \
+        assert page.text("status") == f"finished at {at}, 6 min 37 s · version 1 of 4 · Redis " + \
             _redis_cli(one_redis_url, "INFO", "server").split("redis_version:")[1].split()[0]  # fmt: skip
         assert "live" not in page.text("status") and "updated" not in page.text("status")
     finally:

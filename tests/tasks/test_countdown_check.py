@@ -207,7 +207,7 @@ def test_checker_program_answers_a_10_mb_attempt_within_seconds():
 
 
 def test_the_checker_s_answer_tags_are_case_sensitive():
-    """Pinned (issue 16): the generator lowers the tags it finds (tasks.countdown.extract_countdown); the checker
+    """Pinned: the generator lowers the tags it finds (tasks.countdown.extract_countdown); the checker
     reads only lowercase ones, so an uppercase pair earns no format credit and its text is the expression."""
     assert last_tagged("<ANSWER>1+2</ANSWER>") is None
     assert last_tagged("<answer>1</answer><ANSWER>2</ANSWER>") == "1"

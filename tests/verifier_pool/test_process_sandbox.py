@@ -304,7 +304,7 @@ def test_bwrap_argv_binds_read_only_and_ends_with_the_checker():
     ]
 
 
-# -- issue 12: uids, handshake, identity, the tree's memory cap, death with the worker ---------------------
+# -- uids, handshake, identity, the tree's memory cap, death with the worker ------------------------------
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the worker must be root to give sandboxes uids")
 

@@ -1,4 +1,4 @@
-"""The probe suite (issue 12, items 1 and 8): for each thing a sandbox must block, a program inside the
+"""The probe suite: for each thing a sandbox must block, a program inside the
 sandbox tries it and the test asserts it failed; each poison program ends within twice its deadline with
 the worker (this process) alive and a neighbour sandbox unaffected. Parametrized over every backend that
 works here: the process sandbox under bwrap and under unshare, and docker where a daemon and the checker
