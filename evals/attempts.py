@@ -52,12 +52,23 @@ async def judge(checker, theorem: Theorem, answer: str) -> tuple[str, float, str
         j = await checker.check(theorem, answer)
         if j.verdict != "error":
             return j.verdict, reward_of(j), j.reason, j.detail[:300]
-    raise RuntimeError(f"the {theorem.task} checker could not judge an attempt at {theorem.theorem_id} "
-                       f"{CHECK_TRIES} times (infrastructure, not the attempt): {j.detail}")  # fmt: skip
+    raise RuntimeError(
+        f"the {theorem.task} checker could not judge an attempt at {theorem.theorem_id} "
+        f"{CHECK_TRIES} times (infrastructure, not the attempt): {j.detail}"
+    )
 
 
-async def sample_and_verify(engine, checkers: list, held: list[Theorem], settings: TrainerSettings, timing: Timing,
-                            *, samples: int, temperature: float, seed: int) -> list[list[Verified]]:  # fmt: skip
+async def sample_and_verify(
+    engine,
+    checkers: list,
+    held: list[Theorem],
+    settings: TrainerSettings,
+    timing: Timing,
+    *,
+    samples: int,
+    temperature: float,
+    seed: int,
+) -> list[list[Verified]]:
     """`samples` per problem, generated in batches on the engine thread while the sandboxes check the last batch;
     the engine call of batch b samples with seed `seed + b`."""
     tokenizer = engine.tokenizer
@@ -68,8 +79,9 @@ async def sample_and_verify(engine, checkers: list, held: list[Theorem], setting
     async def generate() -> None:
         per_call = max(1, ROWS_PER_CALL // samples)
         for call, start in enumerate(range(0, len(held), per_call)):
-            sampling = Sampling(n=samples, temperature=temperature, max_new_tokens=settings.max_new_tokens,
-                                seed=seed + call)  # fmt: skip
+            sampling = Sampling(
+                n=samples, temperature=temperature, max_new_tokens=settings.max_new_tokens, seed=seed + call
+            )
             started = time.monotonic()
             outputs = await in_engine_thread(engine.generate, prompt_ids[start : start + per_call], sampling)
             timing.generate_s += time.monotonic() - started

@@ -25,8 +25,15 @@ class Eta:
     """`start(run_dir)` before each trainer, `tick()` while it runs (evals.runner.run_one calls it), `done()`
     after it; `total`: the versions of every run the job will make."""
 
-    def __init__(self, who: str, total: int, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, out: TextIO | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        who: str,
+        total: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        out: TextIO | None = None,
+    ) -> None:
         self.who, self.total, self.clock, self.wall, self.out = who, total, clock, wall, out
         self.started = clock()
         self.finished_versions = 0  # versions of the runs already over
@@ -55,8 +62,10 @@ class Eta:
         left = elapsed / done * max(0, self.total - done)
         at = time.strftime("%H:%M", time.localtime(self.wall() + left))
         if done == 1:
-            line = (f"{self.who}: estimate from the first version ({duration(elapsed)}): {self.total} versions, about "
-                    f"{duration(elapsed * self.total)} in all, done about {at}")  # fmt: skip
+            line = (
+                f"{self.who}: estimate from the first version ({duration(elapsed)}): {self.total} versions, about "
+                f"{duration(elapsed * self.total)} in all, done about {at}"
+            )
         else:
             line = f"{self.who}: {done}/{self.total} versions in {duration(elapsed)}, ETA {duration(left)} (about {at})"
         print(line, file=self.out or sys.stderr, flush=True)

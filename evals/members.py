@@ -82,10 +82,17 @@ def measure(args: argparse.Namespace) -> dict:
     prompts = [tokenize(tokenizer, countdown_messages(p.numbers, p.target, args.prompt_format)) for p in problems]
     sampling = Sampling(n=1, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     half = len(problems) // 2
-    out: dict = {"bench": "es-members", "population": args.population, "batch": args.batch,
-                 "antithetic": args.antithetic, "temperature": args.temperature,
-                 "max_new_tokens": args.max_new_tokens, "prompt_format": args.prompt_format, "engine": engine.name,
-                 "sigmas": {}}  # fmt: skip
+    out: dict = {
+        "bench": "es-members",
+        "population": args.population,
+        "batch": args.batch,
+        "antithetic": args.antithetic,
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_format": args.prompt_format,
+        "engine": engine.name,
+        "sigmas": {},
+    }
     engine.es_use(0, None)
     started = time.monotonic()
     for sigma in args.sigma:
@@ -94,8 +101,12 @@ def measure(args: argparse.Namespace) -> dict:
             engine.es_use(0, seed, sign, sigma)
             answers = [s[0].text for s in engine.generate(prompts, sampling)]
             texts.append(answers)
-            rewards.append([reward(p.numbers, p.target, extract_countdown(a, args.prompt_format))
-                            for p, a in zip(problems, answers, strict=True)])  # fmt: skip
+            rewards.append(
+                [
+                    reward(p.numbers, p.target, extract_countdown(a, args.prompt_format))
+                    for p, a in zip(problems, answers, strict=True)
+                ]
+            )
         engine.es_use(0, None)
         means = [statistics.fmean(r) for r in rewards]
         first = [statistics.fmean(r[:half]) for r in rewards]
@@ -118,8 +129,9 @@ def _round(x: float | None) -> float | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evals.members", description=__doc__.split("\n\n")[0],
-                                formatter_class=DefaultsFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m evals.members", description=__doc__.split("\n\n")[0], formatter_class=DefaultsFormatter
+    )
     p.add_argument("--sigma", type=float, nargs="+", default=[0.001, 0.003, 0.01], help="the noise scales measured")
     p.add_argument("--population", type=int, default=8, help="ES members at each sigma")
     p.add_argument("--batch", type=int, default=32, help="Countdown training problems every member answers")

@@ -63,10 +63,29 @@ from weights.model import MissingDependency, ModelNotFound
 
 # The trainer settings an evaluation reads (which run, its problems, its model and prompts, its checkers):
 # `--help` offers these and no other (the ones that shape training only are no use here).
-EVAL_FLAGS = ("run", "run_dir", "redis_url", "log_level", "task", "seed", "dataset", "problems", "held_out",
-              "curriculum", "model", "prompt_format", "max_new_tokens", "sandbox",
-              "verifier_concurrency", "kimina_url", "lean_repl_cmd", "lean_workdir", "lean_image", "lean_audit_cmd",
-              "lean_second_line")  # fmt: skip
+EVAL_FLAGS = (
+    "run",
+    "run_dir",
+    "redis_url",
+    "log_level",
+    "task",
+    "seed",
+    "dataset",
+    "problems",
+    "held_out",
+    "curriculum",
+    "model",
+    "prompt_format",
+    "max_new_tokens",
+    "sandbox",
+    "verifier_concurrency",
+    "kimina_url",
+    "lean_repl_cmd",
+    "lean_workdir",
+    "lean_image",
+    "lean_audit_cmd",
+    "lean_second_line",
+)
 TEMPERATURE = 1.0  # the eval's own sampling temperature (pass@k samples), not the run's
 LOG_LEVEL = "warning"  # the eval's own: its table and JSON line are what it prints
 # What each flag defaults to here, where it is not the trainer's default: most come from the run itself.
@@ -111,14 +130,22 @@ class Options:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = SettingsParser(prog="python -m evals.passk", description=__doc__.split("\n\n")[1],
-                            epilog="\"the run's\": what the finished run's report.json holds (a flag that contradicts "
-                            "it where it defines the run is refused); while the run has not finished, the flags, "
-                            "config and PROOFSTREAM_* as given.")  # fmt: skip
+    parser = SettingsParser(
+        prog="python -m evals.passk",
+        description=__doc__.split("\n\n")[1],
+        epilog="\"the run's\": what the finished run's report.json holds (a flag that contradicts "
+        "it where it defines the run is refused); while the run has not finished, the flags, "
+        "config and PROOFSTREAM_* as given.",
+    )
     TrainerSettings.add_arguments(parser, only=EVAL_FLAGS, defaults=EVAL_DEFAULTS)
     own = parser.add_argument_group("the evaluation")
-    own.add_argument("--version", dest="eval_version", required=True, metavar="V",
-                     help="policy version to evaluate, or 'latest' (required)")  # fmt: skip
+    own.add_argument(
+        "--version",
+        dest="eval_version",
+        required=True,
+        metavar="V",
+        help="policy version to evaluate, or 'latest' (required)",
+    )
     own.add_argument(
         "--temperature",
         type=float,
@@ -126,20 +153,43 @@ def _parser() -> argparse.ArgumentParser:
         metavar="X",
         help=f"the samples' temperature (the eval's own, not the run's); default {TEMPERATURE}",
     )
-    own.add_argument("--samples", dest="eval_samples", type=int, default=8, metavar="N",
-                     help="samples per problem (n); default 8")  # fmt: skip
-    own.add_argument("--k", dest="eval_k", default=None, metavar="K,K,...",
-                     help="e.g. 1,4,8 (each <= n); default 1, 4, 8 up to n, and n")  # fmt: skip
-    own.add_argument("--limit", dest="eval_limit", type=int, default=None, metavar="N",
-                     help="the first N held-out problems only; default all")  # fmt: skip
-    own.add_argument("--sample-seed", dest="eval_seed", type=int, default=0, metavar="N",
-                     help="sampling seed; default 0")  # fmt: skip
-    own.add_argument("--device", dest="eval_device", choices=("auto", "cpu", "cuda"), default="auto",
-                     help="where the policy generates; auto: where the run drew its ES noise, else cuda when "
-                     "available; default auto")  # fmt: skip
-    own.add_argument("--es-snapshots", dest="eval_snapshots", default=None, metavar="DIR",
-                     help="ES: replay from the newest snapshot in this folder (a generator's snapshot_dir) "
-                     "instead of from the base; default: from the base, trusting nothing else")  # fmt: skip
+    own.add_argument(
+        "--samples", dest="eval_samples", type=int, default=8, metavar="N", help="samples per problem (n); default 8"
+    )
+    own.add_argument(
+        "--k",
+        dest="eval_k",
+        default=None,
+        metavar="K,K,...",
+        help="e.g. 1,4,8 (each <= n); default 1, 4, 8 up to n, and n",
+    )
+    own.add_argument(
+        "--limit",
+        dest="eval_limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the first N held-out problems only; default all",
+    )
+    own.add_argument(
+        "--sample-seed", dest="eval_seed", type=int, default=0, metavar="N", help="sampling seed; default 0"
+    )
+    own.add_argument(
+        "--device",
+        dest="eval_device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the policy generates; auto: where the run drew its ES noise, else cuda when "
+        "available; default auto",
+    )
+    own.add_argument(
+        "--es-snapshots",
+        dest="eval_snapshots",
+        default=None,
+        metavar="DIR",
+        help="ES: replay from the newest snapshot in this folder (a generator's snapshot_dir) "
+        "instead of from the base; default: from the base, trusting nothing else",
+    )
     return parser
 
 
@@ -201,13 +251,22 @@ async def evaluate(settings: TrainerSettings, opts: Options, url: str, config: s
             digest = await in_engine_thread(weights_digest_of, engine)
             timing.extra["weights_s"] = time.monotonic() - started
             kinds = backends(vsettings)
-            checkers = [make_checkers(vsettings, i, kinds)[settings.task]
-                        for i in range(min(vsettings.workers, len(view.held_out) * opts.samples))]  # fmt: skip
+            checkers = [
+                make_checkers(vsettings, i, kinds)[settings.task]
+                for i in range(min(vsettings.workers, len(view.held_out) * opts.samples))
+            ]
             try:
                 await asyncio.gather(*(c.sandbox.start() for c in checkers))
-                results = await sample_and_verify(engine, checkers, view.held_out, settings, timing,
-                                                  samples=opts.samples, temperature=opts.temperature,
-                                                  seed=opts.sample_seed)  # fmt: skip
+                results = await sample_and_verify(
+                    engine,
+                    checkers,
+                    view.held_out,
+                    settings,
+                    timing,
+                    samples=opts.samples,
+                    temperature=opts.temperature,
+                    seed=opts.sample_seed,
+                )
             finally:
                 await asyncio.gather(*(c.sandbox.kill() for c in checkers), return_exceptions=True)
         finally:
@@ -215,8 +274,16 @@ async def evaluate(settings: TrainerSettings, opts: Options, url: str, config: s
         model = str(engine.model_path)
     finally:
         await redis.aclose()
-    return {"settings": settings, "view": view, "results": results, "timing": timing, "applied": applied,
-            "digest": digest, "model": model, "sandbox": kinds.get(settings.task, "")}  # fmt: skip
+    return {
+        "settings": settings,
+        "view": view,
+        "results": results,
+        "timing": timing,
+        "applied": applied,
+        "digest": digest,
+        "model": model,
+        "sandbox": kinds.get(settings.task, ""),
+    }
 
 
 def summarize(

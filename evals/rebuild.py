@@ -28,17 +28,21 @@ def check_grpo_folder(view: RunView) -> None:
     update = view.entry()
     folder = Path(update.weights_path)
     if not folder.is_dir():
-        raise EvalError(f"GRPO version {view.version}: its weights folder {folder} does not exist (the trainer "
-                        f"deletes the folders no work order can name any more, or the run directory moved); "
-                        f"versions with weights on disk: {ranges(view.on_disk)}")  # fmt: skip
+        raise EvalError(
+            f"GRPO version {view.version}: its weights folder {folder} does not exist (the trainer "
+            f"deletes the folders no work order can name any more, or the run directory moved); "
+            f"versions with weights on disk: {ranges(view.on_disk)}"
+        )
     try:
         found = weights_digest(folder)
     except OSError as e:
         raise PolicyMismatch(f"GRPO version {update.policy_version}: weights at {folder} cannot be read: {e}") from e
     if found != update.digest:
-        raise PolicyMismatch(f"GRPO version {update.policy_version}: weights at {folder} have digest {found}, but "
-                             f"the policy stream announced {update.digest}; the folder was changed or is "
-                             f"incomplete, refusing to evaluate it")  # fmt: skip
+        raise PolicyMismatch(
+            f"GRPO version {update.policy_version}: weights at {folder} have digest {found}, but "
+            f"the policy stream announced {update.digest}; the folder was changed or is "
+            f"incomplete, refusing to evaluate it"
+        )
 
 
 async def engine_device(redis: Redis, settings: TrainerSettings, view: RunView, asked: str) -> str:
@@ -50,11 +54,15 @@ async def engine_device(redis: Redis, settings: TrainerSettings, view: RunView, 
     noise = (await redis.get(Keys(settings.run).es_noise) or b"").decode() if view.algo == "es" else ""
     if noise and view.version > 0:
         if asked not in ("auto", noise):
-            raise EvalError(f"run {settings.run}'s ES noise was drawn on {noise}: its centers replay only there "
-                            f"(--device {noise}), not on {asked}")  # fmt: skip
+            raise EvalError(
+                f"run {settings.run}'s ES noise was drawn on {noise}: its centers replay only there "
+                f"(--device {noise}), not on {asked}"
+            )
         if noise == "cuda" and not torch.cuda.is_available():
-            raise EvalError(f"run {settings.run}'s ES noise was drawn on cuda and this machine has no GPU: "
-                            "evaluate it on a machine with one")  # fmt: skip
+            raise EvalError(
+                f"run {settings.run}'s ES noise was drawn on cuda and this machine has no GPU: "
+                "evaluate it on a machine with one"
+            )
         return noise
     if asked == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

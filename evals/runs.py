@@ -57,11 +57,16 @@ def run_settings(cli: TrainerSettings, run_dir: Path) -> tuple[TrainerSettings, 
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
         raise EvalError(f"{report} cannot be read as a trainer report: {e}") from e
     given = cli.model_fields_set
-    conflicts = [f"{f} = {getattr(cli, f)!r} (the run has {doc.get(f)!r})" for f in RUN_FIELDS
-                 if f in given and getattr(cli, f) != doc.get(f)]  # fmt: skip
+    conflicts = [
+        f"{f} = {getattr(cli, f)!r} (the run has {doc.get(f)!r})"
+        for f in RUN_FIELDS
+        if f in given and getattr(cli, f) != doc.get(f)
+    ]
     if conflicts:
-        raise EvalError(f"{report} is the run's own record, and the flags/config/env contradict it: "
-                        f"{'; '.join(conflicts)}. Drop those settings to evaluate this run.")  # fmt: skip
+        raise EvalError(
+            f"{report} is the run's own record, and the flags/config/env contradict it: "
+            f"{'; '.join(conflicts)}. Drop those settings to evaluate this run."
+        )
     try:
         settings = TrainerSettings.model_validate(
             {**doc, **{f: getattr(cli, f) for f in given}, "run_dir": str(run_dir)}
@@ -82,9 +87,11 @@ def run_redis(settings: TrainerSettings, run_dir: Path) -> Iterator[tuple[str, s
         yield settings.redis_url, f"the Redis at {settings.redis_url}"
         return
     if not run_dir.is_dir():
-        raise EvalError(f"no run {settings.run!r}: {run_dir} does not exist. Name the run directory "
-                        f"(--run-dir, or --run for runs/<run>), or pass --redis-url for a run whose Redis is "
-                        f"elsewhere")  # fmt: skip
+        raise EvalError(
+            f"no run {settings.run!r}: {run_dir} does not exist. Name the run directory "
+            f"(--run-dir, or --run for runs/<run>), or pass --redis-url for a run whose Redis is "
+            f"elsewhere"
+        )
     with contextlib.ExitStack() as stack:
         try:
             run = stack.enter_context(reopen(run_dir, live=True))
@@ -127,8 +134,10 @@ async def find_run(redis: Redis, settings: TrainerSettings) -> TrainerSettings:
     if len(found) == 1 and "run" not in settings.model_fields_set:
         return settings.model_copy(update={"run": found[0]})
     holds = f"it holds run(s) {', '.join(repr(r) for r in found)}" if found else "it holds no run"
-    raise EvalError(f"run {settings.run!r} has no trainer checkpoint ({Keys(settings.run).trainer_state}) in this "
-                    f"Redis; {holds}. Pass --run NAME")  # fmt: skip
+    raise EvalError(
+        f"run {settings.run!r} has no trainer checkpoint ({Keys(settings.run).trainer_state}) in this "
+        f"Redis; {holds}. Pass --run NAME"
+    )
 
 
 async def read_run(redis: Redis, settings: TrainerSettings, version: int | None, limit: int | None) -> RunView:
@@ -145,12 +154,16 @@ async def read_run(redis: Redis, settings: TrainerSettings, version: int | None,
     versions = sorted({0} | {u.policy_version for u in updates})
     version = versions[-1] if version is None else version
     if version not in versions:
-        raise EvalError(f"version {version} does not exist in run {settings.run!r}: it has version(s) "
-                        f"{ranges(versions)} (0 is the base model)")  # fmt: skip
+        raise EvalError(
+            f"version {version} does not exist in run {settings.run!r}: it has version(s) "
+            f"{ranges(versions)} (0 is the base model)"
+        )
     missing = [v for v in range(1, version + 1) if v not in versions]
     if algo == "es" and missing:
-        raise EvalError(f"ES version {version} is the base plus the steps of versions 1..{version}; the policy "
-                        f"stream lacks {ranges(missing)}")  # fmt: skip
+        raise EvalError(
+            f"ES version {version} is the base plus the steps of versions 1..{version}; the policy "
+            f"stream lacks {ranges(missing)}"
+        )
     held_out = await _held_out(redis, keys, settings, state, limit)
     on_disk = sorted({0} | {u.policy_version for u in updates if algo == "grpo" and Path(u.weights_path).is_dir()})
     return RunView(algo, held_out, [u for u in updates if u.policy_version <= version], version, versions, on_disk)
@@ -178,8 +191,10 @@ async def _held_out(
         raise EvalError(f"the run's problems cannot be loaded: {e}") from e
     if not held:
         raise EvalError(f"run {settings.run!r} has no held-out split (held_out = {settings.held_out} of its problems)")
-    not_the_runs = ("these settings (seed, problems, held_out, curriculum, dataset) are not the run's; pass its "
-                    "--config or the flags it was started with")  # fmt: skip
+    not_the_runs = (
+        "these settings (seed, problems, held_out, curriculum, dataset) are not the run's; pass its "
+        "--config or the flags it was started with"
+    )
     raw = await redis.hmget(keys.theorems, [t.theorem_id for t in held])
     for theorem, record in zip(held, raw, strict=True):
         try:
@@ -191,8 +206,10 @@ async def _held_out(
             raise EvalError(f"held-out problem {theorem.theorem_id!r} {problem} in {keys.theorems}: {not_the_runs}")
     ids = state.get("eval_ids")  # what the run itself evaluated (its checkpoint); absent if it never did
     if ids and ids != [t.theorem_id for t in held]:
-        raise EvalError(f"the trainer evaluated {len(ids)} problems {ids[:3]}..., these settings give {len(held)} "
-                        f"problems {[t.theorem_id for t in held[:3]]}...: {not_the_runs}")  # fmt: skip
+        raise EvalError(
+            f"the trainer evaluated {len(ids)} problems {ids[:3]}..., these settings give {len(held)} "
+            f"problems {[t.theorem_id for t in held[:3]]}...: {not_the_runs}"
+        )
     return held[:limit] if limit else held
 
 

@@ -47,26 +47,30 @@ OUT = ROOT / "docs" / "results" / "scan-real-proofs.json"
 # The releases measured so far: where each is published, the Lean its authors checked it with, its licence.
 KNOWN_RELEASES = {
     "deepseek-prover-v2": {
-        "repository": "deepseek-ai/DeepSeek-Prover-V2", "path": "minif2f-solutions.zip (test/, valid/)",
+        "repository": "deepseek-ai/DeepSeek-Prover-V2",
+        "path": "minif2f-solutions.zip (test/, valid/)",
         "lean": "Lean 4.9.0-rc2 (the paper, section 4)",
         "license": "none stated for the solutions; the repository carries only LICENSE-MODEL (the model's)",
     },
     "kimina-prover-preview": {
-        "repository": "MoonshotAI/Kimina-Prover-Preview", "path": "minif2f_test_solved.zip (src/)",
+        "repository": "MoonshotAI/Kimina-Prover-Preview",
+        "path": "minif2f_test_solved.zip (src/)",
         "lean": "Lean v4.15.0, Mathlib v4.15.0 (its lean-toolchain, lakefile.lean)",
         "license": "Apache-2.0 (minif2f_test_solved/LICENSE)",
     },
     "kimina-prover-72b": {
-        "repository": "MoonshotAI/Kimina-Prover-Preview", "path": "minif2f_test_solved_filtered_0710.zip (src/)",
+        "repository": "MoonshotAI/Kimina-Prover-Preview",
+        "path": "minif2f_test_solved_filtered_0710.zip (src/)",
         "lean": "Lean v4.15.0 (its lean-toolchain)",
         "license": "Apache-2.0 (minif2f_test_solved_filtered/LICENSE)",
     },
     "seed-prover": {
-        "repository": "ByteDance-Seed/Seed-Prover", "path": "SeedProver/MiniF2F.zip",
+        "repository": "ByteDance-Seed/Seed-Prover",
+        "path": "SeedProver/MiniF2F.zip",
         "lean": "Lean v4.14.0 (the paper: 'unless otherwise specified')",
         "license": "Apache-2.0 (LICENSE at the repository root)",
     },
-}  # fmt: skip
+}
 _BRACKETS = {"(": 1, "[": 1, "{": 1, "⟨": 1, ")": -1, "]": -1, "}": -1, "⟩": -1}
 
 
@@ -133,14 +137,26 @@ def scan(proofs: list[Proof], statements: dict[str, str | None]) -> dict[str, An
             continue
         reasons[result.reason] += 1
         rules[_rule(result)] += 1
-        refused.append({"release": proof.release, "file": proof.file, "reason": result.reason,
-                        "detail": result.detail, "policy": policy(result)})  # fmt: skip
+        refused.append(
+            {
+                "release": proof.release,
+                "file": proof.file,
+                "reason": result.reason,
+                "detail": result.detail,
+                "policy": policy(result),
+            }
+        )
     return {
-        "total": len(proofs) - len(missing), "accepted": accepted, "refused": sum(reasons.values()),
-        "refused_by_reason": dict(reasons.most_common()), "refused_by_rule": dict(rules.most_common()),
-        "refused_valid": sum(r["policy"] is None for r in refused), "without_statement": missing,
-        "accepted_without_their_declarations": dropped, "refused_proofs": refused,
-    }  # fmt: skip
+        "total": len(proofs) - len(missing),
+        "accepted": accepted,
+        "refused": sum(reasons.values()),
+        "refused_by_reason": dict(reasons.most_common()),
+        "refused_by_rule": dict(rules.most_common()),
+        "refused_valid": sum(r["policy"] is None for r in refused),
+        "without_statement": missing,
+        "accepted_without_their_declarations": dropped,
+        "refused_proofs": refused,
+    }
 
 
 def _declarations(text: str) -> int:
@@ -183,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a release's folder or zip; NAME one of {', '.join(KNOWN_RELEASES)} or your own",
     )
     parser.add_argument("--dataset", type=Path, default=DATASET, help="minif2f.jsonl: name -> formal_statement")
-    parser.add_argument("--out", type=Path, default=OUT)  # fmt: skip
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     proofs = []
     for spec in args.release:
@@ -195,20 +211,24 @@ def main(argv: list[str] | None = None) -> int:
     dataset = dataset_statements(args.dataset)
     releases = {spec.partition("=")[0] for spec in args.release}
     report = {
-        "code": code_commit(), "dataset": str(args.dataset),
-        "releases": {r: {**KNOWN_RELEASES.get(r, {}), "proofs": sum(p.release == r for p in proofs)} for r in
-                     sorted(releases)},
+        "code": code_commit(),
+        "dataset": str(args.dataset),
+        "releases": {
+            r: {**KNOWN_RELEASES.get(r, {}), "proofs": sum(p.release == r for p in proofs)} for r in sorted(releases)
+        },
         "own_statement": scan(proofs, {p.file: own_statement(p.text, p.name) for p in proofs}),
         "dataset_statement": scan(proofs, {p.file: dataset.get(p.name) for p in proofs}),
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     for mode in ("own_statement", "dataset_statement"):
         r = report[mode]
-        print(f"{mode}: {r['accepted']}/{r['total']} accepted, refused {r['refused_by_reason']}, "
-              f"valid refused {r['refused_valid']}, accepted without their helpers "
-              f"{len(r['accepted_without_their_declarations'])}, without a statement {len(r['without_statement'])}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{mode}: {r['accepted']}/{r['total']} accepted, refused {r['refused_by_reason']}, "
+            f"valid refused {r['refused_valid']}, accepted without their helpers "
+            f"{len(r['accepted_without_their_declarations'])}, without a statement {len(r['without_statement'])}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -120,10 +120,15 @@ def _stop_on_signals() -> asyncio.Event:
 async def cmd_open(redis: Redis, keys: Keys, args: argparse.Namespace) -> int:
     """Keep the copy of a finished run's Redis up for redis-cli (or another ops) until Ctrl-C or SIGTERM."""
     url = args.settings.redis_url
-    emit(args, {"redis_url": url, "run": keys.run},
-           lambda d: f"run {d['run']!r} of {args.run_dir} served (a copy) at {d['redis_url']} until Ctrl-C:\n"
-           f"  redis-cli -u {d['redis_url']} XLEN '{{ps:{d['run']}}}:rewards'\n"
-           f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run")  # fmt: skip
+    emit(
+        args,
+        {"redis_url": url, "run": keys.run},
+        lambda d: (
+            f"run {d['run']!r} of {args.run_dir} served (a copy) at {d['redis_url']} until Ctrl-C:\n"
+            f"  redis-cli -u {d['redis_url']} XLEN '{{ps:{d['run']}}}:rewards'\n"
+            f"  python -m ops --redis-url {d['redis_url']} --run {d['run']} run"
+        ),
+    )
     await _stop_on_signals().wait()
     return 0
 
@@ -181,9 +186,13 @@ def _shared() -> argparse.ArgumentParser:
     p = SettingsParser(add_help=False)
     OpsSettings.add_arguments(p, exclude=NOT_OPS)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--run-dir", dest="run_dir", metavar="DIR",
-                   help="a finished local run's directory: its Redis data, opened on a copy, instead of --redis-url "
-                   "(the run id is read from it unless --run names one)")  # fmt: skip
+    p.add_argument(
+        "--run-dir",
+        dest="run_dir",
+        metavar="DIR",
+        help="a finished local run's directory: its Redis data, opened on a copy, instead of --redis-url "
+        "(the run id is read from it unless --run names one)",
+    )
     # All suppressed, so a flag given before the command is not reset by the command's default.
     for action in p._actions:
         action.default = argparse.SUPPRESS
@@ -214,8 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(command_fn=fn)
         return p
 
-    leaf(sub, "run", cmd_run, "a run on one screen: its result first (held-out reward and problems solved, samples, "
-         "wall time or ETA), then its health: trainer, in flight, generators, dead letters, groups")  # fmt: skip
+    leaf(
+        sub,
+        "run",
+        cmd_run,
+        "a run on one screen: its result first (held-out reward and problems solved, samples, "
+        "wall time or ETA), then its health: trainer, in flight, generators, dead letters, groups",
+    )
     leaf(sub, "streams", cmd_streams, "stream lengths, consumer groups (lag, pending, oldest pending), consumers")
 
     p = leaf(sub, "tail", cmd_tail, "the last entries of a stream, decoded")
@@ -231,8 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; any other needs --token)")
     p.add_argument("--port", type=int, default=8765, help="0: any free port (default 8765)")
     p.add_argument("--token", help="required on every request (?token= or Authorization: Bearer); default none")
-    p.add_argument("--refresh-s", dest="refresh_s", type=float, default=2.0,
-                   help="how often the page asks again (default 2.0)")  # fmt: skip
+    p.add_argument(
+        "--refresh-s", dest="refresh_s", type=float, default=2.0, help="how often the page asks again (default 2.0)"
+    )
     p.add_argument("--dir", help="the runs the page's selector offers (default: the folder of --run-dir, else runs)")
     leaf(sub, "open", cmd_open, "serve a finished run's Redis (a copy, with --run-dir) for redis-cli until Ctrl-C")
 
@@ -267,16 +282,22 @@ def _dead_letters(sub, leaf) -> None:
 
 
 def _samples(sub, leaf) -> None:
-    about = ("judged attempts with their problem, text, proof, verdict and the checker's message (with --run-dir: "
-             "the run's traces, the whole run; else the streams' last hour)")  # fmt: skip
+    about = (
+        "judged attempts with their problem, text, proof, verdict and the checker's message (with --run-dir: "
+        "the run's traces, the whole run; else the streams' last hour)"
+    )
     p = leaf(sub, "samples", judged.cmd_samples, about)
     p.add_argument("--version", type=int, help="only this policy version's samples (default: every version)")
     p.add_argument("--verdict", choices=judged.VERDICTS, help="only samples with this verdict (default: any)")
     p.add_argument("--theorem", help="only this theorem id (default: any)")
     p.add_argument("--kind", choices=judged.KINDS, default="all", help="training or held-out samples (default all)")
-    p.add_argument("--text", type=_regex, metavar="REGEX",
-                   help="only samples whose text, proof or checker's message this regular expression finds "
-                   "(Python's re; (?i) for any case)")  # fmt: skip
+    p.add_argument(
+        "--text",
+        type=_regex,
+        metavar="REGEX",
+        help="only samples whose text, proof or checker's message this regular expression finds "
+        "(Python's re; (?i) for any case)",
+    )
     p.add_argument("--count", "-n", type=_count, default=10, help="the newest this many that match (default 10)")
     about = "one problem of the run as the verifier judges it: a Countdown target and numbers, a Lean statement"
     p = leaf(sub, "theorem", judged.cmd_theorem, about)
@@ -286,11 +307,19 @@ def _samples(sub, leaf) -> None:
 def _files(sub) -> None:
     """The commands that read run directories: no Redis, no run id."""
     commands = (
-        ("runs", runs.cmd_runs, "the runs in a folder: algorithm, status, versions, held-out reward and exact "
-         "first -> last, wall time, start (from their files; no Redis)"),
-        ("compare", compare.cmd_compare, "runs side by side: their table, the settings they differ in, and one plot "
-         "of held-out reward and exact against samples and wall time"),
-    )  # fmt: skip
+        (
+            "runs",
+            runs.cmd_runs,
+            "the runs in a folder: algorithm, status, versions, held-out reward and exact "
+            "first -> last, wall time, start (from their files; no Redis)",
+        ),
+        (
+            "compare",
+            compare.cmd_compare,
+            "runs side by side: their table, the settings they differ in, and one plot "
+            "of held-out reward and exact against samples and wall time",
+        ),
+    )
     for name, fn, about in commands:
         p = sub.add_parser(name, help=about, description=about, parents=[_local()])
         p.set_defaults(local_fn=fn)
@@ -318,8 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.local_fn(args)
     if args.command == "bench":
         if is_cluster_url(getattr(args, "redis_url", None) or ""):
-            return fail("the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
-                         "(a master of the cluster), or none for a private one", 2)  # fmt: skip
+            return fail(
+                "the benchmarks measure one Redis server: give --redis-url redis://HOST:PORT of one "
+                "(a master of the cluster), or none for a private one",
+                2,
+            )
         try:
             return args.func(args)
         except NoDevice as e:  # --device cuda where torch sees no GPU: never measured on the CPU instead

@@ -61,8 +61,13 @@ def bench(args: argparse.Namespace) -> dict:
             calls = [[n for part in lengths for n in part]] if one_call else lengths
             tokens = sum(map(sum, calls))
             decoded = sum(len(call) * max(call, default=0) for call in calls)
-            out[name] = {"s": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
-                         "longest": max(map(max, calls)), "useful": round(tokens / max(decoded, 1), 3)}  # fmt: skip
+            out[name] = {
+                "s": round(seconds, 2),
+                "tokens": tokens,
+                "tokens_per_s": round(tokens / seconds, 1),
+                "longest": max(map(max, calls)),
+                "useful": round(tokens / max(decoded, 1), 3),
+            }
 
         timed("inference", lambda: [engine.generate([p for _ in members for p in ids], sampling)], True)
         timed("lowrank", lambda: engine.es_members(0, members, args.sigma, args.rank, ids, sampling), True)

@@ -41,10 +41,17 @@ def _theorems(count: int) -> list[Theorem]:
 def _orders(run_tag: str, theorems: list[Theorem], orders: int, per: int, n: int, tokens: int) -> list[WorkOrder]:
     sampling = {"temperature": 1.0, "max_new_tokens": tokens}
     return [
-        WorkOrder(f"{run_tag}-{o}", 0, "grpo" if n > 1 else "es", "countdown",
-                  [t.theorem_id for t in theorems[o * per : (o + 1) * per]], samples_per_theorem=n, sampling=sampling)
+        WorkOrder(
+            f"{run_tag}-{o}",
+            0,
+            "grpo" if n > 1 else "es",
+            "countdown",
+            [t.theorem_id for t in theorems[o * per : (o + 1) * per]],
+            samples_per_theorem=n,
+            sampling=sampling,
+        )
         for o in range(orders)
-    ]  # fmt: skip
+    ]
 
 
 def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple[float, int]:
@@ -57,8 +64,9 @@ def raw_round(engine, theorems: list[Theorem], orders: list[WorkOrder]) -> tuple
     started, tokens = time.perf_counter(), 0
     for order in orders:
         ids = [prompts.tokenize(engine.tokenizer, prompts.messages(by_id[t])) for t in order.theorem_ids]
-        sampling = Sampling.from_order(order.sampling, order.samples_per_theorem, sampling_seed(order.work_id),
-                                       order.algo == "grpo")  # fmt: skip
+        sampling = Sampling.from_order(
+            order.sampling, order.samples_per_theorem, sampling_seed(order.work_id), order.algo == "grpo"
+        )
         for samples in engine.generate(ids, sampling):
             tokens += sum(len(s.token_ids) for s in samples)
     return time.perf_counter() - started, tokens
@@ -105,8 +113,15 @@ def bench(url: str, args: argparse.Namespace) -> dict:
     device = devices.resolve(args.device)
     # Both sides call the engine from the service's engine thread (see producers/engine.py: ENGINE_THREAD).
     on_engine_thread = lambda fn, *a, **k: ENGINE_THREAD.submit(fn, *a, **k).result()  # noqa: E731
-    engine = on_engine_thread(make_engine, engine_name, resolve_model(args.model), threads=args.threads,
-                              device=device, dtype="auto", kv_cache=args.kv_cache)  # fmt: skip
+    engine = on_engine_thread(
+        make_engine,
+        engine_name,
+        resolve_model(args.model),
+        threads=args.threads,
+        device=device,
+        dtype="auto",
+        kv_cache=args.kv_cache,
+    )
     try:
         theorems = _theorems(args.orders * args.prompts)
         warm = _orders("warm", theorems, 1, args.prompts, args.n, 8)

@@ -54,8 +54,9 @@ def bench(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as out:
         for r in range(args.rounds + 1):  # round 0 warms both up, off the record
             for precision in times if r % 2 == 0 else reversed(times):
-                trainer = GRPOTrainer(path, GRPOConfig(lr=1e-5, precision=precision), Path(out) / precision,
-                                      device=device)  # fmt: skip
+                trainer = GRPOTrainer(
+                    path, GRPOConfig(lr=1e-5, precision=precision), Path(out) / precision, device=device
+                )
                 started = time.perf_counter()
                 metrics = trainer.step(groups)  # reads the gradient norm back: the GPU's work is done
                 if r:

@@ -82,8 +82,17 @@ class Roles(LocalPipeline):
 
     def _role(self, name: str, *argv: str) -> None:
         s = self.settings
-        argv = (*argv, "--redis-url", s.redis_url, "--run", s.run, "--stats-out", str(self._stats(name)),
-                "--log-level", s.log_level)  # fmt: skip
+        argv = (
+            *argv,
+            "--redis-url",
+            s.redis_url,
+            "--run",
+            s.run,
+            "--stats-out",
+            str(self._stats(name)),
+            "--log-level",
+            s.log_level,
+        )
         self._spawn(name, [sys.executable, "-m", "ops.bench.pipeline_roles", *argv], dict(os.environ))
 
     def _stats(self, name: str) -> Path:
@@ -108,8 +117,10 @@ class Roles(LocalPipeline):
         that wrote nothing (it was killed) is `{"role": name, "missing": True}`."""
         names = [name for name, _ in self.children]
         self.stop(grace_s=STOP_GRACE_S)
-        return [orjson.loads(f.read_bytes()) if (f := self._stats(n)).exists() else {"role": n, "missing": True}
-                for n in names]  # fmt: skip
+        return [
+            orjson.loads(f.read_bytes()) if (f := self._stats(n)).exists() else {"role": n, "missing": True}
+            for n in names
+        ]
 
 
 # -- the trainer -------------------------------------------------------------------------------------------
@@ -185,8 +196,10 @@ def figures(updates: list[dict], roles: list[dict], args: argparse.Namespace) ->
     t0, t1 = updates[args.warmup - 1]["at"], steady[-1]["at"]
     n, window = len(steady), t1 - t0
     iteration_s = window / n
-    lanes = {"generate": [lane for r in roles if r["role"] == "generator" for lane in r["lanes"]],
-             "verify": [lane for r in roles if r["role"] == "verifier" for lane in r["lanes"]]}  # fmt: skip
+    lanes = {
+        "generate": [lane for r in roles if r["role"] == "generator" for lane in r["lanes"]],
+        "verify": [lane for r in roles if r["role"] == "verifier" for lane in r["lanes"]],
+    }
     parallel = {"generate": args.generators, "verify": args.verifier_slots}
     asked_s = {"generate": args.gen_ms / 1000, "verify": args.verify_ms / 1000}
     attempts = sum(u["attempts"] for u in steady) / n
@@ -203,16 +216,33 @@ def figures(updates: list[dict], roles: list[dict], args: argparse.Namespace) ->
         factors = {"busy": utilization["train"], "kept": 1.0, "latency": 1.0}
     else:
         done, took = processed[bottleneck], measured_s[bottleneck]  # 0 only if the stage did nothing at all
-        factors = {"busy": utilization[bottleneck], "kept": attempts / done if done else 0.0,
-                   "latency": asked_s[bottleneck] / took if took else 0.0}  # fmt: skip
+        factors = {
+            "busy": utilization[bottleneck],
+            "kept": attempts / done if done else 0.0,
+            "latency": asked_s[bottleneck] / took if took else 0.0,
+        }
     staleness: collections.Counter[str] = collections.Counter()
     for u in steady:
         staleness.update(u["staleness"])
     generators = [r for r in roles if r["role"] == "generator"]
     return {
         "bench": "pipeline",
-        **{k: getattr(args, k) for k in ("gen_ms", "verify_ms", "train_ms", "generators", "verifier_slots",
-                                         "population", "batch", "quorum", "max_staleness", "versions", "warmup")},
+        **{
+            k: getattr(args, k)
+            for k in (
+                "gen_ms",
+                "verify_ms",
+                "train_ms",
+                "generators",
+                "verifier_slots",
+                "population",
+                "batch",
+                "quorum",
+                "max_staleness",
+                "versions",
+                "warmup",
+            )
+        },
         "iteration_s": round(iteration_s, 4),
         "ideal_s": round(ideal_s, 4),
         "sequential_s": round(sum(stage_s.values()), 4),
@@ -230,7 +260,7 @@ def figures(updates: list[dict], roles: list[dict], args: argparse.Namespace) ->
         "stale_dropped": sum(u["stale_dropped"] for u in steady),
         "stale_orders_skipped": sum(g["counts"]["stale_skipped"] for g in generators),  # the whole run
         "generator_held_for_room_s": round(sum(g["held_for_room_s"] for g in generators), 3),  # the whole run
-    }  # fmt: skip
+    }
 
 
 def _rounded(d: dict[str, float], digits: int = 4) -> dict[str, float]:
@@ -245,11 +275,19 @@ def bench(url: str, args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="proofstream-bench-pipeline-") as tmp:
         settings = TrainerSettings(
-            run=run, redis_url=url, log_level=args.log_level, run_dir=str(Path(tmp) / "run"),
-            iterations=args.warmup + args.versions, population=args.population, batch=args.batch,
-            quorum=args.quorum, max_staleness=args.max_staleness, problems=max(64, args.batch * 4), held_out=0,
+            run=run,
+            redis_url=url,
+            log_level=args.log_level,
+            run_dir=str(Path(tmp) / "run"),
+            iterations=args.warmup + args.versions,
+            population=args.population,
+            batch=args.batch,
+            quorum=args.quorum,
+            max_staleness=args.max_staleness,
+            problems=max(64, args.batch * 4),
+            held_out=0,
             eval_every=0,
-        )  # fmt: skip
+        )
         roles = Roles(settings, Path(tmp))
         try:
             roles.start_roles(args)
@@ -275,8 +313,12 @@ def _stream_times(url: str, run: str) -> dict[str, list]:
     """For the trace: when each entry of the run's streams was added (ms, from its id) and what it was about."""
     r, keys, out = connect_sync(url), Keys(run), {}
     try:
-        for name, field in (("work", b"work_id"), ("attempts", b"attempt_id"), ("rewards", b"attempt_id"),
-                            ("policy", b"policy_version")):  # fmt: skip
+        for name, field in (
+            ("work", b"work_id"),
+            ("attempts", b"attempt_id"),
+            ("rewards", b"attempt_id"),
+            ("policy", b"policy_version"),
+        ):
             out[name] = [
                 [int(eid.split(b"-")[0]), f.get(field, b"").decode()] for eid, f in r.xrange(keys.stream(name))
             ]

@@ -125,8 +125,15 @@ async def run_generator(url: str, run: str, name: str, gen_s: float, stop: async
         await service.run(stop)  # reports itself to {ps:R}:generator_stats at once: the bench's "ready"
     finally:
         await redis.aclose()
-    return {"role": "generator", "name": name, "pid": os.getpid(), "lanes": [engine.busy], "counts": service.counts,
-            "held_for_room_s": service.publisher.held_s, "fatal": service.fatal}  # fmt: skip
+    return {
+        "role": "generator",
+        "name": name,
+        "pid": os.getpid(),
+        "lanes": [engine.busy],
+        "counts": service.counts,
+        "held_for_room_s": service.publisher.held_s,
+        "fatal": service.fatal,
+    }
 
 
 # -- the verifier ------------------------------------------------------------------------------------------

@@ -83,9 +83,17 @@ def attempts_for(n: int, run: str) -> tuple[list[Attempt], list]:
         p = problems[i % PROBLEMS]
         solution = problems.meta[p.theorem_id]["solution"]
         answer = solution if i % 4 == 0 else f"{solution} + {i % 7 + 1}"  # uses a number it was not given
-        out.append(Attempt(attempt_id=f"{run}-{i}", work_id=f"{run}-w{i // 8}", theorem_id=p.theorem_id,
-                           policy_version=0, sample_index=i % 8, task="countdown",
-                           proof=f"<think>{THINKING}({i})</think>\n<answer>{answer}</answer>"))  # fmt: skip
+        out.append(
+            Attempt(
+                attempt_id=f"{run}-{i}",
+                work_id=f"{run}-w{i // 8}",
+                theorem_id=p.theorem_id,
+                policy_version=0,
+                sample_index=i % 8,
+                task="countdown",
+                proof=f"<think>{THINKING}({i})</think>\n<answer>{answer}</answer>",
+            )
+        )
     return out, problems
 
 
@@ -195,8 +203,14 @@ def _pct(xs: list[float], q: int) -> float:
 
 async def bench(url: str, args: argparse.Namespace) -> dict:
     run = f"bench-verifier-{os.getpid()}-{int(time.time())}"
-    settings = VerifierSettings(run=run, redis_url=url, concurrency=args.sandboxes, tasks=["countdown"],
-                                sandbox=args.backend, log_level=args.log_level)  # fmt: skip
+    settings = VerifierSettings(
+        run=run,
+        redis_url=url,
+        concurrency=args.sandboxes,
+        tasks=["countdown"],
+        sandbox=args.backend,
+        log_level=args.log_level,
+    )
     keys, redis = Keys(run), connect(url)
     service = VerifierService(settings, url)
     try:
@@ -210,8 +224,10 @@ async def bench(url: str, args: argparse.Namespace) -> dict:
             if verdicts != expected:
                 wrong = [(k, v, verdicts.get(k)) for k, v in expected.items() if verdicts.get(k) != v][:3]
                 raise RuntimeError(f"the pool's verdicts are not the solutions' (attempt, expected, got): {wrong}")
-            again = [dataclasses.replace(attempts[i % len(attempts)], attempt_id=f"{run}-again-{i}")
-                     for i in range(args.cache_hits)]  # fmt: skip
+            again = [
+                dataclasses.replace(attempts[i % len(attempts)], attempt_id=f"{run}-again-{i}")
+                for i in range(args.cache_hits)
+            ]
             expected = {b.attempt_id: expected[a.attempt_id] for a, b in zip(itertools.cycle(attempts), again)}
             cache = await backlog(redis, service, again, args.timeout_s)
             stats = service.stats()

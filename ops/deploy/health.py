@@ -82,15 +82,23 @@ def check_trainer(client: redis.Redis, keys: Keys) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.health", description=__doc__.split("\n\n")[0],
-                                     formatter_class=DefaultsFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.health", description=__doc__.split("\n\n")[0], formatter_class=DefaultsFormatter
+    )
     parser.add_argument("role", choices=["generator", "verifier", "trainer"])
-    parser.add_argument("--max-age-s", type=float, default=None,
-                        help="generator, verifier: oldest acceptable report (default 60 s, verifier 90 s)")  # fmt: skip
+    parser.add_argument(
+        "--max-age-s",
+        type=float,
+        default=None,
+        help="generator, verifier: oldest acceptable report (default 60 s, verifier 90 s)",
+    )
     parser.add_argument("--timeout-s", type=float, default=5.0, help="Redis connect and read timeout")
-    parser.add_argument("--liveness", action="store_true",
-                        help="only a stale report fails; an unanswering Redis or a sandbox that cannot start "
-                             "does not (the module docstring)")  # fmt: skip
+    parser.add_argument(
+        "--liveness",
+        action="store_true",
+        help="only a stale report fails; an unanswering Redis or a sandbox that cannot start "
+        "does not (the module docstring)",
+    )
     args = parser.parse_args(argv)
     url = os.environ.get("PROOFSTREAM_REDIS_URL")
     if not url:
@@ -134,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
 def _unanswered(error: Exception, liveness: bool) -> int:
     """The run's Redis does not answer (no URL in the message: it may hold a password)."""
     if liveness:
-        print(f"healthy: the run's Redis does not answer ({error}); the role rides the outage out, and a "
-              "restart would not end it", file=sys.stderr)  # fmt: skip
+        print(
+            f"healthy: the run's Redis does not answer ({error}); the role rides the outage out, and a "
+            "restart would not end it",
+            file=sys.stderr,
+        )
         return 0
     print(f"unhealthy: the run's Redis does not answer: {error}", file=sys.stderr)
     return 1

@@ -35,9 +35,18 @@ from streams.schema import Attempt, Member, Reward
 from streams.theorems import Theorem
 from verifier_pool.judgement import Judgement
 
-_TACTICS = ["nlinarith [sq_nonneg (a - b), sq_nonneg (a + b)]", "simp only [Nat.add_comm, Nat.mul_comm]",
-            "rcases h with ⟨x, hx⟩", "have h2 : 0 < x := by positivity", "norm_num at h ⊢", "omega",
-            "field_simp", "ring_nf", "linarith [h₀, h₁]", "exact ⟨by norm_num, by norm_num⟩"]  # fmt: skip
+_TACTICS = [
+    "nlinarith [sq_nonneg (a - b), sq_nonneg (a + b)]",
+    "simp only [Nat.add_comm, Nat.mul_comm]",
+    "rcases h with ⟨x, hx⟩",
+    "have h2 : 0 < x := by positivity",
+    "norm_num at h ⊢",
+    "omega",
+    "field_simp",
+    "ring_nf",
+    "linarith [h₀, h₁]",
+    "exact ⟨by norm_num, by norm_num⟩",
+]
 
 
 def attempt(profile: str, i: int, rng: random.Random) -> Attempt:
@@ -51,15 +60,20 @@ def attempt(profile: str, i: int, rng: random.Random) -> Attempt:
             lines.append("  " + rng.choice(_TACTICS))
         proof = "\n".join(lines)
     return Attempt(
-        attempt_id=f"{work_id}:{i % 8}:0", work_id=work_id, theorem_id=f"thm-{i % 500}",
-        policy_version=i // 512, sample_index=0, proof=proof,
+        attempt_id=f"{work_id}:{i % 8}:0",
+        work_id=work_id,
+        theorem_id=f"thm-{i % 500}",
+        policy_version=i // 512,
+        sample_index=0,
+        proof=proof,
         task="countdown" if profile == "countdown" else "lean",
-        member=None if grpo else Member(rng.getrandbits(31), 1), num_tokens=1024 if grpo else 200,
+        member=None if grpo else Member(rng.getrandbits(31), 1),
+        num_tokens=1024 if grpo else 200,
         gen_ms=round(rng.uniform(20, 900), 1),
         token_ids=pack_int32(rng.choices(range(49152), k=1024)) if grpo else b"",
         logprobs=pack_float32([rng.uniform(-8, 0) for _ in range(1024)]) if grpo else b"",
         prompt_ids=pack_int32(rng.choices(range(49152), k=256)) if grpo else b"",
-    )  # fmt: skip
+    )
 
 
 async def used(redis: Redis) -> int:
@@ -105,14 +119,33 @@ async def measure(url: str, profile: str, n: int) -> dict:
             a = d.message
             theorem = Theorem(a.theorem_id, a.task, statement="theorem t (a b : ℝ) : a * b ≤ a ^ 2 + b ^ 2 := by")
             await redis.hset(keys.verdicts, verdict_digest(theorem, a.proof, "v4.19.0+mathlib"), judgement.encode())
-            return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
-                           verdict="rejected", reward=0.3 if countdown else 0.0, reason=reason, member=a.member,
-                           work_id=a.work_id, verify_ms=round(rng.uniform(2, 4000), 3),
-                           sandbox_id="process-lean-0-12345", detail=detail)]  # fmt: skip
+            return [
+                Reward(
+                    attempt_id=a.attempt_id,
+                    theorem_id=a.theorem_id,
+                    policy_version=a.policy_version,
+                    verdict="rejected",
+                    reward=0.3 if countdown else 0.0,
+                    reason=reason,
+                    member=a.member,
+                    work_id=a.work_id,
+                    verify_ms=round(rng.uniform(2, 4000), 3),
+                    sandbox_id="process-lean-0-12345",
+                    detail=detail,
+                )
+            ]
 
         settings = ConsumerSettings(batch_size=256, block_ms=10)
-        verifier = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="sizing-verifier",
-                            handler=verify, output=Reward, settings=settings)  # fmt: skip
+        verifier = Consumer(
+            redis,
+            keys,
+            message_type=Attempt,
+            group=VERIFIERS,
+            name="sizing-verifier",
+            handler=verify,
+            output=Reward,
+            settings=settings,
+        )
         await verifier.ensure_group()
         while verifier.stats.processed < n:
             await verifier.run_once()

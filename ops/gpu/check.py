@@ -39,15 +39,28 @@ from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
 from weights.es import noise
 
-STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,
-        "alpha": 0.01}  # fmt: skip
+STEP = {
+    "seeds": [11, 12, 13, 14],
+    "signs": [1, -1, 1, -1],
+    "rewards": [1.0, -1.0, 0.5, -0.5],
+    "sigma": 0.01,
+    "alpha": 0.01,
+}
 
 
 def tiny_model(tokenizer_dir: Path, folder: Path) -> Path:
     """The tokenizer's model config, 2 layers of width 64, random weights (seeded), saved as safetensors."""
     config = transformers.AutoConfig.from_pretrained(str(tokenizer_dir))
-    config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "head_dim": 16})  # fmt: skip
+    config.update(
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+        }
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(folder, safe_serialization=True)
@@ -61,8 +74,11 @@ def check_noise() -> dict[str, Any]:
     cpu = noise(7, "w", (256, 64), "cpu")
     cuda = noise(7, "w", (256, 64), "cuda")
     again = noise(7, "w", (256, 64), "cuda")
-    return {"cuda_repeats": bool(torch.equal(cuda, again)), "cuda_equals_cpu": bool(torch.equal(cuda.cpu(), cpu)),
-            "cuda_std": round(float(cuda.std()), 4)}  # fmt: skip
+    return {
+        "cuda_repeats": bool(torch.equal(cuda, again)),
+        "cuda_equals_cpu": bool(torch.equal(cuda.cpu(), cpu)),
+        "cuda_std": round(float(cuda.std()), 4),
+    }
 
 
 def check_engine(model: Path) -> dict[str, Any]:
@@ -76,8 +92,11 @@ def check_engine(model: Path) -> dict[str, Any]:
         engine.es_use(1, 99, -1, 0.01)  # a member of center 1: the step replayed, then a perturbation
         first = [s[0].token_ids for s in engine.generate(prompts, greedy)]
         second = [s[0].token_ids for s in engine.generate(prompts, greedy)]
-        out[device] = {"greedy_repeats": first == second, "member_s": round(time.monotonic() - started, 3),
-                       "center_digest": engine.es_digest(1)}  # fmt: skip
+        out[device] = {
+            "greedy_repeats": first == second,
+            "member_s": round(time.monotonic() - started, 3),
+            "center_digest": engine.es_digest(1),
+        }
     out["cuda"]["replay_repeats"] = engines["cuda"].es_digest(1) == out["cuda"]["center_digest"]
     out["centers_equal_across_devices"] = out["cuda"]["center_digest"] == out["cpu"]["center_digest"]
     for engine in engines.values():
@@ -100,13 +119,20 @@ def check_grpo(model: Path, work: Path) -> dict[str, Any]:
         trainer = GRPOTrainer(model, cfg, out_dir=work / device, device=device)
         started = time.monotonic()
         metrics = trainer.step(groups)
-        results[device] = {"loss": metrics.get("loss"), "updated": metrics.get("updated"),
-                           "step_s": round(time.monotonic() - started, 3)}  # fmt: skip
+        results[device] = {
+            "loss": metrics.get("loss"),
+            "updated": metrics.get("updated"),
+            "step_s": round(time.monotonic() - started, 3),
+        }
         weights[device] = {k: v.detach().float().cpu() for k, v in trainer.model.state_dict().items()}
     diff = max(float((weights["cuda"][k] - weights["cpu"][k]).abs().max()) for k in weights["cpu"])
     moved = max(float((weights["cpu"][k] - w).abs().max()) for k, w in _initial(model).items())
-    return {**results, "max_weight_diff_cuda_vs_cpu": diff, "max_weight_change_cpu": moved,
-            "loss_diff": abs(results["cuda"]["loss"] - results["cpu"]["loss"])}  # fmt: skip
+    return {
+        **results,
+        "max_weight_diff_cuda_vs_cpu": diff,
+        "max_weight_change_cpu": moved,
+        "loss_diff": abs(results["cuda"]["loss"] - results["cpu"]["loss"]),
+    }
 
 
 def _initial(model: Path) -> dict[str, torch.Tensor]:
@@ -124,19 +150,28 @@ def quick(tokenizer: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--full", action="store_true",
-                   help="the real pipeline with the real model on the device: an ES run, a GRPO run, the benches "
-                   "(ops/gpu/full.py); without it, the quick checks on a 2-layer model")  # fmt: skip
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the real pipeline with the real model on the device: an ES run, a GRPO run, the benches "
+        "(ops/gpu/full.py); without it, the quick checks on a 2-layer model",
+    )
     p.add_argument(
         "--device",
         default="cuda",
         choices=("cuda", "cpu"),
         help="--full: where to run (default cuda, refused without a GPU; cpu rehearses the script)",
     )
-    p.add_argument("--tokenizer", default="", help="quick checks: a model folder with tokenizer.json and "
-                   "config.json (default: the default model's folder)")  # fmt: skip
-    p.add_argument("--out", default="", help="also write the JSON here (--full: a folder, default "
-                   "docs/results/gpu; the file is <gpu>-<date>.json)")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        default="",
+        help="quick checks: a model folder with tokenizer.json and config.json (default: the default model's folder)",
+    )
+    p.add_argument(
+        "--out",
+        default="",
+        help="also write the JSON here (--full: a folder, default docs/results/gpu; the file is <gpu>-<date>.json)",
+    )
     gpu_full.add_arguments(p)
     args = p.parse_args(argv)
     if args.full:
@@ -147,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     from weights.model import resolve_model
 
     tokenizer = Path(args.tokenizer) if args.tokenizer else resolve_model(None)
-    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "transformers": transformers.__version__, **quick(tokenizer)}  # fmt: skip
+    result = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        **quick(tokenizer),
+    }
     line = json.dumps(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -62,13 +62,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar=("MEMBERS", "PROBLEMS"),
         help="--full: bench es-throughput's population and problems a member, 64 tokens (default 32 16)",
     )
-    p.add_argument("--bench-shape", nargs=3, type=int, default=[4, 8, 8], metavar=("ORDERS", "PROMPTS", "N"),
-                   help="--full: bench generator's orders a round, problems an order, samples a problem (default "
-                   "4 8 8: GRPO's default batch of 8 x 8 rows an order)")  # fmt: skip
+    p.add_argument(
+        "--bench-shape",
+        nargs=3,
+        type=int,
+        default=[4, 8, 8],
+        metavar=("ORDERS", "PROMPTS", "N"),
+        help="--full: bench generator's orders a round, problems an order, samples a problem (default "
+        "4 8 8: GRPO's default batch of 8 x 8 rows an order)",
+    )
     p.add_argument("--step-timeout-s", type=float, default=3600.0, help="--full: each step's limit (default 3600)")
     p.add_argument("--work", default="", help="--full: where the runs go (default runs/gpu-check-<time>)")
-    p.add_argument("--skip", nargs="*", default=[], choices=("checks", "es", "grpo", "sharded", "benches"),
-                   help="--full: steps not to run")  # fmt: skip
+    p.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=("checks", "es", "grpo", "sharded", "benches"),
+        help="--full: steps not to run",
+    )
 
 
 def main(args: argparse.Namespace, quick: Callable[[Path], dict[str, Any]]) -> int:
@@ -89,9 +100,16 @@ def main(args: argparse.Namespace, quick: Callable[[Path], dict[str, Any]]) -> i
     name = re.sub(r"[^a-z0-9]+", "-", str(about.get("gpu", "cpu")).lower()).strip("-")
     out = Path(args.out or ROOT / "docs" / "results" / "gpu") / f"{name}-{datetime.date.today().isoformat()}.json"
     result: dict[str, Any] = {
-        **about, "transformers": transformers.__version__, "commit": _commit(), "host": socket.gethostname(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "work": str(work), "runs": {}, "benches": {}, "errors": {},
-    }  # fmt: skip
+        **about,
+        "transformers": transformers.__version__,
+        "commit": _commit(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "work": str(work),
+        "runs": {},
+        "benches": {},
+        "errors": {},
+    }
     result = _earlier(out, result)
     steps = _steps(args, device, work, model)
     if device.startswith("cuda"):
@@ -120,22 +138,80 @@ def _steps(args: argparse.Namespace, device: str, work: Path, model: Path) -> li
     orders, prompts, n = (str(x) for x in args.bench_shape)
     shape = ("--orders", orders, "--prompts", prompts, "--n", n, "--max-new-tokens", "64")
     return [
-        ("runs.es", lambda: {"runs": {"es": _run("es", work / "es", device, timeout, "--iterations",
-                                                 str(args.es_versions), "--max-new-tokens", "64")}}),
-        ("runs.grpo", lambda: {"runs": {"grpo": _run("grpo", work / "grpo", device, timeout, "--iterations",
-                                                     str(iterations), "--train-device", device)}}),
+        (
+            "runs.es",
+            lambda: {
+                "runs": {
+                    "es": _run(
+                        "es",
+                        work / "es",
+                        device,
+                        timeout,
+                        "--iterations",
+                        str(args.es_versions),
+                        "--max-new-tokens",
+                        "64",
+                    )
+                }
+            },
+        ),
+        (
+            "runs.grpo",
+            lambda: {
+                "runs": {
+                    "grpo": _run(
+                        "grpo",
+                        work / "grpo",
+                        device,
+                        timeout,
+                        "--iterations",
+                        str(iterations),
+                        "--train-device",
+                        device,
+                    )
+                }
+            },
+        ),
         ("sharded", lambda: {"sharded": _sharded(work / "sharded", model, timeout)} if device == "cuda" else {}),
         ("benches.es", lambda: {"benches": {"es": _bench(timeout, "es", "--device", device, "--rounds", rounds)}}),
-        ("benches.generator", lambda: {"benches": {"generator": _bench(
-            timeout, "generator", "--device", device, "--rounds", rounds, *shape)}}),
-        ("benches.generator_static", lambda: {"benches": {"generator_static": _bench(
-            timeout, "generator", "--device", device, "--rounds", rounds, *shape, "--kv-cache", "static")}}),
-        ("benches.grpo", lambda: {"benches": {"grpo": _bench(
-            timeout, "grpo", "--device", device, "--rounds", rounds)}}),
-        ("benches.es_throughput", lambda: {"benches": {"es_throughput": _bench(
-            timeout, "es-throughput", "--device", device, "--population", str(args.es_throughput_shape[0]),
-            "--problems", str(args.es_throughput_shape[1]))}}),
-    ]  # fmt: skip
+        (
+            "benches.generator",
+            lambda: {
+                "benches": {"generator": _bench(timeout, "generator", "--device", device, "--rounds", rounds, *shape)}
+            },
+        ),
+        (
+            "benches.generator_static",
+            lambda: {
+                "benches": {
+                    "generator_static": _bench(
+                        timeout, "generator", "--device", device, "--rounds", rounds, *shape, "--kv-cache", "static"
+                    )
+                }
+            },
+        ),
+        (
+            "benches.grpo",
+            lambda: {"benches": {"grpo": _bench(timeout, "grpo", "--device", device, "--rounds", rounds)}},
+        ),
+        (
+            "benches.es_throughput",
+            lambda: {
+                "benches": {
+                    "es_throughput": _bench(
+                        timeout,
+                        "es-throughput",
+                        "--device",
+                        device,
+                        "--population",
+                        str(args.es_throughput_shape[0]),
+                        "--problems",
+                        str(args.es_throughput_shape[1]),
+                    )
+                }
+            },
+        ),
+    ]
 
 
 def _skipped(step: str, skip: list[str]) -> bool:
@@ -152,9 +228,30 @@ def _env(device: str) -> dict[str, str]:
 
 def _run(algo: str, run_dir: Path, device: str, timeout_s: float, *extra: str) -> dict[str, Any]:
     """One local-pipeline run to its end; its figures from its report and metrics."""
-    argv = [sys.executable, "-m", "trainer", "--algo", algo, "--task", "countdown", "--run", f"gpu-{algo}",
-            "--run-dir", str(run_dir), "--held-out", "32", "--eval-every", "4", "--engine", "hf", "--sandbox",
-            "process", "--log-level", "warning", *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--algo",
+        algo,
+        "--task",
+        "countdown",
+        "--run",
+        f"gpu-{algo}",
+        "--run-dir",
+        str(run_dir),
+        "--held-out",
+        "32",
+        "--eval-every",
+        "4",
+        "--engine",
+        "hf",
+        "--sandbox",
+        "process",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     started = time.monotonic()
     done = subprocess.run(argv, cwd=ROOT, env=_env(device), capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
@@ -193,8 +290,14 @@ def run_figures(run_dir: Path, wall_s: float) -> dict[str, Any]:
 
 
 def _bench(timeout_s: float, *argv: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "ops", "bench", *argv, "--json"], cwd=ROOT, env=_env("auto"),
-                          capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ops", "bench", *argv, "--json"],
+        cwd=ROOT,
+        env=_env("auto"),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"ops bench {' '.join(argv)} exited {done.returncode}: {done.stderr[-1500:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -204,8 +307,18 @@ def _sharded(out: Path, model: Path, timeout_s: float) -> dict[str, Any]:
     """ops/gpu/sharded_job.py on one rank over NCCL: a step, its policy folder, a DCP checkpoint, a resume and a
     second step. Its metrics lines are the result."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
-            "ops.gpu.sharded_job", str(model), str(out)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "ops.gpu.sharded_job",
+        str(model),
+        str(out),
+    ]
     env = {**_env("cuda"), "SHARDED_JOB_DEVICE": "cuda", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:

@@ -46,8 +46,15 @@ def batch(n: int) -> list[list[GRPOSample]]:
         pair = []
         for k in range(2):
             completion = [] if (g, k) in empty else ids(10 * g + k, 3 + 2 * g + k)
-            pair.append(GRPOSample(prompt_ids=ids(g, 4 + g), token_ids=completion, logprobs=[-2.5] * len(completion),
-                                   reward=float(k == (g % 2)), policy_version=0))  # fmt: skip
+            pair.append(
+                GRPOSample(
+                    prompt_ids=ids(g, 4 + g),
+                    token_ids=completion,
+                    logprobs=[-2.5] * len(completion),
+                    reward=float(k == (g % 2)),
+                    policy_version=0,
+                )
+            )
         groups.append(pair)
     return groups
 

@@ -68,18 +68,31 @@ def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], star
     minutes = lambda t: None if t is None or started is None else round((t - started) / 60, 3)  # noqa: E731
     updates = []
     for r in sorted(update_records(records), key=lambda r: r["version"]):
-        updates.append({"version": r["version"], "samples": r.get("samples"), "minutes": minutes(r.get("time")),
-                        **{k: r.get(k) for k in ("reward_mean", "pass_rate", "rewards_per_s",
-                                                  "generator_tokens_per_s")}})  # fmt: skip
+        updates.append(
+            {
+                "version": r["version"],
+                "samples": r.get("samples"),
+                "minutes": minutes(r.get("time")),
+                **{k: r.get(k) for k in ("reward_mean", "pass_rate", "rewards_per_s", "generator_tokens_per_s")},
+            }
+        )
     at = {0: (0, 0.0 if started is not None else None)} | {u["version"]: (u["samples"], u["minutes"]) for u in updates}
     points = []
     for version, e in sorted(evals.items(), key=lambda kv: int(kv[0])):
         samples_at, minutes_at = at.get(int(version), (None, None))
         problems = int(e.get("problems") or 0)
         own = minutes(e.get("time"))
-        points.append({"version": int(version), "samples": samples_at, "minutes": minutes_at if own is None else own,
-                       "held_out_reward": e["held_out_reward"], "held_out_exact": e["held_out_exact"],
-                       "solved": round(e["held_out_exact"] * problems), "problems": problems})  # fmt: skip
+        points.append(
+            {
+                "version": int(version),
+                "samples": samples_at,
+                "minutes": minutes_at if own is None else own,
+                "held_out_reward": e["held_out_reward"],
+                "held_out_exact": e["held_out_exact"],
+                "solved": round(e["held_out_exact"] * problems),
+                "problems": problems,
+            }
+        )
     return {"updates": updates, "evals": points}
 
 
@@ -101,16 +114,24 @@ async def snapshot(redis: Redis, keys: Keys, run_dir: Path | None = None) -> dic
     newest = [eid.decode() for eid, _ in await redis.xrevrange(keys.dlq, count=LETTERS)]
     letters = [await dlq.show_letter(redis, keys, eid) for eid in newest]
     return {
-        "run": keys.run, "now_ms": report["now_ms"], "result": result, "trainer": report["trainer"],
+        "run": keys.run,
+        "now_ms": report["now_ms"],
+        "result": result,
+        "trainer": report["trainer"],
         "lease": None if report["lease"] is None else {k: v for k, v in report["lease"].items() if k != "token"},
         "last_metrics": metrics[-1] if metrics else {},
-        "series": series(metrics, evals, result["started"] if result else None), "colors": COLORS,
-        "streams": streams["streams"], "redis_version": streams["redis_version"],
-        "idle_kept": run_dir is None, "generators": generators, "verifiers": verifiers,
-        "dead_letters": report["dead_letters"], "letters": letters,
+        "series": series(metrics, evals, result["started"] if result else None),
+        "colors": COLORS,
+        "streams": streams["streams"],
+        "redis_version": streams["redis_version"],
+        "idle_kept": run_dir is None,
+        "generators": generators,
+        "verifiers": verifiers,
+        "dead_letters": report["dead_letters"],
+        "letters": letters,
         "alert": report["alert"],  # the run makes no progress, and why (trainer/progress.py)
         "refusals": await verdicts.reasons(redis, keys),  # the newest verdicts, refusals by reason and rule
-    }  # fmt: skip
+    }
 
 
 async def samples_of(redis: Redis, keys: Keys, run_dir: Path | None, filters: judged.Filters, count: int) -> dict:
@@ -148,9 +169,19 @@ def sample_filters(query: dict[str, list[str]]) -> tuple[judged.Filters, int]:
 class Dashboard:
     """The HTTP side: a ThreadingHTTPServer whose handlers read snapshots on the command's event loop."""
 
-    def __init__(self, redis: Redis, keys: Keys, loop: asyncio.AbstractEventLoop, *, host: str, port: int,
-                 token: str | None, refresh_s: float, run_dir: Path | None = None,
-                 runs_dir: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        host: str,
+        port: int,
+        token: str | None,
+        refresh_s: float,
+        run_dir: Path | None = None,
+        runs_dir: Path | None = None,
+    ) -> None:
         self.redis, self.keys, self.loop = redis, keys, loop
         self.token, self.refresh_s = token, refresh_s
         self.run_dir, self.runs_dir = run_dir, runs_dir
@@ -245,8 +276,17 @@ async def serve(redis: Redis, keys: Keys, args: argparse.Namespace, stop: asynci
     """Serve until `stop` is set (Ctrl-C, SIGTERM)."""
     run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
     runs_dir = Path(args.dir).expanduser() if args.dir else (run_dir.parent if run_dir else Path("runs"))
-    dashboard = Dashboard(redis, keys, asyncio.get_running_loop(), host=args.host, port=args.port,
-                          token=args.token, refresh_s=args.refresh_s, run_dir=run_dir, runs_dir=runs_dir)  # fmt: skip
+    dashboard = Dashboard(
+        redis,
+        keys,
+        asyncio.get_running_loop(),
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        refresh_s=args.refresh_s,
+        run_dir=run_dir,
+        runs_dir=runs_dir,
+    )
     shown = dashboard.url + (f"?token={args.token}" if args.token else "")
     print(f"dashboard of run {keys.run!r} at {shown} (Ctrl-C to stop)", flush=True)
     dashboard.serve()

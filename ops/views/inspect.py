@@ -132,29 +132,45 @@ async def run_report(redis: Redis, keys: Keys, streams: dict[str, Any] | None = 
         work = [*state.get("members", [])]
         running = [m for m in work if not Order.from_dict(m).complete]
         ages = [max(0, now - int(m["issued_at"] * 1000)) for m in running if m.get("issued_at")]
-        trainer = {"algo": state.get("algo"), "version": state.get("version"), "finished": state.get("finished"),
-                   "in_flight": len(running), "complete_waiting": len(work) - len(running),
-                   "oldest_in_flight_ms": max(ages, default=None), "evals_in_flight": len(state.get("evals", [])),
-                   "counts": state.get("counts", {})}  # fmt: skip
+        trainer = {
+            "algo": state.get("algo"),
+            "version": state.get("version"),
+            "finished": state.get("finished"),
+            "in_flight": len(running),
+            "complete_waiting": len(work) - len(running),
+            "oldest_in_flight_ms": max(ages, default=None),
+            "evals_in_flight": len(state.get("evals", [])),
+            "counts": state.get("counts", {}),
+        }
     lease = await redis.get(keys.trainer_lease)
     alert = await redis.get(keys.trainer_alert)
     generators = await role_stats.generators(redis, keys)
     by_reason = await letters.by_reason(redis, keys, DLQ_SCAN)
     streams = streams or await stream_report(redis, keys)
-    pending = {f"{name}/{group}": {k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms",
-                                                      "oldest_pending_idle_ms")}
-               for name, st in streams["streams"].items() for group, g in st["groups"].items()}  # fmt: skip
+    pending = {
+        f"{name}/{group}": {
+            k: g[k] for k in ("pending", "lag", "oldest_pending_id", "oldest_pending_age_ms", "oldest_pending_idle_ms")
+        }
+        for name, st in streams["streams"].items()
+        for group, g in st["groups"].items()
+    }
     last = await redis.xrevrange(keys.metrics, count=1)
     metrics = orjson.loads(last[0][1][b"json"]) if last else None
     return {
-        "run": keys.run, "now_ms": now, "trainer": trainer,
+        "run": keys.run,
+        "now_ms": now,
+        "trainer": trainer,
         "lease": orjson.loads(lease) if lease else None,
         "alert": orjson.loads(alert) if alert else None,  # the run is stalled, and why (trainer/progress.py)
         "generators": {name: {k: g.get(k, 0) for k in GENERATOR_FIGURES} for name, g in generators.items()},
-        "dead_letters": {"total": await redis.xlen(keys.dlq), "by_reason": by_reason,
-                         "counted_of_newest": sum(by_reason.values())},
-        "groups": pending, "last_metrics": metrics,
-    }  # fmt: skip
+        "dead_letters": {
+            "total": await redis.xlen(keys.dlq),
+            "by_reason": by_reason,
+            "counted_of_newest": sum(by_reason.values()),
+        },
+        "groups": pending,
+        "last_metrics": metrics,
+    }
 
 
 # -- entries ------------------------------------------------------------------------------------------

@@ -41,10 +41,13 @@ class Filters:
 
     def matches(self, s: dict[str, Any]) -> bool:
         found = self.text is None or any(self.text.search(s.get(k) or "") for k in ("text", "proof", "detail"))
-        return (found and (self.version is None or s["policy_version"] == self.version)
-                and (self.verdict is None or s["verdict"] == self.verdict)
-                and (self.theorem is None or s["theorem_id"] == self.theorem)
-                and (self.kind == "all" or s["eval"] == (self.kind == "eval")))  # fmt: skip
+        return (
+            found
+            and (self.version is None or s["policy_version"] == self.version)
+            and (self.verdict is None or s["verdict"] == self.verdict)
+            and (self.theorem is None or s["theorem_id"] == self.theorem)
+            and (self.kind == "all" or s["eval"] == (self.kind == "eval"))
+        )
 
 
 def regex(value: str) -> re.Pattern[str]:
@@ -107,8 +110,11 @@ def samples_from_run_dir(args: argparse.Namespace) -> int:
     Redis data, where the directory has it (streams/run_redis.py)."""
     run_dir = Path(args.run_dir).expanduser()
     if not (run_dir / samples.FOLDER).is_dir():
-        return text.fail(f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
-                     "before traces were kept", 2)  # fmt: skip
+        return text.fail(
+            f"{run_dir} has no traces ({run_dir / samples.FOLDER}): not a run directory, or a run from "
+            "before traces were kept",
+            2,
+        )
     matched, shown = pick(samples.read_dir(run_dir, args.version), _filters(args), args.count)
     try:
         with reopen(run_dir) as run:
@@ -133,7 +139,9 @@ async def cmd_theorem(redis: Redis, keys: Keys, args: argparse.Namespace) -> int
     if found is None:
         held = await redis.hlen(keys.theorems)
         some = [k.decode() for k in (await redis.hscan(keys.theorems, count=5))[1]][:3]
-        raise OpsError(f"run {keys.run!r} has no theorem {args.id!r} in {keys.theorems} ({held} problems"
-                           + (f", e.g. {', '.join(some)})" if some else ")"))  # fmt: skip
+        raise OpsError(
+            f"run {keys.run!r} has no theorem {args.id!r} in {keys.theorems} ({held} problems"
+            + (f", e.g. {', '.join(some)})" if some else ")")
+        )
     text.emit(args, found, text.theorem)
     return 0

@@ -54,8 +54,12 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
     settings = {**settings, "run": settings.get("run") or run_dir.name}
     updates = update_records(records)
     if ended:
-        version, counts, evals, wall_s = report.get("version"), report.get("counts") or {}, report.get("evals") or {}, \
-            report.get("wall_s")  # fmt: skip
+        version, counts, evals, wall_s = (
+            report.get("version"),
+            report.get("counts") or {},
+            report.get("evals") or {},
+            report.get("wall_s"),
+        )
         done = not report.get("interrupted") and (version or 0) >= int(settings.get("iterations") or 0)
         status = "finished" if done else "interrupted"
         if started is None and wall_s is not None:  # a run from before run.json: its report's time less its wall
@@ -67,8 +71,17 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
         status = "live" if info and alive(info) else "interrupted"
         last = max((r.get("time", 0) for r in records), default=None)
         wall_s = None if status == "live" or started is None or not last else last - started
-    out = result.summary(settings, version=version, counts=counts, evals=evals, status=status, started=started,
-                         wall_s=wall_s, update_times=[r["time"] for r in updates if "time" in r], now=now)  # fmt: skip
+    out = result.summary(
+        settings,
+        version=version,
+        counts=counts,
+        evals=evals,
+        status=status,
+        started=started,
+        wall_s=wall_s,
+        update_times=[r["time"] for r in updates if "time" in r],
+        now=now,
+    )
     out["dir"] = str(run_dir)
     return out
 
@@ -97,9 +110,16 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         wall_s = (report or {}).get("wall_s") or (ended - started if ended and started else None)
     if started is None and report and wall_s is not None:  # a run from before run.json: its report's time less its wall
         started = (run_dir / REPORT).stat().st_mtime - wall_s
-    out = result.summary(settings, version=state.get("version"), counts=state.get("counts") or {},
-                         evals=state.get("eval_results") or {}, status=status, started=started,
-                         wall_s=wall_s, update_times=[t for t in times if t])  # fmt: skip
+    out = result.summary(
+        settings,
+        version=state.get("version"),
+        counts=state.get("counts") or {},
+        evals=state.get("eval_results") or {},
+        status=status,
+        started=started,
+        wall_s=wall_s,
+        update_times=[t for t in times if t],
+    )
     out["dir"] = str(run_dir) if run_dir else None
     return out
 

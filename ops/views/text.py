@@ -17,12 +17,17 @@ from trainer.result import duration, evaluation_line
 NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES", "VERSION", "SAMPLES"}
 ALGOS = {"es": "ES", "grpo": "GRPO"}
 # Figures of `ops run` whose bare name is easily misread.
-LABELS = {"reward_mean": "members' mean reward (train)", "pass_rate": "members' exact (train)",
-          "stragglers": "stragglers (orders still out at the update)"}  # fmt: skip
+LABELS = {
+    "reward_mean": "members' mean reward (train)",
+    "pass_rate": "members' exact (train)",
+    "stragglers": "stragglers (orders still out at the update)",
+}
 
 
-NOT_KEPT = ("IDLE: not kept in a finished run's data (Redis counts it from when the copy was loaded); AGE, from "
-            "the entry id, is the entry's own")  # fmt: skip
+NOT_KEPT = (
+    "IDLE: not kept in a finished run's data (Redis counts it from when the copy was loaded); AGE, from "
+    "the entry id, is the entry's own"
+)
 
 
 def on_copy(run_dir: str) -> str:
@@ -108,11 +113,18 @@ def streams(report: dict[str, Any]) -> str:
         if not s["groups"]:
             rows.append([*first, "-", "", "", "", "", "", ""])
         for gname, g in s["groups"].items():
-            rows.append([
-                *first, gname, str(g["lag"]), str(g["pending"]), g["last_delivered_id"],
-                g["oldest_pending_id"] or "-", since(g["oldest_pending_age_ms"]),
-                since(g["oldest_pending_idle_ms"]),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    *first,
+                    gname,
+                    str(g["lag"]),
+                    str(g["pending"]),
+                    g["last_delivered_id"],
+                    g["oldest_pending_id"] or "-",
+                    since(g["oldest_pending_age_ms"]),
+                    since(g["oldest_pending_idle_ms"]),
+                ]
+            )
             first = ["", ""]
             for c in g["consumers"]:
                 consumers.append([c["name"], name, gname, str(c["pending"]), since(c["idle_ms"])])
@@ -146,8 +158,10 @@ def result(r: dict[str, Any]) -> list[str]:
     lines = [f"run {r['run']}: {when}", f"  {ALGOS.get(r['algo'], r['algo'])} on {r['task']}, {r['model']}"]
     h = r["held_out"]
     if h:
-        lines.append(f"  {evaluation_line(h)} ({h['last']['problems']} held-out problems, greedy; "
-                     f"{h['evaluations']} evaluations)")  # fmt: skip
+        lines.append(
+            f"  {evaluation_line(h)} ({h['last']['problems']} held-out problems, greedy; "
+            f"{h['evaluations']} evaluations)"
+        )
     else:
         lines.append("  held-out: not evaluated yet")
     lines.append(f"  training: {r['samples']} samples")
@@ -168,15 +182,30 @@ def run(report: dict[str, Any]) -> str:
     else:
         c = t["counts"]
         if t["finished"] or (r and r["status"] != "live"):  # nothing waits any more: say what was left over
-            lines.append(f"trainer: {t['algo']} version {t['version']} ({'finished' if t['finished'] else 'stopped'});"
-                         f" left at the end: {t['complete_waiting']} orders complete but used by no update, "
-                         f"{t['in_flight']} in flight, {t['evals_in_flight']} evaluations")  # fmt: skip
+            lines.append(
+                f"trainer: {t['algo']} version {t['version']} ({'finished' if t['finished'] else 'stopped'});"
+                f" left at the end: {t['complete_waiting']} orders complete but used by no update, "
+                f"{t['in_flight']} in flight, {t['evals_in_flight']} evaluations"
+            )
         else:
-            lines.append(f"trainer: {t['algo']} version {t['version']}; {t['in_flight']} in flight (oldest "
-                         f"{since(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
-                         f"update, {t['evals_in_flight']} evaluations in flight")  # fmt: skip
-        keys = ("samples", "members_issued", "members_used", "members_stale_dropped", "groups_issued", "groups_used",
-                "groups_stale_dropped", "deadline_updates", "late_rewards", "duplicate_rewards", "resumes")  # fmt: skip
+            lines.append(
+                f"trainer: {t['algo']} version {t['version']}; {t['in_flight']} in flight (oldest "
+                f"{since(t['oldest_in_flight_ms'])}), {t['complete_waiting']} complete waiting for an "
+                f"update, {t['evals_in_flight']} evaluations in flight"
+            )
+        keys = (
+            "samples",
+            "members_issued",
+            "members_used",
+            "members_stale_dropped",
+            "groups_issued",
+            "groups_used",
+            "groups_stale_dropped",
+            "deadline_updates",
+            "late_rewards",
+            "duplicate_rewards",
+            "resumes",
+        )
         lines.append("  " + ", ".join(f"{k} {c[k]}" for k in keys if k in c))
         lost = {k: v for k, v in c.items() if k.startswith(("cut_", "evals_"))}  # orders lost, by outcome
         lines.append("  lost orders: " + (", ".join(f"{k} {v}" for k, v in sorted(lost.items())) or "none"))
@@ -185,8 +214,10 @@ def run(report: dict[str, Any]) -> str:
     lines.append("")
     gens = report["generators"]
     if gens:
-        lines += table(["GENERATOR", *(k.upper() for k in next(iter(gens.values())))],
-                       [[n, *(str(v) for v in g.values())] for n, g in gens.items()])  # fmt: skip
+        lines += table(
+            ["GENERATOR", *(k.upper() for k in next(iter(gens.values())))],
+            [[n, *(str(v) for v in g.values())] for n, g in gens.items()],
+        )
     else:
         lines.append("no generator has reported")
     lines.append("")
@@ -194,15 +225,37 @@ def run(report: dict[str, Any]) -> str:
     lines.append(f"dead letters: {d['total']}")
     lines += [f"  {n:>6}  {kind}" for kind, n in sorted(d["by_reason"].items(), key=lambda kv: -kv[1])]
     lines.append("")
-    rows = [[g, str(v["pending"]), str(v["lag"]), v["oldest_pending_id"] or "-", since(v["oldest_pending_age_ms"]),
-             since(v["oldest_pending_idle_ms"])] for g, v in report["groups"].items()]  # fmt: skip
+    rows = [
+        [
+            g,
+            str(v["pending"]),
+            str(v["lag"]),
+            v["oldest_pending_id"] or "-",
+            since(v["oldest_pending_age_ms"]),
+            since(v["oldest_pending_idle_ms"]),
+        ]
+        for g, v in report["groups"].items()
+    ]
     lines += table(["STREAM/GROUP", "PENDING", "LAG", "OLDEST PENDING", "AGE", "IDLE"], rows)
     if report.get("idle_kept") is False:
         lines.append(NOT_KEPT)
     m = report["last_metrics"]
     if m:
-        shown = {k: m[k] for k in ("version", "reward_mean", "pass_rate", "members", "stragglers", "stale_dropped",
-                                   "dead_letters", "work_outstanding", "attempts_outstanding") if k in m}  # fmt: skip
+        shown = {
+            k: m[k]
+            for k in (
+                "version",
+                "reward_mean",
+                "pass_rate",
+                "members",
+                "stragglers",
+                "stale_dropped",
+                "dead_letters",
+                "work_outstanding",
+                "attempts_outstanding",
+            )
+            if k in m
+        }
         shown = {LABELS.get(k, k): v for k, v in shown.items()}
         lines += ["", "last version: " + ", ".join(f"{k} {v}" for k, v in shown.items())]
     return "\n".join(lines)
@@ -231,10 +284,16 @@ def entry(view: dict[str, Any]) -> str:
 
 def dlq_list(data: dict[str, Any]) -> str:
     rows = [
-        [r["id"], short(r["source"], 40, quote=False), short(r["original_id"], quote=False),
-         short(r["deliveries"]), since(r["age_ms"]), short(r["reason"] or f"! {r['error']}", 80, quote=False)]
+        [
+            r["id"],
+            short(r["source"], 40, quote=False),
+            short(r["original_id"], quote=False),
+            short(r["deliveries"]),
+            since(r["age_ms"]),
+            short(r["reason"] or f"! {r['error']}", 80, quote=False),
+        ]
         for r in data["dead_letters"]
-    ]  # fmt: skip
+    ]
     shown = f"{len(rows)} of {data['length']} dead letters in {data['key']}"
     if not rows:
         return shown
@@ -278,8 +337,11 @@ def samples(data: dict[str, Any]) -> str:
         who = s["work_id"] if s["member"] is None else f"{s['work_id']} (seed {s['member'][0]}, sign {s['member'][1]})"
         verdict = s["verdict"] + (f" ({s['reason']})" if s["reason"] else "")
         judged = "cached" if s["cached"] else f"{s['verify_ms']:g} ms in {s['sandbox_id'] or '-'}"
-        out += ["", f"== {s['attempt_id']}  v{s['policy_version']}  {who}  theorem {s['theorem_id']}",
-                f"   {verdict}, reward {s['reward']:g}; {judged}"]  # fmt: skip
+        out += [
+            "",
+            f"== {s['attempt_id']}  v{s['policy_version']}  {who}  theorem {s['theorem_id']}",
+            f"   {verdict}, reward {s['reward']:g}; {judged}",
+        ]
         if "problem" in s:
             first, *rest = problem_lines(s["problem"])
             out += [f"   problem: {_shown(first)}", *(f"     | {_shown(line)}" for line in rest)]
@@ -319,15 +381,25 @@ def _held_out_cells(r: dict[str, Any]) -> list[str]:
     if not h:
         return ["-", "-"]
     first, last = h["first"], h["last"]
-    return [f"{first['reward']:.3f} -> {last['reward']:.3f}", f"{first['solved']}/{first['problems']} -> "
-            f"{last['solved']}/{last['problems']}"]  # fmt: skip
+    return [
+        f"{first['reward']:.3f} -> {last['reward']:.3f}",
+        f"{first['solved']}/{first['problems']} -> {last['solved']}/{last['problems']}",
+    ]
 
 
 def _row(r: dict[str, Any]) -> list[str]:
     wall = duration(r["wall_s"]) + (f" (ETA {duration(r['eta_s'])})" if r.get("eta_s") else "")
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
-    return [r["name"], ALGOS.get(r["algo"], r["algo"] or "-"), r["status"], f"{r['version']}/{r['iterations']}",
-            str(r["samples"]), *_held_out_cells(r), wall, started]  # fmt: skip
+    return [
+        r["name"],
+        ALGOS.get(r["algo"], r["algo"] or "-"),
+        r["status"],
+        f"{r['version']}/{r['iterations']}",
+        str(r["samples"]),
+        *_held_out_cells(r),
+        wall,
+        started,
+    ]
 
 
 RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD", "EXACT", "WALL", "STARTED"]
@@ -349,8 +421,11 @@ def compare(data: dict[str, Any]) -> str:
     lines += ["", "best held-out evaluation:"]
     for r in rs:
         best = r["held_out"]["best"] if r["held_out"] else None
-        shown = f"reward {best['reward']:.3f}, exact {best['solved']}/{best['problems']} at v{best['version']}" \
-            if best else "none yet"  # fmt: skip
+        shown = (
+            f"reward {best['reward']:.3f}, exact {best['solved']}/{best['problems']} at v{best['version']}"
+            if best
+            else "none yet"
+        )
         lines.append(f"  {r['name'].ljust(width)}  {shown}")
     if data["differ"]:
         lines += ["", "they differ in:"]

@@ -73,9 +73,12 @@ async def reasons(redis: Redis, keys: Keys, newest: int = NEWEST) -> dict[str, A
             refused[reward.reason] += 1
             rules[f"{reward.reason}: {rule_of(reward.detail)}"] += 1
     return {
-        "run": keys.run, "counted": sum(verdicts.values()), "by_verdict": dict(verdicts.most_common()),
-        "refused_by_reason": dict(refused.most_common()), "refused_by_rule": dict(rules.most_common(RULES)),
-    }  # fmt: skip
+        "run": keys.run,
+        "counted": sum(verdicts.values()),
+        "by_verdict": dict(verdicts.most_common()),
+        "refused_by_reason": dict(refused.most_common()),
+        "refused_by_rule": dict(rules.most_common(RULES)),
+    }
 
 
 def rule_of(detail: str) -> str:
@@ -84,8 +87,10 @@ def rule_of(detail: str) -> str:
 
 
 def render_reasons(data: dict[str, Any]) -> str:
-    lines = [f"run {data['run']}: the newest {data['counted']} verdicts: "
-             + (", ".join(f"{v} {n}" for v, n in data["by_verdict"].items()) or "none")]  # fmt: skip
+    lines = [
+        f"run {data['run']}: the newest {data['counted']} verdicts: "
+        + (", ".join(f"{v} {n}" for v, n in data["by_verdict"].items()) or "none")
+    ]
     lines += ["refused by reason:"] + [f"  {n:>7}  {r}" for r, n in data["refused_by_reason"].items()]
     lines += ["refused by rule:"] + [f"  {n:>7}  {r}" for r, n in data["refused_by_rule"].items()]
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from evals import sweep
+from evals import sweep, sweep_grid, sweep_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,19 +24,19 @@ def _args(*argv: str):
 
 
 def test_the_grid_is_the_product_of_the_lists_with_seeds_innermost_and_shards_split_it():
-    todo = sweep.cells(_args("--sigma", "0.001", "0.003", "--population", "4", "8", "--seeds", "0", "1"))
+    todo = sweep_grid.cells(_args("--sigma", "0.001", "0.003", "--population", "4", "8", "--seeds", "0", "1"))
     assert len(todo) == 2 * 2 * 2
     assert [c.seed for c in todo[:2]] == [0, 1] and todo[0].config == todo[1].config
     assert todo[0].key == "s0.001-a0.002-p4-anti-b16-easy-n256-seed0"
     assert len({c.key for c in todo}) == 8
-    halves = sweep.shard(todo, "0/2") + sweep.shard(todo, "1/2")
+    halves = sweep_grid.shard(todo, "0/2") + sweep_grid.shard(todo, "1/2")
     assert sorted(c.key for c in halves) == sorted(c.key for c in todo)
     with pytest.raises(ValueError):
-        sweep.shard(todo, "2/2")
+        sweep_grid.shard(todo, "2/2")
 
 
 def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
-    todo = sweep.cells(_args("--algo", "es", "grpo", "--antithetic", "on", "off", "--lr", "1e-5", "3e-5",
+    todo = sweep_grid.cells(_args("--algo", "es", "grpo", "--antithetic", "on", "off", "--lr", "1e-5", "3e-5",
                              "--group-size", "4", "--seeds", "0"))  # fmt: skip
     es, grpo = [c for c in todo if c.algo == "es"], [c for c in todo if c.algo == "grpo"]
     assert [c.antithetic for c in es] == [True, False] and len(grpo) == 2
@@ -49,7 +49,7 @@ def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
 
 
 def test_lowrank_cells_cross_their_ranks_and_full_cells_are_one_whatever_the_ranks():
-    todo = sweep.cells(_args("--noise", "full", "lowrank", "--rank", "1", "16", "--seeds", "0"))
+    todo = sweep_grid.cells(_args("--noise", "full", "lowrank", "--rank", "1", "16", "--seeds", "0"))
     assert [(c.noise, c.rank) for c in todo] == [("full", None), ("lowrank", 1), ("lowrank", 16)]
     assert todo[0].key == "s0.001-a0.002-p8-anti-b16-easy-n256-seed0"  # a full cell keeps the key sweeps had
     assert todo[2].key == "s0.001-a0.002-p8-anti-lowrank-r16-b16-easy-n256-seed0"
@@ -61,11 +61,11 @@ def test_lowrank_cells_cross_their_ranks_and_full_cells_are_one_whatever_the_ran
 
 def test_a_samples_budget_gives_each_cell_the_versions_it_buys_at_its_own_cost():
     args = _args("--population", "4", "16", "--batch", "8", "--samples", "1024", "--eval-points", "2", "--seeds", "0")
-    budgets = {c.population: sweep.budget_of(c, args) for c in sweep.cells(args)}
+    budgets = {c.population: sweep_grid.budget_of(c, args) for c in sweep_grid.cells(args)}
     assert budgets == {4: (32, 16), 16: (8, 4)}  # 1024 / (4 x 8) versions, evaluated every half of them
-    grpo = sweep.cells(_args("--algo", "grpo", "--group-size", "4", "--batch", "8", "--samples", "100"))[0]
-    assert sweep.budget_of(grpo, _args("--samples", "100", "--eval-points", "1")) == (3, 3)  # 100 // 32
-    assert sweep.budget_of(grpo, _args("--iterations", "7", "--eval-every", "2")) == (7, 2)
+    grpo = sweep_grid.cells(_args("--algo", "grpo", "--group-size", "4", "--batch", "8", "--samples", "100"))[0]
+    assert sweep_grid.budget_of(grpo, _args("--samples", "100", "--eval-points", "1")) == (3, 3)  # 100 // 32
+    assert sweep_grid.budget_of(grpo, _args("--iterations", "7", "--eval-every", "2")) == (7, 2)
     with pytest.raises(SystemExit):  # one budget or the other
         _args("--samples", "100", "--iterations", "3")
     refused = subprocess.run([sys.executable, "-m", "evals.sweep", "--out", "x", "--plan", "--population", "64",
@@ -74,7 +74,7 @@ def test_a_samples_budget_gives_each_cell_the_versions_it_buys_at_its_own_cost()
 
 
 def _result(config: dict, seed: int, start: float, end: float, code: int = 0) -> dict:
-    cell = sweep.Cell(seed=seed, **config)
+    cell = sweep_grid.Cell(seed=seed, **config)
     return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": f"r-{cell.key}",
             "command": [], "returncode": code, "wall_s": 60.0, "versions": 4, "samples_used": 256,
             "curve": [{"version": 0, "samples": 0, "held_out_reward": start, "held_out_exact": 0.0},
@@ -95,9 +95,9 @@ def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path
     b = {**a, "sigma": 0.003}
     results = [_result(a, 0, 0.10, 0.20), _result(a, 1, 0.10, 0.30), _result(a, 2, 0.10, 0.40),
                _result(b, 0, 0.10, 0.10), _result(b, 1, 0.10, 0.5, code=1)]  # fmt: skip
-    sweep.write(tmp_path, results, {"out": str(tmp_path), "argv": ["--out", "x"], "iterations": 4, "extra": []})
+    sweep_report.write(tmp_path, results, {"out": str(tmp_path), "argv": ["--out", "x"], "iterations": 4, "extra": []})
     rows = list(csv.DictReader(io.StringIO((tmp_path / "sweep.csv").read_text())))
-    assert tuple(rows[0]) == sweep.CSV_COLUMNS and len(rows) == 5
+    assert tuple(rows[0]) == sweep_report.CSV_COLUMNS and len(rows) == 5
     assert [round(float(r["gain"]), 6) for r in rows[:3]] == [0.1, 0.2, 0.3]
     md = (tmp_path / "sweep.md").read_text()
     # gains 0.1, 0.2, 0.3: mean 0.2, sample std 0.1; the failed cell of b is left out of its line
