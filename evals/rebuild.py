@@ -16,15 +16,15 @@ from redis.asyncio import Redis
 
 from evals.runs import EvalError, RunView, ranges
 from producers.engine import in_engine_thread
-from producers.policy import PolicyFollower, PolicyMismatch
+from producers.policy import PolicyFollower, checked_grpo_folder
 from streams.keys import Keys
 from trainer.config import TrainerSettings
-from weights.model import resolve_model, weights_digest
+from weights.model import resolve_model
 
 
 def check_grpo_folder(view: RunView) -> None:
-    """Fail before loading a model: the folder entry V names must hold the bytes its digest names. The
-    generator's own check (PolicyFollower.load_grpo) runs again right before the weights are loaded."""
+    """Fail before loading a model: the folder entry V names must hold the bytes its digest names (the
+    generator's check, producers/policy.py, which runs again right before the weights are loaded)."""
     update = view.entry()
     folder = Path(update.weights_path)
     if not folder.is_dir():
@@ -33,16 +33,7 @@ def check_grpo_folder(view: RunView) -> None:
             f"deletes the folders no work order can name any more, or the run directory moved); "
             f"versions with weights on disk: {ranges(view.on_disk)}"
         )
-    try:
-        found = weights_digest(folder)
-    except OSError as e:
-        raise PolicyMismatch(f"GRPO version {update.policy_version}: weights at {folder} cannot be read: {e}") from e
-    if found != update.digest:
-        raise PolicyMismatch(
-            f"GRPO version {update.policy_version}: weights at {folder} have digest {found}, but "
-            f"the policy stream announced {update.digest}; the folder was changed or is "
-            f"incomplete, refusing to evaluate it"
-        )
+    checked_grpo_folder(update)
 
 
 async def engine_device(redis: Redis, settings: TrainerSettings, view: RunView, asked: str) -> str:

@@ -43,6 +43,22 @@ class PolicyMismatch(RuntimeError):
     """Announced weights are missing, unreadable or not the bytes their digest names."""
 
 
+def checked_grpo_folder(update: PolicyUpdate) -> Path:
+    """The weights folder a GRPO policy entry names, once its bytes are the digest the entry announced;
+    PolicyMismatch where it cannot be read or differs (changed or incomplete: never loaded)."""
+    folder = Path(update.weights_path)
+    try:
+        found = weights_digest(folder)
+    except OSError as e:
+        raise PolicyMismatch(f"GRPO version {update.policy_version}: weights at {folder} cannot be read: {e}") from e
+    if found != update.digest:
+        raise PolicyMismatch(
+            f"GRPO version {update.policy_version}: weights at {folder} have digest {found}, but the policy stream "
+            f"announced {update.digest}; the folder was changed or is incomplete, refusing to load it"
+        )
+    return folder
+
+
 class PolicyFollower:
     def __init__(self, redis: Redis, keys: Keys, engine: Engine) -> None:
         self.redis = redis
@@ -140,16 +156,7 @@ class PolicyFollower:
             update = self.grpo.get(version)
             if update is None:
                 raise PolicyMismatch(f"GRPO policy version {version} was never announced")
-            folder = Path(update.weights_path)
-            try:
-                found = weights_digest(folder)
-            except OSError as e:
-                raise PolicyMismatch(f"GRPO version {version}: weights at {folder} cannot be read: {e}") from e
-            if found != update.digest:
-                raise PolicyMismatch(
-                    f"GRPO version {version}: weights at {folder} have digest {found}, but the policy stream "
-                    f"announced {update.digest}; the folder was changed or is incomplete, refusing to load it"
-                )
+            folder = checked_grpo_folder(update)
         self.engine.load_weights(folder)
         self.grpo_loaded = version
         log.info("grpo_weights_loaded", version=version, path=str(folder))

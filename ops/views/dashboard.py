@@ -46,7 +46,6 @@ from trainer.metrics import COLORS
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLES = 40  # judged samples on the page: the newest that match its filters
-SCAN_REWARDS = 10_000  # without traces (a live run): the newest rewards the filters look through
 VERSIONS = 1_000  # the newest versions' metrics in the chart (each ~1-2 KB, read every refresh)
 LETTERS = 10  # the newest dead letters shown with their fields
 SNAPSHOT_TTL_S = 0.5  # several tabs (or a fast refresh) share one read of Redis
@@ -140,7 +139,8 @@ async def samples_of(redis: Redis, keys: Keys, run_dir: Path | None, filters: ju
     if run_dir is not None and (run_dir / samples.FOLDER).is_dir():
         found, source = samples.read_dir(run_dir, filters.version), "the run's traces"
     else:
-        found, source = await samples.from_redis(redis, keys, SCAN_REWARDS), f"the newest {SCAN_REWARDS} rewards"
+        scan = judged.SCAN_REWARDS  # without traces (a live run): the newest rewards, as `ops samples` reads them
+        found, source = await samples.from_redis(redis, keys, scan), f"the newest {scan} rewards"
     matched, shown = judged.pick(found, filters, count)
     return {"source": source, "matched": matched, "samples": await judged.with_problems(redis, keys, shown)}
 

@@ -62,7 +62,7 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
         )
         done = not report.get("interrupted") and (version or 0) >= int(settings.get("iterations") or 0)
         status = "finished" if done else "interrupted"
-        if started is None and wall_s is not None:  # a run from before run.json: its report's time less its wall
+        if started is None and wall_s is not None:  # a run without run.json: its report's time less its wall
             started = (run_dir / REPORT).stat().st_mtime - wall_s
     else:
         version = max((int(r["version"]) for r in updates), default=0)
@@ -108,7 +108,7 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
     wall_s = None
     if status != "live":  # the trainer's own measure, else from the end it recorded in {ps:R}:run
         wall_s = (report or {}).get("wall_s") or (ended - started if ended and started else None)
-    if started is None and report and wall_s is not None:  # a run from before run.json: its report's time less its wall
+    if started is None and report and wall_s is not None:  # a run without run.json: its report's time less its wall
         started = (run_dir / REPORT).stat().st_mtime - wall_s
     out = result.summary(
         settings,
