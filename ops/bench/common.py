@@ -4,8 +4,9 @@ comes from, and its ending.
 The ending is the same for all: a one-line summary on stderr (left out under `--json`), then the result as one
 JSON object on the last line of stdout (also written to `--out` where the bench takes it), exit status 0. A
 bench that cannot run as asked says why on stderr as `bench NAME: ...` and exits 2 (bad usage) or 1 (it
-failed while measuring); stopped by Ctrl-C, 130. A bench module holds `bench` (the measurement), `summary`
-(its line) and `add_parser` (its flags, through `add_bench`).
+failed while measuring); stopped by Ctrl-C, 130. A bench module holds `bench` (the measurement; `measure`
+around it where it needs a Redis, or a signal turned into Ctrl-C), `summary` (its line) and `add_parser` (its
+flags, through `add_bench`).
 """
 
 from __future__ import annotations
