@@ -15,7 +15,7 @@
 #   DOCKERD_WAIT_S default 60
 #   DOCKERD_LOG    default /var/log/dockerd.log
 set -euo pipefail
-cd "$(dirname "$0")/../..
+cd "$(dirname "$0")/../.."
 
 BASE_IMAGE=${BASE_IMAGE:-proofstream-base:bookworm}
 CHECKER_IMAGE=${CHECKER_IMAGE:-proofstream-checker:latest}
