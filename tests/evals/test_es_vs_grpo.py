@@ -100,14 +100,14 @@ def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
     monkeypatch.setattr(es_vs_grpo, "run_one", fake_run)
     assert es_vs_grpo.main(["--budget", "128", "--out", str(tmp_path / "c")]) == 1
     assert ran == ["es"]  # GRPO never started, nor the other seeds
-    result = json.loads((tmp_path / "c" / "seed0" / "es_vs_grpo.json").read_text())
+    result = json.loads((tmp_path / "c" / "seed0" / "compare.json").read_text())
     assert not result["ok"] and list(result["algos"]) == ["es"] and result["algos"]["es"]["returncode"] == 130
-    assert "(exit 130)" in (tmp_path / "c" / "seed0" / "es_vs_grpo.md").read_text()
-    summary = json.loads((tmp_path / "c" / "es_vs_grpo.json").read_text())
+    assert "(exit 130)" in (tmp_path / "c" / "seed0" / "compare.md").read_text()
+    summary = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert not summary["ok"] and summary["seeds"] == [0] and summary["algos"]["es"]["reward_end"]["n"] == 0
     assert (
-        "| 0 | ES |" in (tmp_path / "c" / "es_vs_grpo.md").read_text()
-        and "| 130 |" in (tmp_path / "c" / "es_vs_grpo.md").read_text()
+        "| 0 | ES |" in (tmp_path / "c" / "compare.md").read_text()
+        and "| 130 |" in (tmp_path / "c" / "compare.md").read_text()
     )
 
 
@@ -142,16 +142,16 @@ def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_n
     assert "es_vs_grpo: 6 versions to run (es 1, grpo 1 a seed, seeds [0, 1, 2]" in err
     assert "es_vs_grpo: estimate from the first version (" in err and "): 6 versions, about " in err
     assert "es_vs_grpo: 6/6 versions in " in err and "ETA 0 ms" in err
-    summary = json.loads((tmp_path / "es_vs_grpo.json").read_text())
+    summary = json.loads((tmp_path / "compare.json").read_text())
     es, grpo = summary["algos"]["es"], summary["algos"]["grpo"]
     assert es["reward_end"]["mean"] == pytest.approx(0.3) and es["reward_end"]["std"] == pytest.approx(0.1)
     assert es["gain"]["mean"] == pytest.approx(0.2) and grpo["gain"]["mean"] == pytest.approx(0.1)
     assert grpo["reward_end"]["std"] == pytest.approx(((0.1 - 0.2) ** 2 * 2 + (0.4 - 0.2) ** 2) ** 0.5 / 2**0.5)
     assert es["proved_per_version"]["mean"] == pytest.approx(16.0)  # 0.25 of 64
     assert es["samples_per_s"]["mean"] == pytest.approx(64 / 32.0)  # samples used over the trainer's wall time
-    md = (tmp_path / "es_vs_grpo.md").read_text()
+    md = (tmp_path / "compare.md").read_text()
     assert "| ES | 0.300 ± 0.100 (n=3) | 0.200 ± 0.100 (n=3) |" in md
-    assert (tmp_path / "es_vs_grpo.png").stat().st_size > 1000 and (tmp_path / "seed2" / "es_vs_grpo.md").exists()
+    assert (tmp_path / "compare.png").stat().st_size > 1000 and (tmp_path / "seed2" / "compare.md").exists()
     ran.clear()
     assert es_vs_grpo.main(argv) == 0 and ran == []  # every seed finished before
 
@@ -229,13 +229,13 @@ def _result(tmp_path: Path) -> dict:
 def test_the_table_json_and_plot_from_two_runs(tmp_path):
     result = _result(tmp_path)
     es_vs_grpo_report.write(result, tmp_path)
-    md = (tmp_path / "es_vs_grpo.md").read_text()
+    md = (tmp_path / "compare.md").read_text()
     assert "| ES | 2 | 124 | 0.200 | 0.250 |" in md
     assert "| GRPO | 1 | 128 | 0.120 | 0.000 |" in md
     assert "| ES | 64 | 3 | 188 | - | 0.100 -> 0.150 | 0.000 -> 0.000 | 42 s |" in md
     assert "learning rate 1e-05" in md and "generator precision: float32" in md
-    assert json.loads((tmp_path / "es_vs_grpo.json").read_text())["algos"]["grpo"]["samples_used"] == 192
-    assert (tmp_path / "es_vs_grpo.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "compare.json").read_text())["algos"]["grpo"]["samples_used"] == 192
+    assert (tmp_path / "compare.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -256,9 +256,9 @@ def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     assert proc.returncode == 0, stderr[-3000:] + "".join(p.read_text()[-3000:] for p in out.glob("**/*.log"))
     line = json.loads(stdout.strip().splitlines()[-1])
     assert line["ok"] and line["budget"] == 8 and line["seeds"] == [0] and line["es"]["n"] == 1
-    assert (out / "es_vs_grpo.md").exists() and (out / "es_vs_grpo.png").exists()
+    assert (out / "compare.md").exists() and (out / "compare.png").exists()
     out = out / "seed0"
-    result = json.loads((out / "es_vs_grpo.json").read_text())
+    result = json.loads((out / "compare.json").read_text())
     es, grpo = result["algos"]["es"], result["algos"]["grpo"]
     assert es["plan"]["iterations"] == 1 and grpo["plan"]["iterations"] == 1
     assert [p["version"] for p in es["curve"]] == [0, 1] and es["samples_used"] == 8
@@ -266,8 +266,8 @@ def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     assert es["curve"][0]["held_out_reward"] == grpo["curve"][0]["held_out_reward"]  # the same base model and split
     for r in (es, grpo):
         assert r["generated_for_training"] >= r["samples_used"]
-    md = (out / "es_vs_grpo.md").read_text()
+    md = (out / "compare.md").read_text()
     assert "| ES | 0 | 0 |" in md and "| GRPO | 1 |" in md and "--engine hf" in md
-    assert (out / "es_vs_grpo.png").stat().st_size > 1000
+    assert (out / "compare.png").stat().st_size > 1000
     # the GRPO generator loaded the announced weights after checking their digest
     assert '"grpo_weights_loaded"' in (out / "grpo" / "logs" / "generator.log").read_text()
