@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         seed_out = out / f"seed{seed}"
         done = read_json(seed_out / SEED_RESULT) or {}
-        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
+        if _seed_done(done, todo):
             print(f"{WHO}: seed {seed}: finished before, not run again", file=sys.stderr)
             results[seed] = done
         else:
@@ -252,10 +252,15 @@ def versions_to_run(seeds: list[int], out: Path, todo: list[Plan]) -> int:
     total = 0
     for seed in seeds:
         done = read_json(out / f"seed{seed}" / SEED_RESULT) or {}
-        if done.get("ok") and set(done.get("algos", {})) == {p.algo for p in todo}:
+        if _seed_done(done, todo):
             continue
         total += sum(p.iterations for p in todo if done.get("algos", {}).get(p.algo, {}).get("returncode") != 0)
     return total
+
+
+def _seed_done(done: dict[str, Any], todo: list[Plan]) -> bool:
+    """A seed's compare.json says every run of these plans finished: the seed is not run again."""
+    return bool(done.get("ok")) and set(done.get("algos", {})) == {p.algo for p in todo}
 
 
 def compare_seed(
