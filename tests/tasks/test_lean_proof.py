@@ -41,6 +41,7 @@ VERIFIER_FENCES = [
     ("```\u00a0python\nA\n```", "```\u00a0python\nA\n```"),
     ("```LEAN4\n\nA\n\n```", "\nA\n\n"),  # as written
     ("```lean4 \nA", "A"),  # unclosed: the rest after the opener
+    ("```Lean4\nA", "A"),  # an unclosed fence's tag in any case
     ("```lean4\t\nA\n```", "A\n"),
     ("```python\nx\n```\n```lean4\nA", "A"),
     ("<think>```lean4\nX\n```</think>```lean4\nY\n```", "Y\n"),  # no reasoning rule: the last block
