@@ -1,6 +1,9 @@
 """The `process` sandbox, for real: bubblewrap and unshare (each where it works here), real subprocesses and
 the fake REPL (tests/fixtures/fake_repl.py, a test double driven by FIXTURE: markers). The assertions are
-about our sandbox, never about Lean."""
+about our sandbox, never about Lean. What every backend does alike is in test_sandbox_probes.py.
+
+One file, over 450 lines, because these are the behaviours only this backend has: the launch chain, uids of
+its own, the tree's memory cap and cgroup, and death with the worker however it dies, each asserted on /proc."""
 
 from __future__ import annotations
 
