@@ -13,39 +13,30 @@ from verifier_pool import memcg
 MIB = 1 << 20
 
 
-def _cgroup(path, **files: str):
-    path.mkdir()
-    for name, text in files.items():
-        (path / name.replace("_", ".", 1)).write_text(text)
-    return str(path)
+V2_STAT = "anon 94371840\nfile 10485760\nactive_file 6291456\ninactive_file 4194304\n"
+# v1's memory.stat has both: `inactive_file` of the cgroup itself, `total_inactive_file` with its children, as
+# its usage_in_bytes counts them.
+V1_STAT = "cache 8388608\ninactive_file 1048576\ntotal_cache 8388608\ntotal_inactive_file 3145728\n"
 
 
-def test_v2_usage_is_memory_current_less_inactive_file(tmp_path):
-    directory = _cgroup(
-        tmp_path / "v2",
-        memory_current="104857600\n",
-        memory_stat="anon 94371840\nfile 10485760\nactive_file 6291456\ninactive_file 4194304\n",
-    )
-    assert memcg.usage_bytes(directory) == 100 * MIB - 4 * MIB
-
-
-def test_v1_usage_takes_the_hierarchical_inactive_file(tmp_path):
-    """v1's memory.stat has both: `inactive_file` of the cgroup itself, `total_inactive_file` with its
-    children, as its usage_in_bytes counts them."""
-    directory = _cgroup(
-        tmp_path / "v1",
-        memory_usage_in_bytes="52428800\n",
-        memory_stat="cache 8388608\ninactive_file 1048576\ntotal_cache 8388608\ntotal_inactive_file 3145728\n",
-    )
-    assert memcg.usage_bytes(directory) == 50 * MIB - 3 * MIB
-
-
-def test_an_unreadable_cgroup_reads_none(tmp_path):
-    assert memcg.usage_bytes(str(tmp_path / "absent")) is None
-    no_stat = _cgroup(tmp_path / "no-stat", memory_current="4096\n")
-    assert memcg.usage_bytes(no_stat) is None
-    garbage = _cgroup(tmp_path / "garbage", memory_current="max\n", memory_stat="inactive_file 0\n")
-    assert memcg.usage_bytes(garbage) is None
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"memory.current": "104857600\n", "memory.stat": V2_STAT}, 100 * MIB - 4 * MIB),
+        ({"memory.usage_in_bytes": "52428800\n", "memory.stat": V1_STAT}, 50 * MIB - 3 * MIB),
+        (None, None),  # no such directory
+        ({"memory.current": "4096\n"}, None),  # no memory.stat
+        ({"memory.current": "max\n", "memory.stat": "inactive_file 0\n"}, None),  # not a number
+    ],
+    ids=["v2", "v1", "absent", "no-stat", "garbage"],
+)
+def test_usage_is_the_cgroups_usage_less_its_inactive_file_cache(tmp_path, files, expected):
+    directory = tmp_path / "cgroup"
+    if files is not None:
+        directory.mkdir()
+        for name, text in files.items():
+            (directory / name).write_text(text)
+    assert memcg.usage_bytes(str(directory)) == expected
 
 
 def test_the_daemons_figures_are_charged_alike():
