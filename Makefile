@@ -25,11 +25,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 # The suite on TEST_JOBS parallel workers (pytest-xdist), each file's tests on one worker with its module
-# fixtures: most system tests wait on real processes and timeouts, so 2 workers fill 2 cores (the whole
-# suite 24 minutes against 38 in one process, docs/NOTES.md). `make test TEST_JOBS=0`: one process.
+# fixtures, the files of long system tests handed out first (tests/conftest.py) and the threads of every
+# process a worker starts set to its share of the cores. The 25 slowest tests are printed at the end, so their
+# cost stays in sight. `make test TEST_JOBS=0`: one process.
 TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # A short run that shows every part working (about 10 minutes on 2 cores): the ES `cpu` preset (8 members
 # in antithetic pairs, 16 easy Countdown problems each, greedy) for 8 versions, the held-out 32 evaluated at

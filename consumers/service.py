@@ -32,7 +32,7 @@ from streams.keys import VERIFIERS, Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
-from verifier_pool import docker_backend
+from verifier_pool import docker_daemon
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.pool import backends, make_checkers
 from verifier_pool.sandbox import SandboxUnavailable
@@ -169,7 +169,7 @@ class VerifierService:
             # runs the sandboxes of other workers (other verifier containers, other hosts, test runs).
             own_host = f"{socket.gethostname()}:"
             try:
-                removed = await asyncio.to_thread(docker_backend.remove_orphans, own_host)
+                removed = await asyncio.to_thread(docker_daemon.remove_orphans, own_host)
             except SandboxUnavailable as e:  # no daemon now: its sandboxes cannot start either, which start() reports
                 log.warning("orphan_sandboxes_not_removed", error=str(e)[:500])
                 removed = []

@@ -6,6 +6,7 @@ Every wire test runs twice: on the redis-server from PATH (7.x, the target) and 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from streams import logs
 from streams.connect import connect
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
+
+# Each pytest-xdist worker, and every process its tests start (they inherit this environment), computes with its
+# share of the cores. torch's default is a thread per core in every process: two workers' roles then run more
+# OpenMP threads than there are cores, and idle teams spin-wait on each other. Measured on 2 cores beside other
+# tests: the ES recovery test used 776 s of CPU at the default and 259 s with one thread (docs/NOTES.md).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 logs.configure("warning")
 
@@ -96,3 +105,11 @@ def redis_cluster(tmp_path_factory):
 
     with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of long system tests (marked `slow`) run first. `make test` hands out whole files to its
+    workers in collection order (`--dist loadfile --no-loadscope-reorder`): a worker that takes a many-minute
+    file last holds the whole suite's end while the other idles. The order within a file is kept."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

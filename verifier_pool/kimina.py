@@ -446,9 +446,6 @@ class KiminaChecker:
     async def kill(self) -> None:
         await self.client.aclose()
 
-    async def memory_bytes(self) -> int | None:
-        return None
-
     def stats(self) -> SandboxStats:
         self._stats.extra = {"posts": self.client.posts, "snippets": self.client.snippets}
         return self._stats

@@ -1,8 +1,8 @@
 """The second line of the Lean verdict: a trusted program, in a fresh sandbox the proof never ran in, judges
 the environment the REPL elaborated the proof into. Only its answer can turn the REPL's `proved` into ours.
 
-Why: code run from the proof (a tactic's configuration term, an attribute, a tactic that compiles a
-term) runs inside the REPL process and can write anything to its stdout, forging the answers to both
+Why: code run from the proof (a tactic's configuration term, an attribute, a tactic that compiles a term)
+runs inside the REPL process and can write anything to its stdout, forging the answers to both
 the proof and `#print axioms`. Nothing the REPL says after the proof ran is evidence. What it cannot forge
 is the kernel's judgement, made elsewhere, of the declarations it holds. Design taken from lean4checker
 (replay a module's constants through the kernel on top of its imports; Main.lean, `replayFromImports`),

@@ -6,7 +6,7 @@ first reason to refuse; `verifier_pool.lean_commands` splits a text into command
 The rules, and what they leave to the second line (verifier_pool.lean_audit), are in lean_check's docstring
 and docs/VERIFIER.md.
 
-Configuration by position (issue 29). Lean evaluates a tactic's configuration: the `(name := value)` items of
+Configuration by position. Lean evaluates a tactic's configuration: the `(name := value)` items of
 `optConfig` (and the older `(config := value)`) that follow the tactic's name are elaborated into its Config
 structure and run by `evalExpr' (safety := .unsafe)` (Lean/Elab/Tactic/Config.lean, `mkConfigElaborator`).
 The same shape inside a term is a named argument (`mul_pos (a := x)`), elaborated, never run. Without Lean's

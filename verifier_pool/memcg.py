@@ -8,12 +8,18 @@ a v1 memory hierarchy the worker may write (root in a container with the v1 hier
 Neither: None, and the watchdog alone caps the tree. How a process gets in: the first program of the
 sandbox's chain writes its own pid to cgroup.procs before it execs anything (`ENTER`), so every later
 fork is born inside; nothing runs outside it, unlike moving a pid after spawn, which races with the forks.
+
+Reading: `usage_bytes` is a memory cgroup's usage as `docker stats` counts it (`charged`: usage less the
+inactive file cache, which the kernel reclaims first), what the docker backend compares with its recycle
+threshold (`memory_dir_of` finds a container's cgroup from its main pid). Which cgroup a process is in and
+where the hierarchies are mounted is read once here (`cgroup_paths`, `memory_dirs`), for both uses.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # $1 is the cgroup.procs file; runs first in the chain, as the worker's uid.
@@ -51,17 +57,58 @@ class MemoryCgroup:
 
 def parent_dir() -> tuple[int, str] | None:
     """(version, the directory under which this worker may make memory cgroups), or None."""
-    mounts = _cgroup_mounts()
-    own = _own_cgroups()
-    if "" in own and 2 in mounts:  # cgroup v2: "0::/path"
-        path = mounts[2] + own[""]
-        if "memory" in _read(os.path.join(path, "cgroup.subtree_control")).split() and os.access(path, os.W_OK):
-            return 2, path
-    if "memory" in own and "memory" in mounts:
-        path = mounts["memory"] + own["memory"]
-        if os.path.exists(os.path.join(path, "memory.limit_in_bytes")) and os.access(path, os.W_OK):
-            return 1, path
+    dirs = memory_dirs()
+    path = dirs.get(2)
+    if path and "memory" in _read(os.path.join(path, "cgroup.subtree_control")).split() and os.access(path, os.W_OK):
+        return 2, path
+    path = dirs.get(1)
+    if path and os.path.exists(os.path.join(path, "memory.limit_in_bytes")) and os.access(path, os.W_OK):
+        return 1, path
     return None
+
+
+def memory_dirs(pid: int | str = "self") -> dict[int, str]:
+    """{cgroup version: the directory of process `pid`'s memory cgroup as this machine mounts it}: 2 where a
+    cgroup2 hierarchy is mounted, 1 where a v1 memory hierarchy is (a hybrid host has both; one of them
+    holds the memory controller). {} where /proc/<pid> cannot be read."""
+    mounts, own = _cgroup_mounts(), cgroup_paths(pid)
+    dirs = {}
+    if "" in own and 2 in mounts:  # cgroup v2: "0::/path"
+        dirs[2] = mounts[2] + own[""]
+    if "memory" in own and "memory" in mounts:
+        dirs[1] = mounts["memory"] + own["memory"]
+    return dirs
+
+
+def memory_dir_of(pid: int, name: str) -> str | None:
+    """The memory cgroup directory of process `pid` whose path holds `name` (a container's id: the check that
+    guards against a pid reused by another process) and whose usage can be read; None where none can."""
+    for directory in memory_dirs(pid).values():
+        if name in directory and usage_bytes(directory) is not None:
+            return directory
+    return None
+
+
+def usage_bytes(directory: str) -> int | None:
+    """The memory cgroup's usage (`charged`), cgroup v1 or v2; None where its files cannot be read."""
+    try:
+        for name in ("memory.usage_in_bytes", "memory.current"):  # cgroup v1, v2
+            with contextlib.suppress(FileNotFoundError), open(os.path.join(directory, name)) as f:
+                usage = int(f.read())
+                break
+        else:
+            return None
+        with open(os.path.join(directory, "memory.stat")) as f:
+            stat = dict(line.split() for line in f if line.strip())
+    except (OSError, ValueError):
+        return None
+    return charged(usage, stat)
+
+
+def charged(usage: int, stat: Mapping[str, int | str]) -> int:
+    """A cgroup's memory as `docker stats` counts it: `usage` less the inactive file cache of its memory.stat
+    (`total_inactive_file` on cgroup v1, `inactive_file` on v2), which the kernel reclaims first."""
+    return max(0, usage - int(stat.get("total_inactive_file", stat.get("inactive_file", 0))))
 
 
 def create(name: str, limit_bytes: int) -> MemoryCgroup | None:
@@ -131,10 +178,10 @@ def _cgroup_mounts() -> dict[int | str, str]:
     return mounts
 
 
-def _own_cgroups() -> dict[str, str]:
-    """{controller list ("" for v2): this process's path}, from /proc/self/cgroup."""
+def cgroup_paths(pid: int | str = "self") -> dict[str, str]:
+    """{controller ("" for cgroup v2): process `pid`'s cgroup path}, from /proc/<pid>/cgroup."""
     own = {}
-    for line in _read("/proc/self/cgroup").splitlines():
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(",") if controllers else [""]:
             own[controller] = path

@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 from tasks import countdown_check
-from verifier_pool import docker_backend, lean_audit, process
+from verifier_pool import docker_backend, docker_daemon, lean_audit, process
 from verifier_pool.checkers import CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.kimina import KiminaChecker
 from verifier_pool.lean_audit import LeanAudit, SecondLine
 from verifier_pool.repl import LEAN_HANDSHAKE, Handshake
 from verifier_pool.sandbox import Sandbox, SandboxUnavailable
+from verifier_pool.sandbox_config import DockerSandboxConfig, ProcessSandboxConfig
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 # The checker must be this checkout's: an image built before the checker was edited would judge by the old
@@ -54,7 +55,7 @@ def backend(settings: VerifierSettings, task: str) -> str:
     """auto: docker when a daemon answers and this task's image exists, else the process sandbox."""
     if settings.sandbox != "auto":
         return settings.sandbox
-    return "docker" if docker_backend.daemon_ready(image_for(settings, task)) else "process"
+    return "docker" if docker_daemon.daemon_ready(image_for(settings, task)) else "process"
 
 
 def backends(settings: VerifierSettings) -> dict[str, str]:
@@ -66,7 +67,7 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
     if kind == "kimina" and task == "countdown":
         kind = "process"  # kimina-lean-server checks Lean only; the Countdown checker runs locally
     if kind == "docker":
-        config = docker_backend.DockerSandboxConfig(
+        config = DockerSandboxConfig(
             image=image_for(settings, task),
             argv=docker_backend.COUNTDOWN_ARGV if task == "countdown" else docker_backend.LEAN_REPL_ARGV,
             memory_limit_bytes=settings.memory_limit_mb << 20,
@@ -88,7 +89,7 @@ def make_sandbox(settings: VerifierSettings, task: str, index: int, kind: str) -
             ro_paths, workdir, env = _python_paths(), "/tmp", {"PYTHONPATH": PROJECT_ROOT}
         else:
             ro_paths, workdir, env = _lean_place(settings)
-        config = process.ProcessSandboxConfig(
+        config = ProcessSandboxConfig(
             argv=argv,
             ro_paths=ro_paths,
             workdir=workdir,
@@ -120,14 +121,17 @@ def second_line(settings: VerifierSettings, index: int, kind: str) -> SecondLine
         return SecondLine(audit=None, trust_repl=True)
     sandbox: Sandbox
     if kind == "docker":
-        config = docker_backend.DockerSandboxConfig(
-            image=settings.lean_image, argv=lean_audit.AUDIT_ARGV, memory_limit_bytes=settings.memory_limit_mb << 20,
-            cpus=settings.cpus, handshake=lean_audit.AUDIT_HANDSHAKE,
-        )  # fmt: skip
+        config = DockerSandboxConfig(
+            image=settings.lean_image,
+            argv=lean_audit.AUDIT_ARGV,
+            memory_limit_bytes=settings.memory_limit_mb << 20,
+            cpus=settings.cpus,
+            handshake=lean_audit.AUDIT_HANDSHAKE,
+        )
         sandbox = docker_backend.DockerSandbox(config, sandbox_id=f"docker-audit-{index}-{os.getpid()}")
     elif kind == "process" and settings.lean_audit_cmd:
         ro_paths, workdir, env = _lean_place(settings)
-        config = process.ProcessSandboxConfig(
+        config = ProcessSandboxConfig(
             argv=tuple(settings.lean_audit_cmd),
             ro_paths=ro_paths,
             workdir=workdir,
@@ -149,19 +153,24 @@ def make_checkers(
     checkers: dict[str, CountdownChecker | LeanChecker | KiminaChecker] = {}
     for task in settings.tasks:
         if task == "lean" and settings.sandbox == "kimina":  # the server is the sandbox; all tasks share its client
-            checkers[task] = KiminaChecker(settings.kimina_url, timeout_s=settings.proof_timeout_s,
-                                           toolchain=f"{settings.lean_toolchain}+kimina",
-                                           sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
-                                           api_key=settings.kimina_api_key.get_secret_value()
-                                           if settings.kimina_api_key else None,
-                                           second_line=second_line(settings, index, "kimina"))  # fmt: skip
+            checkers[task] = KiminaChecker(
+                settings.kimina_url,
+                timeout_s=settings.proof_timeout_s,
+                toolchain=f"{settings.lean_toolchain}+kimina",
+                sandbox_id=f"kimina-{task}-{index}-{os.getpid()}",
+                api_key=settings.kimina_api_key.get_secret_value() if settings.kimina_api_key else None,
+                second_line=second_line(settings, index, "kimina"),
+            )
             continue
         sandbox = make_sandbox(settings, task, index, kinds[task])
         if task == "countdown":
             checkers[task] = CountdownChecker(sandbox, timeout_s=settings.countdown_timeout_s)
         else:
-            checkers[task] = LeanChecker(sandbox, proof_timeout_s=settings.proof_timeout_s,
-                                         header_timeout_s=settings.header_timeout_s,
-                                         toolchain=settings.lean_toolchain,
-                                         second_line=second_line(settings, index, kinds[task]))  # fmt: skip
+            checkers[task] = LeanChecker(
+                sandbox,
+                proof_timeout_s=settings.proof_timeout_s,
+                header_timeout_s=settings.header_timeout_s,
+                toolchain=settings.lean_toolchain,
+                second_line=second_line(settings, index, kinds[task]),
+            )
     return checkers

@@ -18,7 +18,7 @@ import httpx
 from pydantic import model_validator
 
 from streams.settings import SettingsError
-from verifier_pool import docker_backend
+from verifier_pool import docker_daemon
 from verifier_pool.config import VerifierSettings
 from verifier_pool.pool import NO_LEAN
 
@@ -56,7 +56,7 @@ def lean_backend_problem(settings: VerifierSettings) -> str | None:
         if settings.sandbox != "docker" and settings.lean_second_line == "audit" and not settings.lean_audit_cmd:
             return f"with lean_repl_cmd and no lean_audit_cmd (e.g. ['lean-audit']) {UNCONFIRMED}."
         return None
-    if settings.sandbox in ("auto", "docker") and docker_backend.daemon_ready(settings.lean_image):
+    if settings.sandbox in ("auto", "docker") and docker_daemon.daemon_ready(settings.lean_image):
         return None
     return f"no Lean backend found (no image {settings.lean_image!r} in a reachable Docker daemon). " + NO_LEAN
 

@@ -18,7 +18,7 @@ What every sandbox gets:
   ipc, uts and mount namespaces; no capabilities; no nested user namespace beyond the one that locks the
   mounts.
 - rlimits through `prlimit` (inherited across exec and fork): RLIMIT_AS (address space, per process),
-  RLIMIT_CPU (lifetime CPU seconds, a backstop), RLIMIT_FSIZE, RLIMIT_NPROC (processes of the uid).
+  RLIMIT_CPU (lifetime CPU seconds, a backstop), RLIMIT_FSIZE, RLIMIT_NPROC (`pids_limit`: the uid's processes).
 - one memory cap for the whole tree, `memory_limit_bytes`, twice over: a memory cgroup where the host lets
   the worker make one (verifier_pool.memcg: cgroup v2 with the memory controller delegated, or a writable
   v1 memory hierarchy; the chain's first program enters it, so every process is born inside), and always
@@ -60,9 +60,9 @@ What it does NOT protect against:
   channels (timing, /proc/cpuinfo). A unix socket inside a bound path answers (a read-only bind does not
   stop connect()): bind toolchain directories, never a directory where a service keeps its socket.
 
-One file, over 400 lines, because it is one backend: starting, watching and killing an isolated process
-tree; its argv is verifier_pool/process_argv.py, what it shares with the docker backend
-verifier_pool/sandbox_base.py.
+This module starts, watches and kills the isolated process tree; its launch chain and argv are
+verifier_pool/process_argv.py, its settings verifier_pool/sandbox_config.py, what it shares with the docker
+backend verifier_pool/sandbox_base.py.
 """
 
 from __future__ import annotations
@@ -74,31 +74,16 @@ import shutil
 import signal
 import stat
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from verifier_pool import memcg, proctree, sandbox_uids
-from verifier_pool.process_argv import (  # noqa: F401  (_probe, _bwrap_supports, available: this module's API)
-    GUARD,
-    ISOLATION_TOOLS,
-    STAGE,
-    _bwrap_supports,
-    _probe,
-    available,
-    bwrap_argv,
-    checker_digest,
-    checker_env,
-    private_root,
-    reachable_by_others,
-    rlimit_argv,
-    unshare_argv,
-)
-from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake, ReplStream, handshake
+from verifier_pool.process_argv import checker_digest, checker_env, launch_argv, probe
+from verifier_pool.repl import ReplStream, handshake
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
 from verifier_pool.sandbox_base import EXIT_GRACE_S, StderrTail, StdioSandbox
+from verifier_pool.sandbox_config import ISOLATION_TOOLS, ProcessSandboxConfig
 
 log = structlog.get_logger("verifier_pool.process")
 
@@ -111,60 +96,12 @@ _GONE_TIMEOUT_S = 2.0  # kill() waits this long for the tree to vanish; SIGKILL'
 _LEADER_EXIT_S = 0.5  # bwrap/unshare exit within ms of their child's death
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessSandboxConfig:
-    argv: tuple[str, ...]  # the checker, e.g. ("lake", "env", "repl"); argv[0] resolved on `env`'s PATH
-    ro_paths: tuple[str, ...] = ()  # bound read-only: the Lean toolchain, the Python prefix, ...
-    workdir: str = "/tmp"  # the checker's cwd (the Lean project); bound read-only unless under /tmp
-    env: Mapping[str, str] = field(default_factory=dict)  # added to PATH, HOME=/tmp, LANG=C.UTF-8
-    # RLIMIT_AS per process, and the cap on the whole tree (resident memory + private /tmp, polled); kimina's
-    # image uses 8 GB for Mathlib
-    memory_limit_bytes: int | None = 8 << 30
-    memory_poll_s: float = 0.05  # the tree cap's polling period during a request
-    # "auto": also a memory cgroup capped at memory_limit_bytes where the host lets us make one
-    # (verifier_pool.memcg); "off": the watchdog alone
-    memory_cgroup: str = "auto"
-    cpu_limit_s: int | None = 3600  # RLIMIT_CPU per process over its lifetime, a backstop
-    fsize_limit_bytes: int | None = 64 << 20  # RLIMIT_FSIZE
-    nproc_limit: int | None = 512  # RLIMIT_NPROC: all processes of the sandbox's uid (its own, by default)
-    tmp_bytes: int = 256 << 20  # size of the private /tmp (it is memory, counted by the tree cap)
-    # Run as this host uid (the worker must be root). None: a uid of its own, leased from
-    # [uid_base, uid_base + uid_count) when the worker is root; the worker's uid otherwise.
-    uid: int | None = None
-    gid: int | None = None  # defaults to uid
-    uid_base: int = sandbox_uids.DEFAULT_UID_BASE
-    uid_count: int = sandbox_uids.DEFAULT_UID_COUNT
-    state_dir: str = "/run/proofstream"  # root workers: uid lock files and the staging mount point
-    handshake: Handshake = LEAN_HANDSHAKE  # start() returns once the checker answered it
-    max_requests: int | None = None  # recycle after this many answers; None: never
-    max_memory_bytes: int | None = None  # recycle once the tree's resident memory exceeds this
-    # How often that is read, after a request: walking the tree's /proc costs ~0.6 ms, as much as a Countdown
-    # check. It is a soft limit (Lean REPLs grow over many proofs); the hard one is the memory cap above.
-    memory_check_every_s: float = 1.0
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    start_timeout_s: float = 10.0
-    stderr_tail_bytes: int = 4096
-    isolation: str = "auto"  # "auto" (bwrap, else unshare), "bwrap" or "unshare"
-
-    def __post_init__(self) -> None:
-        if not self.argv:
-            raise ValueError("argv is empty: give the checker command, e.g. ('lake', 'env', 'repl')")
-        if self.isolation not in ("auto", *ISOLATION_TOOLS):
-            raise ValueError(f"isolation must be auto, bwrap or unshare, not {self.isolation!r}")
-        for path in (*self.ro_paths, self.workdir, self.state_dir):
-            if not os.path.isabs(path):
-                raise ValueError(f"sandbox paths must be absolute: {path!r}")
-        for name in ("memory_limit_bytes", "cpu_limit_s", "fsize_limit_bytes", "nproc_limit", "max_requests"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive or None, not {value}")
-        if self.memory_cgroup not in ("auto", "off"):
-            raise ValueError(f"memory_cgroup must be auto or off, not {self.memory_cgroup!r}")
-        if self.memory_poll_s <= 0:
-            raise ValueError(f"memory_poll_s must be positive, not {self.memory_poll_s}")
+def available() -> str | None:
+    """The isolation tool that works on this machine ("bwrap" or "unshare"), or None."""
+    return next((tool for tool in ISOLATION_TOOLS if probe(tool) is None), None)
 
 
-class ProcessSandbox(StdioSandbox):
+class ProcessSandbox(StdioSandbox[ProcessSandboxConfig]):
     """One checker under bwrap/unshare; the Sandbox protocol of verifier_pool.sandbox (its request path:
     verifier_pool.sandbox_base)."""
 
@@ -173,7 +110,6 @@ class ProcessSandbox(StdioSandbox):
 
     def __init__(self, config: ProcessSandboxConfig, sandbox_id: str | None = None) -> None:
         super().__init__(config, sandbox_id)
-        self.config: ProcessSandboxConfig = config
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr_task: asyncio.Task | None = None
         self._status_transport: asyncio.ReadTransport | None = None
@@ -184,7 +120,6 @@ class ProcessSandbox(StdioSandbox):
         # (read once a start, not once a request: the read cost a Countdown check ~8% more CPU).
         self._oom_kills = 0
         self._cgroup: memcg.MemoryCgroup | None = None  # made on the first start, kept across restarts
-        self._memory_checked_at = -float("inf")  # time.monotonic() of the recycle threshold's last reading
         self._lifeline: int | None = None  # the write end of the running sandbox's lifeline (LIFELINE)
 
     # -- the Sandbox protocol --------------------------------------------------------------------------
@@ -239,13 +174,6 @@ class ProcessSandbox(StdioSandbox):
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             cgroup.remove()
-
-    async def memory_bytes(self) -> int | None:
-        if self._proc is None or self._proc.returncode is not None:
-            return None
-        rss = proctree.resident_bytes(proctree.tree_pids(self._proc.pid))
-        self._stats.memory_bytes = rss
-        return rss
 
     async def take_file(self, path: str, max_bytes: int) -> bytes:
         """Read and remove a regular file of the running checker's private /tmp as its processes see it (the
@@ -303,12 +231,15 @@ class ProcessSandbox(StdioSandbox):
                 raise SandboxCrashed(self._over_cap) from e
             raise
 
-    async def _answered(self) -> None:
-        if self._recycle_due():
-            await self._replace()
+    async def _recycle(self) -> None:
+        await self._replace()
 
     async def _discard(self) -> None:
         await self._replace()
+
+    async def _memory_reading(self) -> int | None:
+        """The tree's resident memory (walking its /proc: ~0.6 ms)."""
+        return proctree.resident_bytes(proctree.tree_pids(self.pid)) if self.pid is not None else None
 
     def _watch_memory(self, proc: asyncio.subprocess.Process) -> None:
         """Every `memory_poll_s` during one request: kill the tree once its resident memory plus its /tmp pass
@@ -368,23 +299,6 @@ class ProcessSandbox(StdioSandbox):
                 await asyncio.wait_for(stderr_task, 1.0)
         await proctree.wait_gone(tree, _GONE_TIMEOUT_S)
 
-    def _recycle_due(self) -> bool:
-        if self._requests_spent():
-            log.info("sandbox_recycle", sandbox=self.sandbox_id, reason="requests", requests=self._stats.requests)
-            return True
-        now = time.monotonic()
-        if (
-            self.config.max_memory_bytes is not None
-            and now - self._memory_checked_at >= self.config.memory_check_every_s
-        ):
-            self._memory_checked_at = now
-            rss = proctree.resident_bytes(proctree.tree_pids(self._proc.pid))
-            self._stats.memory_bytes = rss
-            if rss > self.config.max_memory_bytes:
-                log.info("sandbox_recycle", sandbox=self.sandbox_id, reason="memory", memory_bytes=rss)
-                return True
-        return False
-
     async def _replace(self) -> None:
         """Kill the checker and start the next one now, not on the next request: then stats().starts already
         names the process the next request reaches (callers key REPL env ids on it), and the next request
@@ -406,45 +320,9 @@ class ProcessSandbox(StdioSandbox):
     def _build_argv(self, status_fd: int, lifeline_fd: int) -> tuple[str, list[str]]:
         uid = self._sandbox_uid()
         tool, path = self._isolation_tool(uid)
-        tools = {name: shutil.which(name) for name in ("prlimit", "setpriv", "unshare")}
-        missing = [name for name, found in tools.items() if found is None]
-        if missing:
-            raise SandboxUnavailable(f"{', '.join(missing)} not found: install util-linux")
-        root = private_root(self.config)
-        chain: list[str] = []
         cgroup = self._memory_cgroup()
-        if cgroup is not None:  # first, so that every process of the chain is born inside
-            chain += ["/bin/sh", "-c", memcg.ENTER, "proofstream-cgroup", cgroup.procs_file]
-        if uid is not None:
-            # Sources the uid cannot reach are bound from root's side first (bwrap and unshare open them as
-            # the uid); permissions on the host stay as they are.
-            hidden = [src for src, _ in root.binds if not reachable_by_others(src)]
-            if hidden:
-                stage = os.path.join(self.config.state_dir, "stage")
-                _ensure_dir(stage, 0o755)
-                chain += [tools["unshare"], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE]
-                chain += ["proofstream-stage", stage, str(len(hidden)), *hidden]
-                root = root.staged(stage, hidden)
-            gid = self.config.gid if self.config.gid is not None else uid
-            chain += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-        else:
-            chain += [tools["setpriv"]]
-        # PDEATHSIG is set after the uid change (which clears it), and the guard closes the fork-to-prctl gap.
-        chain += ["--pdeathsig", "KILL", "--", "/bin/sh", "-c", GUARD, "proofstream-guard", str(os.getpid())]
-        build = bwrap_argv if tool == "bwrap" else unshare_argv
-        if tool == "bwrap" and _probe("unshare", uid) is None:
-            # bwrap's inner process sets its death signal only after its setup, and one orphaned before
-            # that waits forever for its dead parent (an eventfd): the bwrap a SIGKILLed worker left
-            # running. Under a pid namespace whose init dies with us (unshare's --kill-child), the kernel
-            # takes it down with the rest. unshare's flow has that init already. Where unshare may not make
-            # user namespaces (AppArmor allowing bwrap alone) this is skipped: the lifeline still ends a
-            # checker, but a bwrap orphaned mid-setup may stay, idle.
-            # --mount-proc: bwrap reads /proc/<its pid>/ns, and a /proc of the outer pid namespace names
-            # another process (in a container as uid 10001: "open /proc/2/ns/ns failed"; tests/deploy).
-            chain += [tools["unshare"], "--user", "--map-current-user", "--pid", "--fork", "--kill-child"]
-            chain += ["--mount", "--mount-proc", "--"]
-        sandbox = build(path, self.config, status_fd, root, lifeline_fd)
-        return tool, chain + rlimit_argv(tools["prlimit"], self.config) + sandbox
+        procs_file = cgroup.procs_file if cgroup is not None else None
+        return tool, launch_argv(self.config, tool, path, uid, procs_file, status_fd, lifeline_fd)
 
     def _memory_cgroup(self) -> memcg.MemoryCgroup | None:
         """This sandbox's memory cgroup, made on the first call where the host allows; None otherwise."""
@@ -468,11 +346,11 @@ class ProcessSandbox(StdioSandbox):
         return self._uid_lease.uid
 
     def _isolation_tool(self, uid: int | None) -> tuple[str, str]:
-        """The first tool of `isolation` that works when run as `uid`, the sandbox's (process_argv._probe)."""
+        """The first tool of `isolation` that works when run as `uid`, the sandbox's (process_argv.probe)."""
         wanted = ISOLATION_TOOLS if self.config.isolation == "auto" else (self.config.isolation,)
         reasons = []
         for tool in wanted:
-            why = _probe(tool, uid)
+            why = probe(tool, uid)
             if why is None:
                 return tool, shutil.which(tool) or tool
             reasons.append(why)
@@ -543,13 +421,6 @@ def _take_inside(pid: int, path: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise ValueError(f"{path} holds more than {max_bytes} bytes")
     return data
-
-
-def _ensure_dir(path: str, mode: int) -> None:
-    os.makedirs(path, mode=mode, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()}, writable only by it")
 
 
 def _kill_tree_now(leader: int) -> None:

@@ -5,6 +5,7 @@ The chain, first to last, each exec'ing the next in the same process (the sandbo
 verifier_pool.memcg (where a memory cgroup is made) -> `STAGE` (root workers, for paths the sandbox's uid
 cannot reach) -> `setpriv` (the uid drop, then PDEATHSIG) -> `GUARD` -> `unshare --pid --kill-child` (bwrap
 only) -> `prlimit` -> bwrap or unshare (+ `UNSHARE_SETUP`) -> inside: `LIFELINE` -> the checker.
+`launch_argv` puts it together.
 """
 
 from __future__ import annotations
@@ -17,14 +18,11 @@ import shutil
 import stat
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from verifier_pool.memcg import ENTER
 from verifier_pool.sandbox import SandboxUnavailable
+from verifier_pool.sandbox_config import ProcessSandboxConfig
 
-if TYPE_CHECKING:
-    from verifier_pool.process import ProcessSandboxConfig
-
-ISOLATION_TOOLS = ("bwrap", "unshare")  # preference order
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What the dynamic linker and a toolchain's wrapper scripts read; no secrets (no shadow, no ssl keys).
 _ETC_FILES = (
@@ -140,13 +138,68 @@ exec "$unshare_bin" --user --mount -- "$@"
 """
 
 
-def available() -> str | None:
-    """The isolation tool that works on this machine ("bwrap" or "unshare"), or None."""
-    return next((tool for tool in ISOLATION_TOOLS if _probe(tool) is None), None)
+def launch_argv(
+    config: ProcessSandboxConfig,
+    tool: str,
+    tool_path: str,
+    uid: int | None,
+    cgroup_procs: str | None,
+    status_fd: int,
+    lifeline_fd: int,
+) -> list[str]:
+    """The whole chain (the module's docstring), ending in the checker. `tool` ("bwrap" or "unshare", at
+    `tool_path`) builds the sandbox; `uid`: the host uid to drop to (None: stay the worker's); `cgroup_procs`:
+    the cgroup.procs file of the sandbox's memory cgroup, if it has one. Blocking (it may probe unshare, and
+    make the staging directory)."""
+    tools = {name: shutil.which(name) for name in ("prlimit", "setpriv", "unshare")}
+    missing = [name for name, found in tools.items() if found is None]
+    if missing:
+        raise SandboxUnavailable(f"{', '.join(missing)} not found: install util-linux")
+    root = private_root(config)
+    chain: list[str] = []
+    if cgroup_procs is not None:  # first, so that every process of the chain is born inside
+        chain += ["/bin/sh", "-c", ENTER, "proofstream-cgroup", cgroup_procs]
+    if uid is not None:
+        # Sources the uid cannot reach are bound from root's side first (bwrap and unshare open them as
+        # the uid); permissions on the host stay as they are.
+        hidden = [src for src, _ in root.binds if not reachable_by_others(src)]
+        if hidden:
+            stage = os.path.join(config.state_dir, "stage")
+            _ensure_dir(stage, 0o755)
+            chain += [tools["unshare"], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE]
+            chain += ["proofstream-stage", stage, str(len(hidden)), *hidden]
+            root = root.staged(stage, hidden)
+        gid = config.gid if config.gid is not None else uid
+        chain += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    else:
+        chain += [tools["setpriv"]]
+    # PDEATHSIG is set after the uid change (which clears it), and the guard closes the fork-to-prctl gap.
+    chain += ["--pdeathsig", "KILL", "--", "/bin/sh", "-c", GUARD, "proofstream-guard", str(os.getpid())]
+    build = bwrap_argv if tool == "bwrap" else unshare_argv
+    if tool == "bwrap" and probe("unshare", uid) is None:
+        # bwrap's inner process sets its death signal only after its setup, and one orphaned before
+        # that waits forever for its dead parent (an eventfd): the bwrap a SIGKILLed worker left
+        # running. Under a pid namespace whose init dies with us (unshare's --kill-child), the kernel
+        # takes it down with the rest. unshare's flow has that init already. Where unshare may not make
+        # user namespaces (AppArmor allowing bwrap alone) this is skipped: the lifeline still ends a
+        # checker, but a bwrap orphaned mid-setup may stay, idle.
+        # --mount-proc: bwrap reads /proc/<its pid>/ns, and a /proc of the outer pid namespace names
+        # another process (in a container as uid 10001: "open /proc/2/ns/ns failed"; tests/deploy).
+        chain += [tools["unshare"], "--user", "--map-current-user", "--pid", "--fork", "--kill-child"]
+        chain += ["--mount", "--mount-proc", "--"]
+    sandbox = build(tool_path, config, status_fd, root, lifeline_fd)
+    return chain + rlimit_argv(tools["prlimit"], config) + sandbox
+
+
+def _ensure_dir(path: str, mode: int) -> None:
+    os.makedirs(path, mode=mode, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()}, writable only by it")
 
 
 @functools.cache
-def _probe(tool: str, uid: int | None = None) -> str | None:
+def probe(tool: str, uid: int | None = None) -> str | None:
     """None if `tool` can build a sandbox here, run as `uid` (None: as this process), else why not. Installed
     is not enough: user namespaces may be disabled (sysctl, AppArmor), and the sandbox's uid may be unable to
     execute the tool (a bwrap under /root, mode 0700, which root's own probe ran fine), so actually run `true`
@@ -168,8 +221,8 @@ def _probe(tool: str, uid: int | None = None) -> str | None:
         # process, even a zombie, is one sandbox_uids will not lease.
         # The tool is exec'd by a shell already running as the uid, as in the sandbox's chain (GUARD): exec'd by
         # setpriv itself, a bwrap the uid may not reach ran anyway (util-linux 2.38).
-        argv = [unshare, "--pid", "--fork", "--kill-child", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
-                "--clear-groups", "--", "/bin/sh", "-c", 'exec "$@"', "proofstream-probe", *argv]  # fmt: skip
+        as_the_uid = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "/bin/sh", "-c"]
+        argv = [unshare, "--pid", "--fork", "--kill-child", "--", *as_the_uid, 'exec "$@"', "proofstream-probe", *argv]
         as_uid = f" (as uid {uid}, the sandbox's)"
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10, check=False, cwd="/")
@@ -181,7 +234,7 @@ def _probe(tool: str, uid: int | None = None) -> str | None:
 
 
 @functools.cache
-def _bwrap_supports(bwrap: str, option: str) -> bool:
+def bwrap_supports(bwrap: str, option: str) -> bool:
     # --disable-userns and --size came with bwrap 0.8 / 0.5; older distributions ship older ones.
     help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False).stdout
     return option in help_text
@@ -256,10 +309,10 @@ def bwrap_argv(
 ) -> list[str]:
     root = root or private_root(config)
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
-    if _bwrap_supports(bwrap, "--disable-userns"):
+    if bwrap_supports(bwrap, "--disable-userns"):
         argv.append("--disable-userns")
     argv += ["--json-status-fd", str(status_fd), "--proc", "/proc", "--dev", "/dev"]
-    if _bwrap_supports(bwrap, "--size"):
+    if bwrap_supports(bwrap, "--size"):
         argv += ["--size", str(config.tmp_bytes)]
     argv += ["--tmpfs", "/tmp"]  # before the binds, so that paths under /tmp can be bound on top of it
     for target, link in root.symlinks:
@@ -315,8 +368,8 @@ def _root_mount(root: PrivateRoot) -> str:
     for place in _ROOT_MOUNTS:
         if os.path.isdir(place) and not os.path.islink(place) and not any(_under(s, [place]) for s in sources):
             return place
-    raise SandboxUnavailable(f"no host directory to build the unshare sandbox's root on: each of "
-                             f"{', '.join(_ROOT_MOUNTS)} is missing or holds a bound path; use bwrap")  # fmt: skip
+    why = f"each of {', '.join(_ROOT_MOUNTS)} is missing or holds a bound path; use bwrap"
+    raise SandboxUnavailable(f"no host directory to build the unshare sandbox's root on: {why}")
 
 
 def _resolve_argv(config: ProcessSandboxConfig) -> list[str]:
@@ -339,7 +392,7 @@ def rlimit_argv(prlimit: str, config: ProcessSandboxConfig) -> list[str]:
         "as": config.memory_limit_bytes,
         "cpu": config.cpu_limit_s,
         "fsize": config.fsize_limit_bytes,
-        "nproc": config.nproc_limit,
+        "nproc": config.pids_limit,
     }
     argv += [f"--{name}={value}" for name, value in limits.items() if value is not None]
     return [*argv, "--"]

@@ -42,7 +42,7 @@ class SandboxStats:
     starts: int = 0
     timeouts: int = 0
     crashes: int = 0
-    memory_bytes: int | None = None  # resident memory of the checker, when the backend can tell
+    memory_bytes: int | None = None  # the checker's memory at the recycle threshold's last reading, if any
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -65,9 +65,6 @@ class Sandbox(Protocol):
 
     async def kill(self) -> None:
         """Stop the checker for good: the process group or the container, never just a client."""
-
-    async def memory_bytes(self) -> int | None:
-        """Current resident memory of the checker, or None if unknown."""
 
     async def take_file(self, path: str, max_bytes: int) -> bytes:
         """Read and remove a regular file directly under the checker's /tmp: untrusted bytes, at most

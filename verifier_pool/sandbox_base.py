@@ -3,36 +3,35 @@ stdio with the REPL framing (verifier_pool.repl), one request at a time.
 
 `StdioSandbox.request` is the one request path: (re)start when the checker is gone or was cut off
 mid-exchange (a cancelled request: its late reply would be taken for the next one's), or when a backend that
-recycles lazily says so (`_needs_restart`: docker, past `max_requests` or its memory threshold); exchange with
-the time limit; classify. A timeout or a crash is counted, logged and followed by the backend's `_discard`
-(the whole container or process tree is killed: never a retry on a stream out of step); a crash's message
-gets the checker's exit status and stderr tail. A payload refused before anything was sent (ValueError)
-leaves the checker in step. After an answer a backend may read its memory or recycle at once (`_answered`:
-process).
+recycles lazily says so (`_needs_restart`: docker); exchange with the time limit; classify. A timeout or a
+crash is counted, logged and followed by the backend's `_discard` (the whole container or process tree is
+killed: never a retry on a stream out of step); a crash's message gets the checker's exit status and stderr
+tail. A payload refused before anything was sent (ValueError) leaves the checker in step.
 
-A backend owns how its checker is isolated, started and killed (`start`, `kill`, `_discard`), how its memory
-is read (`memory_bytes`, `_answered`), `take_file`, and how to tell that its checker runs (`_running`,
+After an answer (`_answered`) the checker is recycled once it gave `max_requests` answers or its memory
+passed `max_memory_bytes`, that memory read at most every `memory_check_interval_s` (SandboxConfig);
+the backend's `_recycle` replaces it at once (process) or on the next request (docker).
+
+A backend owns how its checker is isolated, started and killed (`start`, `kill`, `_discard`, `_recycle`),
+how its memory is read (`_memory_reading`), `take_file`, and how to tell that its checker runs (`_running`,
 `_stdout_at_eof`, `_exit_status`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, TypeVar
 
 from verifier_pool.repl import ReplStream
 from verifier_pool.sandbox import SandboxCrashed, SandboxStats, SandboxTimeout
+from verifier_pool.sandbox_config import SandboxConfig
 
 EXIT_GRACE_S = 1.0  # after EOF on stdout, how long a crashing checker gets to exit and finish its stderr
 
-
-class StdioSandboxConfig(Protocol):
-    """The settings every backend's config carries."""
-
-    max_requests: int | None  # recycle after this many answers; None: never
-    stderr_tail_bytes: int
+Config = TypeVar("Config", bound=SandboxConfig)
 
 
 class StderrTail:
@@ -50,13 +49,13 @@ class StderrTail:
         return self._tail.decode("utf-8", "replace")
 
 
-class StdioSandbox:
+class StdioSandbox(Generic[Config]):
     """The Sandbox protocol's shared half (the module's docstring); a backend subclasses it."""
 
     backend: ClassVar[str]
     _log: ClassVar[Any]  # the backend's structlog logger
 
-    def __init__(self, config: StdioSandboxConfig, sandbox_id: str | None) -> None:
+    def __init__(self, config: Config, sandbox_id: str | None = None) -> None:
         self.config = config
         self.sandbox_id = sandbox_id or f"{self.backend}-{uuid.uuid4().hex[:8]}"
         self.identity = ""  # set by each start that the checker answered; "" while none has
@@ -64,6 +63,7 @@ class StdioSandbox:
         self._stream: ReplStream | None = None
         self._stderr = StderrTail(config.stderr_tail_bytes)
         self._in_flight = False  # still True after an exchange that never finished (cancelled): out of step
+        self._memory_read_at = -math.inf  # time.monotonic() of the recycle threshold's last reading
 
     # -- the Sandbox protocol --------------------------------------------------------------------------
 
@@ -122,25 +122,62 @@ class StdioSandbox:
         self._in_flight = False
         self._stats.requests = 0
         self._stats.starts += 1
+        self._memory_read_at = -math.inf  # a new checker's first answer is read
         self._log.info("sandbox_started", sandbox=self.sandbox_id, **log_fields, start_ms=ms_since(started))
 
     def _needs_restart(self) -> bool:
         """Before a request: no checker runs, or the last exchange was cut off (cancelled)."""
         return not self._running() or self._in_flight
 
-    def _requests_spent(self) -> bool:
+    async def _answered(self) -> None:
+        """After each answer: recycle the checker once it gave `max_requests` answers or its memory passed
+        `max_memory_bytes`."""
         max_requests = self.config.max_requests
-        return max_requests is not None and self._stats.requests >= max_requests
+        if max_requests is not None and self._stats.requests >= max_requests:
+            reason = "requests"
+        elif await self._memory_passed():
+            reason = "memory"
+        else:
+            return
+        stats = self._stats
+        self._log.info(
+            "sandbox_recycle",
+            sandbox=self.sandbox_id,
+            reason=reason,
+            requests=stats.requests,
+            memory_bytes=stats.memory_bytes,
+        )
+        await self._recycle()
+
+    async def _memory_passed(self) -> bool:
+        """Whether the checker's memory passed `max_memory_bytes`: read at most every `memory_check_interval_s`
+        (a reading costs as much as a Countdown check), and no more after a reading the backend could not make
+        at once."""
+        limit = self.config.max_memory_bytes
+        now = time.monotonic()
+        if limit is None or now - self._memory_read_at < self.config.memory_check_interval_s:
+            return False
+        self._memory_read_at = now
+        used = await self._memory_reading()
+        if used is None:
+            return False
+        self._stats.memory_bytes = used
+        return used > limit
 
     async def _exchange(self, stream: ReplStream, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """One exchange; a backend may watch it (the process backend's memory watchdog)."""
         return await stream.exchange(payload, timeout_s)
 
-    async def _answered(self) -> None:
-        """After each answer: a backend may read its memory or recycle its checker here."""
-
     async def _discard(self) -> None:
         """After a timeout or a crash: kill the whole checker (its stream is out of step)."""
+        raise NotImplementedError
+
+    async def _recycle(self) -> None:
+        """After an answer that spent the checker (`_answered`): replace it, now or before the next request."""
+        raise NotImplementedError
+
+    async def _memory_reading(self) -> int | None:
+        """The checker's memory for the recycle threshold, or None where it cannot be read at once."""
         raise NotImplementedError
 
     async def _exit_detail(self, wait_s: float) -> str:

@@ -58,7 +58,7 @@ from streams.keys import Keys
 from streams.schema import Attempt, Reward
 from streams.theorems import register
 from tasks.countdown import countdown_problems
-from verifier_pool import docker_backend, process
+from verifier_pool import docker_backend, docker_daemon, process
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.pool import make_sandbox
 from verifier_pool.repl import LEAN_HANDSHAKE
@@ -281,7 +281,7 @@ def usage(args: argparse.Namespace) -> str | None:
         return f"--attempts and --cache-hits must be at least {least} (4 per consumer task)"
     if args.backend == "process" and process.available() is None:
         return "no process sandbox here: install bubblewrap (see verifier_pool/process.py)"
-    if args.backend == "docker" and (why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if args.backend == "docker" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
         return f"no docker sandbox here: {why}"
     return None
 

@@ -27,13 +27,14 @@ from streams.runtime import Delivery
 from streams.schema import Attempt, DeadLetter, Reward
 from streams.theorems import Theorem, register
 from tests import fixtures
-from verifier_pool import docker_backend, process
+from verifier_pool import docker_backend, docker_daemon, process
 from verifier_pool.checkers import JUDGING_DIGEST, CountdownChecker, LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.judgement import Judgement
 from verifier_pool.lean_audit import SecondLine
 from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _base_python, _python_paths
 from verifier_pool.sandbox import SandboxUnavailable
+from verifier_pool.sandbox_config import DockerSandboxConfig, ProcessSandboxConfig
 
 pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
 
@@ -84,7 +85,7 @@ async def rewards_by_attempt(redis, keys) -> dict[str, Reward]:
 
 @pytest.mark.parametrize("sandbox", ["process", "docker"])
 async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys, sandbox):
-    if sandbox == "docker" and (why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if sandbox == "docker" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
         pytest.skip(f"docker sandbox: {why}")
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
     proofs = ["<answer>3*4+7</answer>", "<answer>3+4+7</answer>", "<answer>3*4+7</answer>",
@@ -119,8 +120,8 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
 
 
 def fake_lean_checker(**kwargs) -> LeanChecker:
-    config = process.ProcessSandboxConfig(argv=(sys.executable, FAKE_REPL), ro_paths=(*_python_paths(),),
-                                          workdir=PROJECT_ROOT, memory_limit_bytes=1 << 30, **kwargs)  # fmt: skip
+    config = ProcessSandboxConfig(argv=(sys.executable, FAKE_REPL), ro_paths=(*_python_paths(),),
+                                  workdir=PROJECT_ROOT, memory_limit_bytes=1 << 30, **kwargs)  # fmt: skip
     return LeanChecker(process.ProcessSandbox(config), proof_timeout_s=2.0, header_timeout_s=5.0,
                        second_line=REPL_WORD)  # fmt: skip
 
@@ -172,8 +173,8 @@ MISSING_IMAGE = f"proofstream-pytest-missing-{uuid.uuid4().hex[:8]}:latest"
 
 def unstartable_countdown(settings: VerifierSettings, index: int) -> dict:
     """A real process sandbox whose interpreter does not exist."""
-    config = process.ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "tasks.countdown_check"),
-                                          ro_paths=_python_paths(), workdir=PROJECT_ROOT)  # fmt: skip
+    config = ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "tasks.countdown_check"),
+                                  ro_paths=_python_paths(), workdir=PROJECT_ROOT)  # fmt: skip
     return {"countdown": CountdownChecker(process.ProcessSandbox(config, sandbox_id=f"broken-{index}"))}
 
 
@@ -189,7 +190,7 @@ async def wait_for(condition, timeout_s: float, what: str) -> None:
 async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, keys, failure, capsys, monkeypatch):
     """End to end through the service: no reward, nothing cached, redelivered, then dead-lettered with the
     sandbox's failure as the reason; the worker stays up and its health check is red meanwhile."""
-    if failure == "missing image" and (why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if failure == "missing image" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
         pytest.skip(f"docker sandbox: {why}")
     if failure == "no docker daemon":
         monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
@@ -239,7 +240,7 @@ async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, k
 async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, redis_url, keys):
     """The same worker, once the missing image is built: its next check starts the sandbox, the attempt gets
     its real verdict, the health check turns green, and the verdict is cached under the image's id."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     import docker
 
@@ -290,7 +291,7 @@ async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, 
 async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, keys):
     """The verdict cache key holds the sandbox's identity: a verdict cached by one image is served to the same
     image and never to a rebuilt one (a new image id), which judges afresh."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     import io
 
@@ -306,7 +307,7 @@ async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, ke
     checkers = []
 
     def checker(image: str) -> CountdownChecker:
-        config = docker_backend.DockerSandboxConfig(
+        config = DockerSandboxConfig(
             image=image, argv=docker_backend.COUNTDOWN_ARGV, handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20
         )
         checkers.append(CountdownChecker(docker_backend.DockerSandbox(config)))
@@ -340,10 +341,10 @@ async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, ke
 async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_failed_start():
     """No cache key while what would judge is unknown: before the first start, after a start that failed
     (a removed image), and while that lasts; the image's identity again once a start succeeds."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
-    good = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=docker_backend.COUNTDOWN_ARGV,
-                                              handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20)  # fmt: skip
+    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=docker_backend.COUNTDOWN_ARGV,
+                               handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20)  # fmt: skip
     sandbox = docker_backend.DockerSandbox(good)
     checker = CountdownChecker(sandbox)
     theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
@@ -368,11 +369,11 @@ async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_fai
 async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs():
     """After a crash the check runs again on a fresh sandbox; when that one cannot start, the verdict is the
     infrastructure's `error`, not the second crash the proof would otherwise be blamed for."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())  # the image's python3 runs the test double
-    good = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
-                                              memory_limit_bytes=256 << 20)  # fmt: skip
+    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
+                               memory_limit_bytes=256 << 20)  # fmt: skip
     sandbox = docker_backend.DockerSandbox(good)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
@@ -394,11 +395,11 @@ async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs
 async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
     """The docker sandbox recycles inside the next request (after max_requests): the REPL that answers it knows
     none of the env ids the checker holds. Each check still gets its verdict, never an `error`."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())
-    config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
-                                                memory_limit_bytes=256 << 20, max_requests=4)  # fmt: skip
+    config = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
+                                 memory_limit_bytes=256 << 20, max_requests=4)  # fmt: skip
     sandbox = docker_backend.DockerSandbox(config)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
@@ -444,7 +445,7 @@ async def test_a_verdict_reached_without_the_sandbox_is_published_but_not_cached
     wait for a sandbox that cannot start, but with no environment known it is not cached."""
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
     await register(redis, keys, [theorem])
-    config = process.ProcessSandboxConfig(argv=("/nonexistent/repl",))
+    config = ProcessSandboxConfig(argv=("/nonexistent/repl",))
     checker = LeanChecker(process.ProcessSandbox(config), proof_timeout_s=1, header_timeout_s=1)
     handler = VerifyHandler(redis, keys, {"lean": checker}, "down")
     altered = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 13 := by\n  norm_num"
@@ -545,9 +546,9 @@ async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at
     program = ("import os, sys, time; import tasks.countdown_check as c; h = c.handle_request; "
                f"c.handle_request = lambda r: ({_BAD_BATCHES[answer]}) if 'countdown_batch' in r else h(r); "
                "sys.exit(c.run_checker())")  # fmt: skip
-    config = process.ProcessSandboxConfig(argv=(_base_python(), "-s", "-B", "-c", program), ro_paths=_python_paths(),
-                                          workdir="/tmp", env={"PYTHONPATH": PROJECT_ROOT},
-                                          memory_limit_bytes=256 << 20, handshake=COUNTDOWN_HANDSHAKE)  # fmt: skip
+    config = ProcessSandboxConfig(argv=(_base_python(), "-s", "-B", "-c", program), ro_paths=_python_paths(),
+                                  workdir="/tmp", env={"PYTHONPATH": PROJECT_ROOT},
+                                  memory_limit_bytes=256 << 20, handshake=COUNTDOWN_HANDSHAKE)  # fmt: skip
     sandbox = process.ProcessSandbox(config)
     checker = CountdownChecker(sandbox, timeout_s=1.0)
     theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)

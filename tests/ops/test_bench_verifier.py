@@ -21,7 +21,7 @@ import redis as redis_sync
 from ops.bench import verifier as bench_verifier
 from ops.cli import build_parser, main
 from tasks.countdown_check import check
-from verifier_pool import docker_backend, process
+from verifier_pool import docker_backend, docker_daemon, process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,7 +30,7 @@ SHORT = ["--sandboxes", "2", "--attempts", "200", "--cache-hits", "400", "--hang
 KEYS = {"proofs_per_s", "utilization", "utilization_from_rewards", "restart_ms_p50", "restart_ms_p90", "restart_ms",
         "cache_hits_per_s", "cache_hits", "verdicts", "window_s", "window_rewards", "load_avg_1m_before"}  # fmt: skip
 
-_NO_DOCKER = docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE)
+_NO_DOCKER = docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)
 BACKENDS = [
     pytest.param("process", marks=pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")),
     pytest.param("docker", marks=pytest.mark.skipif(_NO_DOCKER is not None, reason=f"docker: {_NO_DOCKER}")),

@@ -57,7 +57,7 @@ async def test_clear_refuses_without_a_run_on_the_command_line(redis, redis_url,
     assert await redis.hlen(keys.verdicts) == 2 and await redis.hlen(named.verdicts) == 2
 
 
-# --- `python -m ops verdicts reasons` (issue 29 item 5) ----------------------------------------------------------
+# --- `python -m ops verdicts reasons` ----------------------------------------------------------------------------
 
 
 def reward(i: int, verdict: str, reason: str = "", detail: str = "") -> Reward:

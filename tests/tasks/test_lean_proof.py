@@ -29,8 +29,8 @@ def test_theorem_name_missing_is_a_configuration_error():
         theorem_name("example : True := by\n")
 
 
-# --- the verifier's fence reading, pinned (issue 16 unifies it with the generator's; each keeps its own) ------
-# code_block (was lean_check.lean_code_block): the whole info line, stripped, must be lean4, lean or empty;
+# --- the verifier's fence reading, pinned (the generator's: tests/tasks/test_prompts.py) ----------------------
+# code_block: the whole info line, stripped, must be lean4, lean or empty;
 # the block is returned as written (newlines kept); without a block, the rest after an unclosed lean fence,
 # else the whole text (the generator extracted it already). Expectations worked out by hand.
 VERIFIER_FENCES = [
@@ -41,10 +41,24 @@ VERIFIER_FENCES = [
     ("```\u00a0python\nA\n```", "```\u00a0python\nA\n```"),
     ("```LEAN4\n\nA\n\n```", "\nA\n\n"),  # as written
     ("```lean4 \nA", "A"),  # unclosed: the rest after the opener
+    ("```Lean4\nA", "A"),  # an unclosed fence's tag in any case
     ("```lean4\t\nA\n```", "A\n"),
     ("```python\nx\n```\n```lean4\nA", "A"),
     ("<think>```lean4\nX\n```</think>```lean4\nY\n```", "Y\n"),  # no reasoning rule: the last block
     ("plain", "plain"),
+    ("```lean4\nA\n```", "A\n"),
+    ("```lean\nA\n```", "A\n"),
+    ("```\nA\n```", "A\n"),  # untagged
+    ("``` LEAN4 \nA\n```", "A\n"),  # stripped, any case
+    ("```lean4\r\nA\n```", "A\n"),  # a carriage return is whitespace
+    ("```python\nA\n```", "```python\nA\n```"),
+    ("```python\nA\n```\n```lean4\nB\n```", "B\n"),
+    ("```lean4\nA\n```\n```lean4\nB\n```", "B\n"),  # the last block
+    ("```lean4\nA\n```\n```lean4\nB", "A\n"),  # a closed block wins over a later unclosed fence
+    ("```lean4\nA ```lean4\nB\n```", "A "),  # the first three backticks close the block
+    ("````lean4\nA\n````", "A\n"),  # four backticks: the fence starts at the second
+    ("```lean4 ```\nA\n```", "A\n"),  # a backtick in the info line: the fence starts at the next three
+    ("```lean4", "```lean4"),  # no newline: no fence
 ]
 
 

@@ -69,56 +69,111 @@ def test_countdown_prompt_formats():
     assert countdown.extract_countdown("<answer>1 + 2</answer> then <answer> 3") == "<answer>1 + 2</answer>"
 
 
-# --- untrusted text: the answers of the regexes these replaced, in linear time ---------------------------
+# --- untrusted text: the readings written a second way, and by hand -------------------------------------------
 
-OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9]*)[^\n`]*\n(.*?)```", re.DOTALL)  # quadratic on long info lines
-OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # quadratic on unclosed tags
-OLD_CHECKER_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the checker's: case kept
-OLD_VERIFIER_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)  # lean_check's, before issue 16
-OLD_THINK_END = re.compile(r"</think>", re.IGNORECASE)
+# `last_tagged`'s definition (its docstring): the last match of this regex, or None; with `ignore_case`, the
+# same regex with re.IGNORECASE. The regex is quadratic on unclosed tags, so it reads short texts only.
+ANSWER_FINDALL = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_FINDALL_FOLDED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
-def _old_extract_lean(text: str) -> str:
-    ends = list(OLD_THINK_END.finditer(text))
-    tail = text[ends[-1].end() :] if ends else text
-    for region in (tail, text):
-        blocks = [body for tag, body in OLD_FENCE.findall(region) if tag.lower() in ("", "lean", "lean4")]
-        if blocks:
-            return blocks[-1].strip("\n")
-        opened = list(re.finditer(r"```[ \t]*(?:lean4|lean)[ \t]*\n", region, re.IGNORECASE))
-        if opened:
-            return region[opened[-1].end() :].strip("\n")
+def _fences(text: str) -> list[tuple[str, str]]:
+    """Every fenced block of `text`, left to right, as (info line, body), by str.find: three backticks, an info
+    line that meets a newline before any backtick, the body up to the next three backticks. Where that fails
+    no block starts, and the next three backticks (from one character on) may start one."""
+    blocks, at = [], text.find("```")
+    while at >= 0:
+        newline, tick = text.find("\n", at + 3), text.find("`", at + 3)
+        close = text.find("```", newline + 1) if newline >= 0 and not 0 <= tick < newline else -1
+        if close < 0:
+            at = text.find("```", at + 1)
+        else:
+            blocks.append((text[at + 3 : newline], text[newline + 1 : close]))
+            at = text.find("```", close + 3)
+    return blocks
+
+
+def _first_word(info: str) -> str:
+    """The info line's leading run of ASCII letters and digits, after spaces and tabs."""
+    word = info.lstrip(" \t")
+    n = 0
+    while n < len(word) and word[n].isascii() and word[n].isalnum():
+        n += 1
+    return word[:n]
+
+
+def _after_last_opener(text: str) -> str | None:
+    """The text after the last three backticks that open a Lean block never closed: spaces or tabs, `lean4` or
+    `lean` in any case, spaces or tabs, a newline. None without one."""
+    found, at = None, text.find("```")
+    while at >= 0:
+        rest = text[at + 3 :]
+        word = rest.lstrip(" \t")
+        for tag in ("lean4", "lean"):
+            if word[: len(tag)].lower() == tag and word[: len(tag)].isascii():
+                tail = word[len(tag) :]
+                if tail.lstrip(" \t").startswith("\n"):
+                    found = text[len(text) - len(tail.lstrip(" \t")) + 1 :]
+                    break
+        at = text.find("```", at + 1)
+    return found
+
+
+def _code_block(text: str, first_word: bool = False) -> str | None:
+    """`lean_proof.code_block` from the two readings above: the last block naming Lean (its whole info line, or
+    its first word), else the text after the last unclosed Lean fence, else None."""
+
+    def names_lean(info: str) -> bool:
+        return (_first_word(info) if first_word else info.strip()).lower() in ("", "lean", "lean4")
+
+    blocks = [body for info, body in _fences(text) if names_lean(info)]
+    return blocks[-1] if blocks else _after_last_opener(text)
+
+
+def _extract_lean(text: str) -> str:
+    """`lean.extract_lean`: after the last `</think>` (any case), else in the whole text."""
+    ends = [m.end() for m in re.finditer("</think>", text, re.IGNORECASE)]
+    for region in (text[ends[-1] :] if ends else text, text):
+        block = _code_block(region, first_word=True)
+        if block is not None:
+            return block.strip("\n")
     return ""
 
 
-def _old_lean_code_block(text: str) -> str:
-    """verifier_pool.lean_check.lean_code_block before issue 16 (the verifier's reading)."""
-    blocks = [body for tag, body in OLD_VERIFIER_FENCE.findall(text) if tag.strip().lower() in ("", "lean", "lean4")]
-    if blocks:
-        return blocks[-1]
-    opened = list(re.finditer(r"```[ \t]*(?:lean4|lean)[ \t]*\n", text, re.IGNORECASE))
-    return text[opened[-1].end() :] if opened else text
-
-
-def test_extraction_agrees_with_the_old_regexes_on_random_soup():
-    pieces = ["```", "`", "lean4", "lean", "LEAN", "py", " ", "\t", "\n", "x", "<answer>", "</answer>", "<ANSWER>",
-              "</Answer>", "</anſwer>", "<", "/", ">", "answer", "</think>", "</THİNK>", "<think>", "1+2", "{",
-              "\u00a0", "-"]  # fmt: skip
+def test_extraction_agrees_with_a_second_reading_on_random_soup():
+    pieces = [*"` \t\nx</>{-", "\u00a0", "```", "lean4", "lean", "LEAN", "py", "<answer>", "</answer>", "<ANSWER>"]
+    pieces += ["</Answer>", "</anſwer>", "answer", "</think>", "</THİNK>", "<think>", "1+2"]
     rng = random.Random(16)
     for _ in range(20_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(14)))
-        found = OLD_ANSWER.findall(text)
+        found = ANSWER_FINDALL_FOLDED.findall(text)
         assert last_tagged(text, ignore_case=True) == (found[-1] if found else None), text
-        found = OLD_CHECKER_ANSWER.findall(text)
+        found = ANSWER_FINDALL.findall(text)
         assert last_tagged(text) == (found[-1] if found else None), text
-        assert lean.extract_lean(text) == _old_extract_lean(text), text
-        assert [(w, b) for _, w, b in lean_proof._FENCE.findall(text)] == OLD_FENCE.findall(text), text
-        assert [(i, b) for i, _, b in lean_proof._FENCE.findall(text)] == OLD_VERIFIER_FENCE.findall(text), text
-        block = lean_proof.code_block(text)
-        assert (text if block is None else block) == _old_lean_code_block(text), text
+        assert lean.extract_lean(text) == _extract_lean(text), text
+        assert lean_proof.code_block(text) == _code_block(text), text
+        assert lean_proof.code_block(text, first_word=True) == _code_block(text, first_word=True), text
         # The verifier's reading of what the generator extracted finds no block in it: it takes it whole.
         attempt = lean.extract_lean(text)
         assert lean_proof.code_block(attempt) in (None, attempt), text
+
+
+# `last_tagged(text, ignore_case=True)`: findall pairs an opener with the first closer after it. By hand.
+FOLDED_TAGS = [
+    ("<ANSWER>1</answer>", "1"),
+    ("<answer>1</ANSWER>", "1"),
+    ("<anſwer>7</anſwer>", "7"),  # re.IGNORECASE folds ſ to s
+    ("<answer><answer>1</answer></answer>", "<answer>1"),  # nested: the outer opener, the inner closer
+    ("<answer>1</answer><answer>2", "1"),  # an unclosed last opener is no answer
+    ("<answer>" * 3, None),
+    ("</answer><answer>", None),
+    ("<Answer>a</answer> <answer>b</ANSWER>", "b"),
+]
+
+
+@pytest.mark.parametrize(("text", "answer"), FOLDED_TAGS)
+def test_answer_tags_in_any_case_by_hand(text, answer):
+    assert last_tagged(text, ignore_case=True) == answer
 
 
 MB = 1_000_000
@@ -160,7 +215,7 @@ def test_adversarial_model_text_is_extracted_in_linear_time(name):
     assert seconds[10 * MB] < 20 * max(seconds[MB], 0.1), seconds  # a floor: tiny times are all noise
 
 
-# --- the two fence readings, pinned (issue 16 unifies them; each call site keeps its own) -------------------
+# --- the generator's fence reading, pinned ------------------------------------------------------------------
 # The generator's extract_lean reads a fence's language as the info line's leading run of letters and digits
 # (after spaces/tabs), strips the block's newlines, looks after the reasoning first, and answers "" without
 # code. Expectations worked out by hand.

@@ -1,417 +1,356 @@
-"""The Lean lexer and text checks as they were before issue 12 (commit 3bfc89f), kept as the reference the
-linear-time rewrite is compared against on random text (tests/verifier_pool/test_lean_check.py). They read
-one character per Python step and a few passes over the tokens: right, but seconds per megabyte, and the
-source of truth for what `lean_text` and `lean_check` must still answer. Issue 13's rules (configuration
-values, attributes, `eval%`, `lemma` for `theorem`, term-mode bodies) are added here the plain way, by
-looking ahead in token lists and trying every offset, not as `lean_check` does them. Do not use outside tests."""
+"""A second reading of Lean text, for tests only: a per-character lexer and a plain command judge, against
+which the linear-time production code (tasks.lean_text, verifier_pool.lean_commands, verifier_pool.lean_scan)
+is compared on generated text (tests/verifier_pool/test_lean_check.py).
+
+It is written otherwise than production, so that the comparison checks something. The lexer takes one Python
+step per character where production takes runs by regular expressions; it returns (kind, start, end) spans
+from pure functions where production emits into a shared list and deletes on failure; it reads a string
+literal twice, plainly and as an interpolated string, with two functions whose ends are compared; it looks up
+lines and columns per character. `forbidden` matches regular expressions against the dotted name where
+production looks its components up in sets. The command judge keeps each command as a dict, rebuilds runs of
+symbols from the one-character tokens and reads them a character at a time, and keeps open brackets in a list
+of no depth cap. All of it costs seconds a megabyte: use it on short texts only.
+
+Shared with production, imported rather than copied (data, not logic): the identifier character classes
+(`is_id_first`, `is_id_rest`: Lean's `isLetterLike` and subscript tables), the symbols of several characters
+(`_SYMBOLS`), MAX_NESTING, and the word and option tables of the scan (FORBIDDEN_WORDS, FORBIDDEN_COMPONENTS,
+COMMAND_WORDS, TERM_TACTICS, HARMLESS_OPTIONS, ...). They are facts about Lean and about the verifier's
+policy, not ways of reading text: a copy would only write each fact twice, and a wrong entry is caught by the
+cases written by hand (tests/tasks/test_lean_text.py checks the classes at every code point against their
+regular-expression form and on named characters; test_lean_check.py's EXPLOITS and CLEAN name the words),
+never by a copy of the same entry. What is compared is everything done with them.
+"""
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
-from dataclasses import dataclass
+from typing import NamedTuple
 
-MAX_NESTING = 32  # interpolations inside interpolations: deeper than any real text, and bounds the recursion
-
-_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+|[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
-# `'a'`, `'\n'`, `'\x41'`, `'\u03B1'`: Lean's charLitFnAux (one character or one escape, then a quote).
-_CHAR = re.compile(r"'(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|u\{[0-9a-fA-F]+\}|.)|[^\\])'", re.DOTALL)
-_RAW_STRING_START = re.compile(r'r(#*)"')
-# Symbols of more than one character that we must know: `:=` and `@[` for readability; the rest end in a
-# quote, so that the quote is not taken for the start of a character literal (Lean's longest-match token
-# reading: `f ⁻¹' s`, `f '' s`, `xs[i]'h`, `α ×' β`, `α ⊕' β`, `∑' n, f n`, `∏' n, f n`, `f ∘' g`).
-_SYMBOLS = ("⁻¹'", "''", "]'", "×'", "⊕'", "∑'", "∏'", "∘'", ":=", "@[")
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    kind: str  # ident | number | string | char | symbol | hash | comment | ambiguous
-    text: str
-    start: int  # offset in the source, in code points (Python str indices)
-    line: int  # 1-based, like the REPL's positions
-    col: int  # 0-based, in code points, like the REPL's positions
-
-
-def is_id_first(c: str) -> bool:
-    """Lean's `isIdFirst`: ASCII letters, `_`, and `isLetterLike` (Lean's `Char.isAlpha` is ASCII only)."""
-    return ("a" <= c <= "z") or ("A" <= c <= "Z") or c == "_" or _is_letter_like(c)
-
-
-def is_id_rest(c: str) -> bool:
-    """Lean's `isIdRest`: also digits, `'`, `!`, `?` and subscripts; so `h'`, `exact?`, `s!` are one word."""
-    return is_id_first(c) or ("0" <= c <= "9") or c in "'!?" or _is_subscript(c)
-
-
-def _is_letter_like(c: str) -> bool:
-    v = ord(c)
-    return (
-        (0x3B1 <= v <= 0x3C9 and v != 0x3BB)  # lower Greek, but not λ
-        or (0x391 <= v <= 0x3A9 and v not in (0x3A0, 0x3A3))  # upper Greek, but not Π and Σ
-        or 0x3CA <= v <= 0x3FB  # Coptic
-        or 0x1F00 <= v <= 0x1FFE  # polytonic Greek
-        or 0x2100 <= v <= 0x214F  # letterlike block: ℕ ℝ ℂ ...
-        or 0x1D49C <= v <= 0x1D59F  # script, double-struck, Fraktur
-        or (0xC0 <= v <= 0xFF and v not in (0xD7, 0xF7))  # Latin-1 letters (newer Lean)
-        or 0x100 <= v <= 0x17F  # Latin Extended-A (newer Lean)
-    )
-
-
-def _is_subscript(c: str) -> bool:
-    v = ord(c)
-    return 0x2080 <= v <= 0x2089 or 0x2090 <= v <= 0x209C or 0x1D62 <= v <= 0x1D6A or v == 0x2C7C
-
-
-def name_parts(ident: str) -> list[str]:
-    """The components of a dotted identifier with `«»` removed: `Lean.«ofReduceBool»` -> [Lean, ofReduceBool].
-
-    Comparing components, not spellings, is what makes `«sorryAx»` and `_root_.sorryAx` the same constant.
-    """
-    parts, i = [], 0
-    while i < len(ident):
-        if ident[i] == "«":
-            j = ident.find("»", i + 1)
-            j = len(ident) if j < 0 else j
-            parts.append(ident[i + 1 : j])
-            i = j + 1
-        else:
-            j = i
-            while j < len(ident) and ident[j] != ".":
-                j += 1
-            parts.append(ident[i:j])
-            i = j
-        i += 1  # the dot
-    return parts
-
-
-def block_comment_end(text: str, i: int) -> int:
-    """End of a block comment whose body starts at `i` (after `/-`, `/--` or `/-!`): Lean's
-    `finishCommentBlock`, which nests on `/-` and knows nothing of strings. Unterminated: the rest of the text
-    (Lean reports an error there)."""
-    nesting = 1
-    while i < len(text):
-        pair = text[i : i + 2]
-        if pair == "-/":
-            nesting -= 1
-            i += 2
-            if nesting == 0:
-                return i
-        elif pair == "/-":
-            nesting += 1
-            i += 2
-        else:
-            i += 1
-    return len(text)
-
-
-def plain_string_end(text: str, i: int) -> int:
-    """End of the string literal that opens at `text[i] == '"'`, read as a plain (not interpolated) one."""
-    j = i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return len(text)
-
-
-def lex(text: str) -> list[Token]:
-    """All tokens of `text`, comments included, in source order."""
-    lexer = _Lexer(text)
-    lexer.code(0, depth=0)
-    return lexer.out
-
-
-def code_tokens(text: str) -> list[Token]:
-    """The code view: every token but comments. String and char literals stay as single tokens so that the
-    caller sees where they are without reading their contents as code."""
-    return [t for t in lex(text) if t.kind != "comment"]
-
-
-def mask_comments(text: str) -> str:
-    """`text` with every comment replaced by spaces (newlines kept), so offsets stay valid."""
-    chars = list(text)
-    for t in lex(text):
-        if t.kind == "comment":
-            for k in range(t.start, t.start + len(t.text)):
-                if chars[k] != "\n":
-                    chars[k] = " "
-    return "".join(chars)
-
-
-class _Ambiguous(Exception):
-    """A string literal inside an interpolation reads differently as plain and as interpolated."""
-
-
-class _Lexer:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.out: list[Token] = []
-        # After the first ambiguous string the text is rejected anyway: later strings are read plainly only.
-        self.poisoned = False
-        self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
-
-    def emit(self, kind: str, start: int, end: int) -> None:
-        line = bisect_right(self._line_starts, start)
-        self.out.append(Token(kind, self.text[start:end], start, line, start - self._line_starts[line - 1]))
-
-    def code(self, i: int, depth: int) -> int:
-        """Lex code from `i`. Inside an interpolation (depth > 0), stop at its closing `}` and return its index."""
-        text, braces = self.text, 0
-        while i < len(text):
-            c = text[i]
-            if c in " \t\r\n":  # Lean's whitespace; any other space character is a token error in Lean
-                i += 1
-            elif text.startswith("--", i):
-                end = text.find("\n", i)
-                end = len(text) if end < 0 else end
-                self.emit("comment", i, end)
-                i = end
-            elif text.startswith("/-", i):
-                body = i + 3 if text[i + 2 : i + 3] in ("-", "!") else i + 2  # doc comments are tokens in Lean
-                end = block_comment_end(text, body)
-                self.emit("comment", i, end)
-                i = end
-            elif c == '"':
-                i = self.string(i, depth)
-            elif c == "'" and text[i + 1 : i + 2] != "'":
-                i = self.char_or_symbol(i)
-            elif "0" <= c <= "9":
-                i = self.take("number", i, _NUMBER.match(text, i).end())
-            elif c == "r" and (m := _RAW_STRING_START.match(text, i)):
-                i = self.raw_string(i, m)
-            elif is_id_first(c) or c == "«":
-                i = self.take("ident", i, self.ident_end(i))
-            elif c == "#" and is_id_first(text[i + 1 : i + 2] or " "):
-                end = i + 1
-                while end < len(text) and is_id_rest(text[end]):
-                    end += 1
-                i = self.take("hash", i, end)
-            elif depth > 0 and c == "}" and braces == 0:
-                return i
-            else:
-                braces += (c == "{") - (c == "}")
-                symbol = next((s for s in _SYMBOLS if text.startswith(s, i)), c)
-                i = self.take("symbol", i, i + len(symbol))
-        return i
-
-    def take(self, kind: str, start: int, end: int) -> int:
-        self.emit(kind, start, end)
-        return end
-
-    def ident_end(self, i: int) -> int:
-        """Lean's `identFnAux`: parts joined by `.` when a part-start follows the dot."""
-        text = self.text
-        while True:
-            if text[i] == "«":
-                close = text.find("»", i + 1)
-                if close < 0:
-                    return len(text)  # unterminated escape: Lean reports an error
-                i = close + 1
-            else:
-                i += 1
-                while i < len(text) and is_id_rest(text[i]):
-                    i += 1
-            nxt = text[i + 1 : i + 2]
-            if text[i : i + 1] == "." and nxt and (is_id_first(nxt) or nxt == "«"):
-                i += 1
-            else:
-                return i
-
-    def char_or_symbol(self, i: int) -> int:
-        m = _CHAR.match(self.text, i)
-        if m is None:
-            return self.take("symbol", i, i + 1)  # part of a token like `⁻¹'`, or a Lean error
-        prev = self.out[-1] if self.out else None
-        after_symbol = prev is not None and prev.kind == "symbol" and prev.start + len(prev.text) == i
-        return self.take("ambiguous" if after_symbol else "char", i, m.end())
-
-    def raw_string(self, i: int, m: re.Match[str]) -> int:
-        """`r"..."`, `r#"..."#`: no escapes, closed by a quote and as many `#`. A Lean without raw strings
-        (before v4.6 or so) reads `r`, the hashes and a plain string: where that string ends elsewhere
-        (a quote or backslash inside), the text reads differently across versions and is `ambiguous`."""
-        hashes = m.group(1)
-        close = self.text.find('"' + hashes, m.end())
-        end = len(self.text) if close < 0 else close + 1 + len(hashes)
-        same = plain_string_end(self.text, m.end() - 1) == end - len(hashes)
-        return self.take("string" if same else "ambiguous", i, end)
-
-    def string(self, i: int, depth: int) -> int:
-        """A string literal read both as plain and as interpolated; if the two disagree on where it ends,
-        one `ambiguous` token up to the plain end."""
-        plain_end = plain_string_end(self.text, i)
-        if self.poisoned:
-            return self.take("string", i, plain_end)
-        mark = len(self.out)
-        try:
-            end = self.interpolated(i, depth + 1) if depth < MAX_NESTING else -1
-            if end != plain_end:
-                raise _Ambiguous
-        except _Ambiguous:
-            if depth > 0:
-                raise  # the outermost string is the one to report: one token, and no re-reading per level
-            del self.out[mark:]
-            self.poisoned = True
-            return self.take("ambiguous", i, plain_end)
-        return end
-
-    def interpolated(self, i: int, depth: int) -> int:
-        """Lean's `interpolatedStrFn`: literal pieces as `string` tokens, `{term}` parts lexed as code."""
-        text, piece, j = self.text, i, i + 1
-        while j < len(text):
-            c = text[j]
-            if c == "\\":
-                j += 2
-            elif c == '"':
-                return self.take("string", piece, j + 1)
-            elif c == "{":
-                self.emit("string", piece, j + 1)
-                j = self.code(j + 1, depth)
-                if j >= len(text):
-                    return len(text)
-                piece, j = j, j + 1
-            else:
-                j += 1
-        self.emit("string", piece, len(text))
-        return len(text)
-
-
-# --- verifier_pool/lean_check.py at 3bfc89f: the text steps of prepare; issue 29's commands, plainly ---------
-
-import textwrap  # noqa: E402
-
-from tasks.lean_proof import IntegrityError, TermBody, assemble  # noqa: E402
-from verifier_pool.judgement import Judgement  # noqa: E402
-from verifier_pool.lean_check import _rejected  # noqa: E402
-from verifier_pool.lean_commands import (  # noqa: E402
-    HARMLESS_OPTION_PREFIXES,
-    HARMLESS_OPTIONS,
-    HELPER_WORDS,
-    SUFFIX_WORDS,
-    Refusal,
-)
-from verifier_pool.lean_scan import (  # noqa: E402
+from tasks.lean_text import _SYMBOLS, MAX_NESTING, is_id_first, is_id_rest
+from verifier_pool.lean_commands import HARMLESS_OPTION_PREFIXES, HARMLESS_OPTIONS, HELPER_WORDS, SUFFIX_WORDS
+from verifier_pool.lean_scan import (
     _REASON_OF_COMPONENT,
     COMMAND_WORDS,
     FORBIDDEN_COMPONENTS,
     FORBIDDEN_OPTION_PREFIXES,
     FORBIDDEN_WORDS,
-    HOLES,
     LINE_START_WORDS,
     TACTIC_ITEMS,
     TACTIC_WORDS,
     TERM_TACTICS,
-)  # fmt: skip
-
-_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:lean4|lean)[ \t]*\n", re.IGNORECASE)
-_NORM_PIECES = re.compile(r"\s+|:=|.", re.DOTALL)
+)
 
 
-def lean_code_block(model_text: str) -> str:
-    """The last fenced block tagged lean4, lean or untagged; else the text after an unclosed ```lean4 fence
-    (a generation cut off by its token limit); else the whole text (already extracted by the generator)."""
-    blocks = [body for tag, body in _FENCE.findall(model_text) if tag.strip().lower() in ("", "lean", "lean4")]
-    if blocks:
-        return blocks[-1]
-    opened = list(_OPEN_FENCE.finditer(model_text))
-    return model_text[opened[-1].end() :] if opened else model_text
+class Token(NamedTuple):
+    kind: str  # ident | number | string | char | symbol | hash | comment | ambiguous (and `run`: _items)
+    text: str
+    start: int  # offset in code points
+    line: int  # 1-based
+    col: int  # 0-based, in code points
 
 
-def extract_proof_body(model_text: str, formal_statement: str) -> str | TermBody | IntegrityError:
-    """The body alone (`split`'s second part)."""
-    split = _split(model_text, formal_statement)
-    return split if isinstance(split, IntegrityError) else split[1]
+Span = tuple[str, int, int]  # (kind, start, end)
+
+_DECIMAL = "0123456789"
+_HEX = "0123456789abcdefABCDEF"
+_BASES = {"x": _HEX, "X": _HEX, "b": "01", "B": "01", "o": "01234567", "O": "01234567"}
 
 
-def _split(model_text: str, formal_statement: str) -> tuple[str, str | TermBody] | IntegrityError:
-    """The proof body to check: the text after the canonical statement's `:= by` in the model's code, or
-    after its `:=` as a TermBody (issue 13: term-mode proofs, and `lemma` for `theorem`).
-
-    The model's statement must equal the canonical one up to whitespace runs, comments and the spacing of
-    `:=`; the last such occurrence counts and everything before it is discarded. A text that declares no
-    `theorem`/`lemma`/`example` at all is taken as a bare proof body (tactics, optionally after `by`). A text
-    that declares one but not the canonical statement is an integrity rejection: the model altered or dropped
-    the statement. The body starts at a line start with its columns as the model wrote them (a first tactic on
-    the `by` line keeps its column), so indentation-sensitive tactic blocks parse as they did for the model.
-    """
-    code = lean_code_block(model_text)
-    statement, _ = _normalized(formal_statement)
-    statement = statement.rstrip()
-    if not statement.endswith(":= by"):
-        raise ValueError(f"canonical statement does not end with ':= by': {formal_statement[-40:]!r}")
-    text, origin = _normalized(code)
-    rest = statement.removesuffix(" by").split(" ", 1)[1]  # after `theorem`: the model may write `lemma`
-    for at in range(len(text), -1, -1):  # the last restatement, by trying every offset
-        head = next((k + " " + rest for k in ("theorem", "lemma") if text.startswith(k + " " + rest, at)), None)
-        if head is None or (at > 0 and (is_id_rest(text[at - 1]) or text[at - 1] == ".")):
-            continue
-        end = at + len(head)
-        after_by = text[end + 3 : end + 4] or " "
-        before = code[: origin[at]]
-        if text[end : end + 3] == " by" and not (is_id_rest(after_by) or after_by in ".«"):
-            return before, _body_from(code, origin[end + 2] + 1)
-        return before, TermBody(_body_from(code, origin[end - 1] + 1))
-    if any(t.kind == "ident" and t.text in ("theorem", "lemma", "example") for t in code_tokens(code)):
-        return IntegrityError("the canonical statement is missing or altered")
-    return "", _bare_body(code)
+# --- the lexer ------------------------------------------------------------------------------------------------
 
 
-def _normalized(text: str) -> tuple[str, list[int]]:
-    """`text` with comments blanked, whitespace runs as one space and `:=` spaced as ` := `; with, for each
-    character kept, its offset in `text`."""
-    chars: list[str] = []
-    origin: list[int] = []
+def lex(text: str) -> list[Token]:
+    """All tokens of `text`, comments included, in source order."""
+    spans, _ = _code(text, 0, depth=0)
+    lines, cols = _positions(text)
+    return [Token(kind, text[start:end], start, lines[start], cols[start]) for kind, start, end in spans]
 
-    def put(ch: str, at: int) -> None:
-        if ch == " " and (not chars or chars[-1] == " "):
-            return
-        chars.append(ch)
-        origin.append(at)
 
-    for m in _NORM_PIECES.finditer(mask_comments(text)):
-        piece, at = m.group(), m.start()
-        if piece.isspace():
-            put(" ", at)
-        elif piece == ":=":
-            for k, ch in enumerate(" := "):
-                put(ch, at + max(0, k - 1))
+def mask_comments(text: str) -> str:
+    """`text` with each character of a comment, but newlines, replaced by a space."""
+    chars = list(text)
+    for token in lex(text):
+        if token.kind == "comment":
+            for k in range(token.start, token.start + len(token.text)):
+                chars[k] = chars[k] if chars[k] == "\n" else " "
+    return "".join(chars)
+
+
+def name_parts(ident: str) -> list[str]:
+    """The parts of a dotted name, `«»` taken off: a part that starts with `«` runs to the next `»` (the one
+    character after it is taken for the dot), any other to the next dot."""
+    parts, rest = [], ident
+    while rest:
+        if rest[0] == "«":
+            part, _, rest = rest[1:].partition("»")
+            rest = rest[1:]
         else:
-            put(piece, at)
-    return "".join(chars), origin
+            part, _, rest = rest.partition(".")
+        parts.append(part)
+    return parts
 
 
-def _body_from(code: str, start: int) -> str:
-    """`code[start:]` as lines: a rest-of-line that is only whitespace is dropped, a first tactic on the
-    statement's line moves to its own line at the same column."""
-    newline = code.find("\n", start)
-    first = code[start:] if newline < 0 else code[start:newline]
-    rest = "" if newline < 0 else code[newline + 1 :]
-    if not first.strip():
-        return rest
-    column = start - (code.rfind("\n", 0, start) + 1) + len(first) - len(first.lstrip())
-    return " " * column + first.strip() + ("" if newline < 0 else "\n" + rest)
+def block_comment_end(text: str, i: int) -> int:
+    """Where a block comment ends whose body starts at `i`: Lean's `finishCommentBlock` reads two characters
+    at a time where they are `/-` (one level deeper) or `-/` (one level out), else one; at level 0 the comment
+    is over. Strings mean nothing inside. No end: the text's."""
+    level = 1
+    while i < len(text) and level > 0:
+        step = text[i : i + 2]
+        level += (step == "/-") - (step == "-/")
+        i += 2 if step in ("/-", "-/") else 1
+    return i
 
 
-def _bare_body(code: str) -> str:
-    """A body given without its statement: a leading `:=` or `by` is dropped; a body written from column 0
-    is indented by two spaces, since newer Lean requires the lines of a top-level `by` block to be indented."""
-    tokens = code_tokens(code)
-    start = 0
-    for expected in (":=", "by"):
-        if tokens and tokens[0].text == expected:
-            start = tokens[0].start + len(expected)
-            tokens = tokens[1:]
-    body = _body_from(code, start) if start else code
-    first = next(iter(code_tokens(body)), None)
-    return textwrap.indent(body, "  ") if first is not None and first.col == 0 else body
+def plain_string_end(text: str, i: int) -> int:
+    """Where the string literal that opens at `text[i] == '"'` ends, read plainly: a backslash takes the
+    character after it, whatever it is; the first other quote closes it. No end: the text's."""
+    escaped = False
+    for j in range(i + 1, len(text)):
+        if escaped:
+            escaped = False
+        elif text[j] == "\\":
+            escaped = True
+        elif text[j] == '"':
+            return j + 1
+    return len(text)
 
 
-# Issue 29, read plainly: the text cut into commands (verifier_pool.lean_commands), configuration told from named
-# arguments by position (verifier_pool.lean_scan `Context`). Runs of one-character symbols are rebuilt from the
-# per-character tokens and read a character at a time; brackets are a list with no depth cap; each command's
-# state is a dict.
+def _positions(text: str) -> tuple[list[int], list[int]]:
+    """The line (from 1) and column (from 0) of every offset of `text`, and of its end."""
+    lines, cols, line, col = [], [], 1, 0
+    for ch in text + "\n":
+        lines.append(line)
+        cols.append(col)
+        line, col = (line + 1, 0) if ch == "\n" else (line, col + 1)
+    return lines, cols
+
+
+def _code(text: str, i: int, depth: int) -> tuple[list[Span], int] | None:
+    """The tokens of code from `i`. At `depth` 0: to the text's end. Inside an interpolation (depth > 0): to
+    the `}` that closes it (its offset is returned), or the text's end; None when a string literal inside reads
+    differently plainly and interpolated (the outermost string is then reported, not this one)."""
+    spans: list[Span] = []
+    plain_only = False  # an ambiguous string was reported (depth 0): the text is refused, later ones are plain
+    braces = 0  # `{` minus `}` read as symbols at this depth
+    while i < len(text):
+        c, pair = text[i], text[i : i + 2]
+        if c in " \t\r\n":  # Lean's whitespace; other spaces are symbols (Lean: a token error)
+            i += 1
+            continue
+        if depth > 0 and c == "}" and braces == 0:
+            return spans, i
+        if pair == "--":
+            newline = text.find("\n", i)
+            span = ("comment", i, len(text) if newline < 0 else newline)
+        elif pair == "/-":
+            span = ("comment", i, block_comment_end(text, i + (3 if text[i + 2 : i + 3] in ("-", "!") else 2)))
+        elif c == '"':
+            plain = plain_string_end(text, i)
+            read = None if plain_only or depth >= MAX_NESTING else _interpolated(text, i, depth + 1)
+            if plain_only:
+                spans.append(("string", i, plain))
+            elif read is not None and read[1] == plain:
+                spans += read[0]
+            elif depth > 0:
+                return None
+            else:
+                plain_only = True
+                spans.append(("ambiguous", i, plain))
+            i = plain
+            continue
+        elif c == "'" and text[i + 1 : i + 2] != "'" and (end := _char_end(text, i)) is not None:
+            after_symbol = bool(spans) and spans[-1][0] == "symbol" and spans[-1][2] == i
+            span = ("ambiguous" if after_symbol else "char", i, end)
+        elif c in _DECIMAL:
+            span = ("number", i, _number_end(text, i))
+        elif c == "r" and (raw := _raw_string(text, i)) is not None:
+            span = raw
+        elif c == "«" or is_id_first(c):
+            span = ("ident", i, _ident_end(text, i))
+        elif c == "#" and i + 1 < len(text) and is_id_first(text[i + 1]):
+            end = i + 1
+            while end < len(text) and is_id_rest(text[end]):
+                end += 1
+            span = ("hash", i, end)
+        else:
+            symbol = next((s for s in _SYMBOLS if text.startswith(s, i)), c)
+            braces += symbol == "{"
+            braces -= symbol == "}"
+            span = ("symbol", i, i + len(symbol))
+        spans.append(span)
+        i = span[2]
+    return spans, i
+
+
+def _interpolated(text: str, i: int, depth: int) -> tuple[list[Span], int] | None:
+    """The string that opens at `text[i]` read as Lean's `interpolatedStrFn`: its literal pieces as `string`
+    spans (a piece ends with the `{` that opens code, the next starts at the `}` that closes it), the code in
+    between as tokens; and where it ends. None: a string inside the code reads two ways."""
+    spans: list[Span] = []
+    piece, j = i, i + 1
+    while j < len(text) and text[j] != '"':
+        if text[j] == "\\":
+            j += 2
+            continue
+        if text[j] != "{":
+            j += 1
+            continue
+        spans.append(("string", piece, j + 1))
+        inner = _code(text, j + 1, depth)
+        if inner is None:
+            return None
+        spans += inner[0]
+        if inner[1] >= len(text):  # the code ran to the end: the string never closes
+            return spans, len(text)
+        piece, j = inner[1], inner[1] + 1
+    end = min(j + 1, len(text))  # past the closing quote, or the text's end
+    spans.append(("string", piece, end))
+    return spans, end
+
+
+def _char_end(text: str, i: int) -> int | None:
+    """The end of the character literal that opens at `text[i] == "'"` (Lean's `charLitFnAux`): one character
+    but a backslash, or an escape (`\\x` and two hex digits, `\\u` and four, `\\u{...}`, or any one character,
+    the first of these that a quote follows), then a quote. None: no literal opens there."""
+    if text[i + 1 : i + 2] != "\\":
+        return i + 3 if i + 1 < len(text) and text[i + 2 : i + 3] == "'" else None
+    k = i + 2  # the escape's letter
+    ends = []
+    if text[k : k + 1] in ("x", "u"):
+        digits = 2 if text[k] == "x" else 4
+        if len(text[k + 1 : k + 1 + digits]) == digits and all(d in _HEX for d in text[k + 1 : k + 1 + digits]):
+            ends.append(k + 1 + digits)
+    if text[k : k + 2] == "u{":
+        m = k + 2
+        while m < len(text) and text[m] in _HEX:
+            m += 1
+        if m > k + 2 and text[m : m + 1] == "}":
+            ends.append(m + 1)
+    if k < len(text):
+        ends.append(k + 1)
+    return next((end + 1 for end in ends if text[end : end + 1] == "'"), None)
+
+
+def _number_end(text: str, i: int) -> int:
+    """The end of the numeral at `i`: `0x`/`0b`/`0o` and at least one digit of that base; else decimal digits,
+    then a dot and digits (maybe none), then an exponent (`e`, a sign maybe, at least one digit) if whole."""
+
+    def digits(at: int, allowed: str) -> int:
+        while at < len(text) and text[at] in allowed:
+            at += 1
+        return at
+
+    base = _BASES.get(text[i + 1 : i + 2]) if text[i] == "0" else None
+    if base is not None and (end := digits(i + 2, base)) > i + 2:
+        return end
+    end = digits(i, _DECIMAL)
+    if text[end : end + 1] == ".":
+        end = digits(end + 1, _DECIMAL)
+    if text[end : end + 1] in ("e", "E"):
+        sign = end + 1 + (text[end + 1 : end + 2] in ("+", "-"))
+        if (exponent := digits(sign, _DECIMAL)) > sign:
+            end = exponent
+    return end
+
+
+def _raw_string(text: str, i: int) -> Span | None:
+    """A raw string at `text[i] == "r"` (`r"..."`, `r#"..."#`: no escapes, closed by a quote and as many `#`),
+    or None. `ambiguous` where a Lean without raw strings, reading `r`, the hashes and a plain string from the
+    quote, ends that string elsewhere."""
+    hashes = 0
+    while text[i + 1 + hashes : i + 2 + hashes] == "#":
+        hashes += 1
+    quote = i + 1 + hashes
+    if text[quote : quote + 1] != '"':
+        return None
+    closer = '"' + "#" * hashes
+    found = text.find(closer, quote + 1)
+    end = len(text) if found < 0 else found + len(closer)
+    older = plain_string_end(text, quote) + hashes  # the plain string, then as many `#` as symbols
+    return ("string" if older == end else "ambiguous", i, end)
+
+
+def _ident_end(text: str, i: int) -> int:
+    """The end of the name at `i` (Lean's `identFnAux`): parts joined by a dot where a part starts after it;
+    a part is `«...»` or an identifier's first character and the rest. A `«` never closed runs to the end."""
+    while True:
+        if text[i] == "«":
+            close = text.find("»", i + 1)
+            if close < 0:
+                return len(text)
+            i = close + 1
+        else:
+            i += 1
+            while i < len(text) and is_id_rest(text[i]):
+                i += 1
+        if not (text[i : i + 1] == "." and i + 1 < len(text) and (text[i + 1] == "«" or is_id_first(text[i + 1]))):
+            return i
+        i += 1
+
+
+# --- the token rules and the commands ---------------------------------------------------------------------------
+
+
+def _alternatives(words: frozenset[str] | tuple[str, ...]) -> str:
+    return "|".join(re.escape(w) for w in sorted(words))
+
+
+# The scan's token rules over the dotted name (its parts joined by dots, `«»` taken off): a forbidden word is
+# the whole name, an option prefix starts it, a forbidden component stands between dots (or the name's ends).
+_WHOLE_WORD = re.compile(f"(?:{_alternatives(FORBIDDEN_WORDS)})")
+_OPTION_PREFIX = re.compile(f"(?:{_alternatives(FORBIDDEN_OPTION_PREFIXES)})")
+_COMPONENT = re.compile(f"(?<![^.])({_alternatives(FORBIDDEN_COMPONENTS)})(?![^.])")
+
+
+def forbidden(token: Token) -> str | None:
+    """Why `token` alone is refused: an ambiguous literal, any `#` word, or a name that `_name_rule` refuses."""
+    match token.kind:
+        case "ambiguous":
+            return f"ambiguous literal {token.text[:20]!r} at line {token.line}"
+        case "hash":
+            return token.text
+        case "ident":
+            return _name_rule(".".join(name_parts(token.text)))
+    return None
+
+
+def _name_rule(name: str) -> str | None:
+    """Why a dotted name is refused: it is a forbidden word, sets a forbidden option, or has a forbidden
+    component (the leftmost names the reason)."""
+    if _WHOLE_WORD.fullmatch(name):
+        return name
+    if _OPTION_PREFIX.match(name):
+        return f"set_option {name}"
+    if found := _COMPONENT.search(name):
+        return _REASON_OF_COMPONENT.get(found[1], found[1])
+    return None
+
+
+class Refused(NamedTuple):
+    reason: str  # `forbidden: ...`
+    where: str = ""  # "" (the proof body), "helper `NAME`", "before the statement", "after the proof"
+
+
+Outcome = tuple  # ("kept", commands, options, scoped, helpers, body_end, body_tokens) | ("refused", reason, where)
+
+
+def scan_before(text: str, names: frozenset[str]) -> Outcome:
+    """The text before the statement cut into commands: what each keeps, or the first refusal (the fields of
+    verifier_pool.lean_commands `Kept` and `Refusal`, in their order). `names`: the statement's names."""
+    return _Plain(text, "before", names, "").run()
+
+
+def scan_body(text: str, target: str, names: frozenset[str] = frozenset(), term: bool = False) -> Outcome:
+    """The proof body (a term with `term`) and the commands after it, as `scan_before` says."""
+    return _Plain(text, "body", names, target, term=term).run()
+
+
+def scan_forbidden(body: str) -> str | None:
+    """A body and what follows it, for a theorem of no name: the first reason to refuse it, or None."""
+    outcome = scan_body(body, "")
+    return outcome[1] if outcome[0] == "refused" else None
+
 
 _INERT_CHARS = frozenset("!$%&()*+,.;<=>?[\\^`|~-/#")
 _NO_COMMAND = "left of the proof's column {col}: Lean ends the proof there and reads a command, which this is not"
@@ -423,8 +362,13 @@ def _items(text: str) -> list[Token]:
     last = None  # the previous token, comments included
     for t in lex(text):
         inert = t.kind == "symbol" and t.text in _INERT_CHARS
-        joins = (inert and last is not None and last.kind == "symbol" and last.text in _INERT_CHARS
-                 and text[last.start + 1 : t.start].strip(" \t\r\n") == "")  # fmt: skip
+        joins = (
+            inert
+            and last is not None
+            and last.kind == "symbol"
+            and last.text in _INERT_CHARS
+            and text[last.start + 1 : t.start].strip(" \t\r\n") == ""
+        )
         if joins:
             run = items[-1]
             items[-1] = Token("run", text[run.start : t.start + 1], run.start, run.line, run.col)
@@ -459,7 +403,8 @@ def _events(run: str) -> list[tuple[str, int]]:
 
 
 class _Plain:
-    """One text's commands, judged one token at a time (the plain twin of lean_commands._Commands)."""
+    """One text's commands, judged one token at a time: where Lean ends each command, what it keeps, and the
+    first reason to refuse one (what verifier_pool.lean_commands `_Commands` answers)."""
 
     def __init__(self, text: str, phase: str, names: frozenset[str], target: str, term: bool = False) -> None:
         self.text, self.phase, self.names, self.target = text, phase, names, target
@@ -477,10 +422,27 @@ class _Plain:
 
     @staticmethod
     def _new(kind: str, start: int, col: int, mode: str = "term") -> dict:
-        return {"kind": kind, "start": start, "col": col, "end": start, "tokens": 0, "name": "", "value": "",
-                "words": [], "pending": False, "in_proof": False, "assign": False, "await": False, "block": None,
-                "stack": [[mode, mode == "tactic", mode]], "after_then": False, "state": "code", "item": "",
-                "field": False, "attribute": False}  # fmt: skip
+        return {
+            "kind": kind,
+            "start": start,
+            "col": col,
+            "end": start,
+            "tokens": 0,
+            "name": "",
+            "value": "",
+            "words": [],
+            "pending": False,
+            "in_proof": False,
+            "assign": False,
+            "await": False,
+            "block": None,
+            "stack": [[mode, mode == "tactic", mode]],
+            "after_then": False,
+            "state": "code",
+            "item": "",
+            "field": False,
+            "attribute": False,
+        }
 
     # -- the context ----------------------------------------------------------------------------------------
     @staticmethod
@@ -500,7 +462,7 @@ class _Plain:
             cmd["stack"][-1][0] = "tactic"
         cmd["after_then"] = False
 
-    def _symbol(self, cmd: dict, t: Token) -> Refusal | None:
+    def _symbol(self, cmd: dict, t: Token) -> str | None:
         if t.kind != "run":
             if t.text in ("{", "⟨"):
                 self._push(cmd, t.text)
@@ -538,7 +500,7 @@ class _Plain:
 
     # -- the token rules ------------------------------------------------------------------------------------
     def _rules(self, cmd: dict, t: Token) -> str | None:
-        reason = _forbidden(t)
+        reason = forbidden(t)
         if reason is not None:
             return reason
         if cmd["attribute"]:
@@ -586,7 +548,11 @@ class _Plain:
         return None
 
     # -- commands -------------------------------------------------------------------------------------------
-    def run(self) -> tuple | Refusal:
+    def run(self) -> Outcome:
+        result = self._run()
+        return ("refused", *result) if isinstance(result, Refused) else result
+
+    def _run(self) -> tuple | Refused:
         last_line = 0
         for t in _items(self.text):
             first = t.line != last_line
@@ -598,10 +564,11 @@ class _Plain:
         if cmd is not None and cmd["kind"] == "body":
             self.body_end = len(self.text) if cmd["tokens"] else 0
             if cmd["attribute"]:
-                return Refusal("forbidden: attribute @[")
+                return Refused("forbidden: attribute @[")
         elif cmd is not None and (refusal := self._close(cmd, last=True)) is not None:
             return refusal
-        return self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens
+        kept = (self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens)
+        return ("kept", *kept)
 
     def _where(self, cmd: dict) -> str:
         if cmd["kind"] == "body":
@@ -610,14 +577,23 @@ class _Plain:
             return f"helper `{cmd['name']}`" + (" after the proof" if self.phase == "body" else "")
         return self.where_new
 
-    def _token(self, t: Token, first: bool) -> Refusal | None:
+    def _token(self, t: Token, first: bool) -> Refused | None:
         cmd = self.cmd
         word = t.text if t.kind == "ident" else None
         starts = t.kind == "hash" or word in COMMAND_WORDS or (word in LINE_START_WORDS and t.col == 0)
         if cmd is None:
-            opener = t.kind == "hash" or t.text == "@[" or (
-                word is not None and (word in COMMAND_WORDS or word in ("open", "set_option", "import", "scoped")
-                                      or _forbidden(t) is not None))  # fmt: skip
+            opener = (
+                t.kind == "hash"
+                or t.text == "@["
+                or (
+                    word is not None
+                    and (
+                        word in COMMAND_WORDS
+                        or word in ("open", "set_option", "import", "scoped")
+                        or forbidden(t) is not None
+                    )
+                )
+            )
             return self._begin(t) if opener else None
         if first and cmd["block"] is not None and t.col < cmd["block"] and len(cmd["stack"]) == 1:
             if word in SUFFIX_WORDS:
@@ -644,20 +620,24 @@ class _Plain:
             return "import" if self.phase == "before" else None
         return {"open": "open", "set_option": "option"}.get(t.text) if t.kind == "ident" else None
 
-    def _begin(self, t: Token, dedent: int | None = None) -> Refusal | None:
+    def _begin(self, t: Token, dedent: int | None = None) -> Refused | None:
         if self.cmd is not None and (refusal := self._close(self.cmd)) is not None:
             return refusal
         kind = self._kind(t)
         if kind is None:
-            reason = _forbidden(t)
-            if reason is None and t.kind == "ident" and (t.text in COMMAND_WORDS or t.text in (
-                    "open", "set_option", "import", "scoped")):  # fmt: skip
+            reason = forbidden(t)
+            if (
+                reason is None
+                and t.kind == "ident"
+                and (t.text in COMMAND_WORDS or t.text in ("open", "set_option", "import", "scoped"))
+            ):
                 reason = f"{t.text} (a new command)"
             if reason is None:
                 what = t.text[0] if t.kind == "run" else t.text.split("\n", 1)[0][:40]
-                return Refusal(f"forbidden: `{what}` at line {t.line}, " + _NO_COMMAND.format(col=dedent),
-                               self.where_new)  # fmt: skip
-            return Refusal(f"forbidden: {reason}", self.where_new)
+                return Refused(
+                    f"forbidden: `{what}` at line {t.line}, " + _NO_COMMAND.format(col=dedent), self.where_new
+                )
+            return Refused(f"forbidden: {reason}", self.where_new)
         self.cmd = self._new(kind, t.start, t.col)
         self.cmd["end"] = t.start + len(t.text)
         if kind == "print":
@@ -666,18 +646,18 @@ class _Plain:
             self.cmd["attribute"] = True
         return None
 
-    def _core(self, cmd: dict, t: Token) -> Refusal | None:
+    def _core(self, cmd: dict, t: Token) -> Refused | None:
         kind = self._kind(t)
         if kind not in ("helper", "open", "option"):
-            return Refusal(f"forbidden: {_forbidden(t) or f'{t.text} (a new command)'}", self._where(cmd))
+            return Refused(f"forbidden: {forbidden(t) or f'{t.text} (a new command)'}", self._where(cmd))
         cmd.update(kind=kind, pending=False, tokens=0, name="", value="", end=t.start + len(t.text))
         return None
 
-    def _inside(self, cmd: dict, t: Token, first: bool) -> Refusal | None:
+    def _inside(self, cmd: dict, t: Token, first: bool) -> Refused | None:
         if t.kind in ("run", "symbol"):
             reason = self._symbol(cmd, t)
             if reason is not None:
-                return Refusal(reason, self.where_new)
+                return Refused(reason, self.where_new)
         if cmd["await"]:
             cmd["block"], cmd["await"] = t.col, False
         cmd["tokens"] += 1
@@ -697,9 +677,9 @@ class _Plain:
                 self._set(cmd, "tactic", sequence=True)
             cmd["after_then"] = False
         reason = self._rules(cmd, t)
-        return None if reason is None else Refusal(f"forbidden: {reason}", self._where(cmd))
+        return None if reason is None else Refused(f"forbidden: {reason}", self._where(cmd))
 
-    def _bookkeeping(self, cmd: dict, t: Token, first: bool) -> Refusal | None:
+    def _bookkeeping(self, cmd: dict, t: Token, first: bool) -> Refused | None:
         assign, cmd["assign"] = cmd["assign"], False
         depth = len(cmd["stack"]) - 1
         kind, n = cmd["kind"], cmd["tokens"]
@@ -708,13 +688,13 @@ class _Plain:
         elif kind == "helper" and n == 1:
             cmd["name"] = t.text if t.kind == "ident" else ""
             if not cmd["name"]:
-                return Refusal("forbidden: a declaration without a name", self._where(cmd))
-            parts = name_parts(cmd["name"])
-            parts = parts[1:] if parts[:1] == ["_root_"] else parts
+                return Refused("forbidden: a declaration without a name", self._where(cmd))
+            parts = _named(cmd["name"])
             for k in range(len(parts)):
                 if ".".join(parts[k:]) in self.names:
-                    return Refusal(f"forbidden: redeclares `{'.'.join(parts[k:])}`, a name the statement uses",
-                                   self._where(cmd))  # fmt: skip
+                    return Refused(
+                        f"forbidden: redeclares `{'.'.join(parts[k:])}`, a name the statement uses", self._where(cmd)
+                    )
         elif kind == "helper" and not cmd["in_proof"] and depth == 0 and t.text in (":=", "|"):
             cmd["in_proof"] = t.text == ":=" or first
             cmd["assign"] = t.text == ":="
@@ -729,43 +709,50 @@ class _Plain:
             cmd["value"] = t.text
         return None
 
-    def _option(self, cmd: dict) -> Refusal | None:
+    def _option(self, cmd: dict) -> Refused | None:
         name = cmd["name"]
         if not (name in HARMLESS_OPTIONS or any(name.startswith(p) for p in HARMLESS_OPTION_PREFIXES)):
-            return Refusal(f"forbidden: set_option {name} (options allowed outside a proof: "
-                           f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)", self._where(cmd))  # fmt: skip
+            return Refused(
+                f"forbidden: set_option {name} (options allowed outside a proof: "
+                f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)",
+                self._where(cmd),
+            )
         if not (cmd["value"].isdigit() and cmd["value"].isascii()) and cmd["value"] not in ("true", "false"):
-            return Refusal(f"forbidden: set_option {name} {cmd['value'][:40]} (a number, true or false)",
-                           self._where(cmd))  # fmt: skip
+            return Refused(
+                f"forbidden: set_option {name} {cmd['value'][:40]} (a number, true or false)", self._where(cmd)
+            )
         return None
 
-    def _close(self, cmd: dict, last: bool = False) -> Refusal | None:
+    def _close(self, cmd: dict, last: bool = False) -> Refused | None:
         if cmd["attribute"]:
-            return Refusal("forbidden: attribute @[", self._where(cmd))
+            return Refused("forbidden: attribute @[", self._where(cmd))
         kind = cmd["kind"]
         if kind == "body":
             self.body_end = cmd["end"] if cmd["tokens"] else 0
             return None
         if cmd["pending"]:
             if not (last and self.phase == "before"):
-                return Refusal("forbidden: `in` followed by no declaration", self._where(cmd))
+                return Refused("forbidden: `in` followed by no declaration", self._where(cmd))
             if kind == "option":
                 self.options.append(f"set_option {cmd['name']} {cmd['value']}")
             return None
         if kind == "option" and (refusal := self._option(cmd)) is not None:
             return refusal
         if kind == "helper" and not cmd["name"]:
-            return Refusal("forbidden: a declaration without a name", self._where(cmd))
+            return Refused("forbidden: a declaration without a name", self._where(cmd))
         if kind == "helper" and not cmd["in_proof"]:
-            return Refusal("forbidden: a declaration without a proof", self._where(cmd))
+            return Refused("forbidden: a declaration without a proof", self._where(cmd))
         if kind == "print":
             words = cmd["words"]
             drop = len(words) == 3 and words[1] == "axioms" and _named(words[2]) == _named(self.target)
-            return None if drop else Refusal("forbidden: #print", self._where(cmd))
+            return None if drop else Refused("forbidden: #print", self._where(cmd))
         if kind in ("open", "option") and self.phase == "body":
             word = "open" if kind == "open" else "set_option"
-            return Refusal(f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
-                           "reads the theorem's name, or prints it)", self._where(cmd))  # fmt: skip
+            return Refused(
+                f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
+                "reads the theorem's name, or prints it)",
+                self._where(cmd),
+            )
         if kind == "option":
             self.options.append(f"set_option {cmd['name']} {cmd['value']}")
         if kind != "import":
@@ -775,79 +762,7 @@ class _Plain:
         return None
 
 
-def _closed(text: str) -> bool:
-    """No comment, literal or interpolation open at the end of `text`: a sentinel after it is a token of its own."""
-    tokens = lex(text + "\n#closed")
-    opened = sum(1 for t in tokens if t.kind == "string" and t.text.endswith("{"))
-    closed = sum(1 for t in tokens if t.kind == "string" and t.text.startswith("}"))
-    last = tokens[-1]
-    return opened == closed and (last.kind, last.text, last.start) == ("hash", "#closed", len(text) + 1)
-
-
 def _named(name: str) -> list[str]:
+    """The parts of a name as a constant: a leading `_root_` says only where to look it up."""
     parts = name_parts(name)
-    return parts[1:] if parts[:1] == ["_root_"] else parts
-
-
-def _forbidden(token: Token) -> str | None:
-    if token.kind == "ambiguous":
-        return f"ambiguous literal {token.text[:20]!r} at line {token.line}"
-    if token.kind == "hash":
-        return token.text
-    if token.kind != "ident":
-        return None
-    word = ".".join(name_parts(token.text))
-    if word in FORBIDDEN_WORDS:
-        return word
-    if word.startswith(FORBIDDEN_OPTION_PREFIXES):
-        return f"set_option {word}"
-    for component in word.split("."):
-        if component in FORBIDDEN_COMPONENTS:
-            return _REASON_OF_COMPONENT.get(component, component)
-    return None
-
-
-def scan_forbidden(body: str) -> str | None:
-    """A body and what follows it, for a theorem of no name: the first reason to refuse, or None."""
-    result = _Plain(body, "body", frozenset(), "").run()
-    return result.reason if isinstance(result, Refusal) else None
-
-
-def statement_names(statement: str) -> frozenset[str]:
-    names = set()
-    for t in code_tokens(statement):
-        if t.kind == "ident":
-            parts = name_parts(t.text)
-            for k in range(len(parts)):
-                names.add(".".join(parts[k:]))
-    return frozenset(names)
-
-
-def prepare(model_text: str, formal_statement: str) -> str | Judgement:
-    """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. A statement that
-    differs gets the verdict and reason only (its detail is tested by hand)."""
-    split = _split(model_text, formal_statement)
-    if isinstance(split, IntegrityError):
-        return Judgement("rejected", "statement_mismatch", "")
-    before_text, body = split
-    names = statement_names(formal_statement)
-    before = _Plain(before_text, "before", names, "").run()
-    if isinstance(before, Refusal):
-        return _rejected("sorry" if before.reason in HOLES else "integrity", before.detail)
-    if before[3] and not _closed("".join(before[0])):
-        return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
-    tokens = code_tokens(formal_statement)
-    name = next((b.text for a, b in zip(tokens, tokens[1:], strict=False)
-                 if a.text in ("theorem", "lemma") and b.kind == "ident"), "")  # fmt: skip
-    term = isinstance(body, TermBody)
-    text = body.text if term else body
-    after = _Plain(text, "body", names, name, term=term).run()
-    if isinstance(after, Refusal):
-        return _rejected("sorry" if after.reason in HOLES else "integrity", after.detail)
-    commands, _, _, _, end, tokens = after
-    if not tokens:
-        return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
-    kept, options, scoped, helpers = before[:4]
-    helper_text = "" if not helpers else ("section\n" + "".join(kept) + "end\n" if scoped else "".join(kept))
-    text = text[:end] + ("\n" if end < len(text) else "") + "".join(commands)
-    return assemble(formal_statement, text, term, helper_text, tuple(options))
+    return parts[parts[:1] == ["_root_"] :]

@@ -2,28 +2,31 @@
 ops/deploy/docker_setup.sh), the Countdown checker and the fake REPL (ops/bench/synthetic_repl.py, a test double
 driven by FIXTURE: markers, passed to the container's python3 as `-c` source, so nothing is mounted). The
 assertions are about our sandbox, never about Lean. Without a daemon or the image these tests skip and say
-why (run ops/deploy/docker_setup.sh); the last two run everywhere."""
+why (run ops/deploy/docker_setup.sh); the last two run everywhere. What every backend does alike is in
+test_sandbox_probes.py; Docker's attach stream without a daemon in test_docker_attach.py."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import socket
 import time
-import uuid
 
 import pytest
 
-from tests import fixtures
-from verifier_pool import docker_backend
-from verifier_pool.docker_backend import COUNTDOWN_ARGV, DockerSandbox, DockerSandboxConfig
+from tests.verifier_pool.sandboxes import FAKE_REPL_ARGV, IMAGE, NO_DOCKER, OWNER, RUN, Started
+from tests.verifier_pool.sandboxes import config as sandbox_config
+from verifier_pool import docker_daemon
+from verifier_pool.docker_backend import COUNTDOWN_ARGV, DockerSandbox
+from verifier_pool.docker_daemon import LABEL_OWNER, LABEL_SANDBOX, LABEL_SANDBOX_ID
 from verifier_pool.pool import COUNTDOWN_HANDSHAKE
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout, SandboxUnavailable
+from verifier_pool.sandbox_config import NOBODY
 
 pytestmark = pytest.mark.timeout(60)
 
-IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
-FAKE_REPL_ARGV = ("python3", "-c", fixtures.FAKE_REPL.read_text())
 # A Countdown checker built from other code: it answers the handshake as one, with another digest (what an
 # image built before tasks/countdown_check.py was edited answers).
 STALE_CHECKER_ARGV = (
@@ -32,13 +35,12 @@ STALE_CHECKER_ARGV = (
     "import json, sys\nfor line in sys.stdin:\n    if line.strip():\n"
     "        print(json.dumps({'checker': 'countdown', 'digest': '0' * 16}) + '\\n', flush=True)",
 )
-RUN = f"pytest-{uuid.uuid4().hex[:8]}"  # owner labels of this run start with it
-OWNER = docker_backend.default_owner(prefix=f"{RUN}/")  # provably alive: this process
+LIMITS = {"cpus": 1.0, "pids_limit": 64, "tmp_bytes": 16 << 20}  # what the assertions find on the container
+_config = functools.partial(sandbox_config, "docker", **LIMITS)
 
-_WHY = docker_backend.why_unavailable(IMAGE)
-if _WHY is not None:
-    print(f"docker sandbox tests skipped: {_WHY}")
-needs_docker = pytest.mark.skipif(_WHY is not None, reason=f"docker sandbox tests skipped: {_WHY}")
+if NO_DOCKER is not None:
+    print(f"docker sandbox tests skipped: {NO_DOCKER}")
+needs_docker = pytest.mark.skipif(NO_DOCKER is not None, reason=f"docker sandbox tests skipped: {NO_DOCKER}")
 
 # Answers one framed request with what the sandbox looks like from inside; argv[1] is the bridge gateway.
 PROBE = r"""
@@ -113,6 +115,16 @@ def _containers(**labels) -> list:
         client.close()
 
 
+def _of(sandbox: DockerSandbox) -> list:
+    """The containers of `sandbox` the daemon holds, running or not."""
+    return _containers(**{LABEL_SANDBOX_ID: sandbox.sandbox_id})
+
+
+def _running_container(sandbox: DockerSandbox) -> str:
+    """The id of the container `sandbox` started last."""
+    return sandbox.stats().extra["container"]
+
+
 def _exists(container_id: str) -> bool:
     import docker
 
@@ -136,34 +148,12 @@ def _host_address() -> str:
             return "172.17.0.1"  # Docker's default bridge gateway
 
 
-def _config(**overrides) -> DockerSandboxConfig:
-    fields = {
-        "image": IMAGE,
-        "argv": FAKE_REPL_ARGV,
-        "memory_limit_bytes": 512 << 20,
-        "cpus": 1.0,
-        "pids_limit": 64,
-        "tmp_bytes": 16 << 20,
-        "owner": OWNER,
-    }
-    return DockerSandboxConfig(**(fields | overrides))
-
-
 @pytest.fixture
 async def make_sandbox():
     """Factory of started sandboxes, all killed at teardown; then none of this run's containers is left."""
-    sandboxes = []
-
-    async def make(**overrides) -> DockerSandbox:
-        sandbox = DockerSandbox(_config(**overrides))
-        sandboxes.append(sandbox)
-        await sandbox.start()
-        return sandbox
-
-    yield make
-    for sandbox in sandboxes:
-        await sandbox.kill()
-    assert _containers(**{docker_backend.LABEL_OWNER: OWNER}) == []
+    async with Started("docker", **LIMITS) as started:
+        yield started
+    assert _containers(**{LABEL_OWNER: OWNER}) == []
 
 
 @needs_docker
@@ -177,7 +167,7 @@ async def test_countdown_in_a_hardened_container(make_sandbox):
     assert (stats.backend, stats.starts, stats.requests, stats.total_requests) == ("docker", 1, 2, 2)
 
     client = _docker_client()
-    attrs = client.api.inspect_container(sandbox.container_id)
+    attrs = client.api.inspect_container(_running_container(sandbox))
     client.close()
     host = attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
@@ -190,11 +180,11 @@ async def test_countdown_in_a_hardened_container(make_sandbox):
     assert host["Tmpfs"] == {"/tmp": f"size={16 << 20},mode=1777,nosuid,nodev"}
     assert host["LogConfig"]["Type"] == "none"
     assert host["AutoRemove"] is False and host["OomScoreAdj"] == 500
-    assert attrs["Config"]["User"] == docker_backend.NOBODY
+    assert attrs["Config"]["User"] == NOBODY
     labels = attrs["Config"]["Labels"]  # the image's own labels come along
-    assert labels[docker_backend.LABEL_SANDBOX] == "1"
-    assert labels[docker_backend.LABEL_OWNER] == OWNER
-    assert labels[docker_backend.LABEL_SANDBOX_ID] == sandbox.sandbox_id
+    assert labels[LABEL_SANDBOX] == "1"
+    assert labels[LABEL_OWNER] == OWNER
+    assert labels[LABEL_SANDBOX_ID] == sandbox.sandbox_id
 
 
 @needs_docker
@@ -218,25 +208,25 @@ async def test_hang_is_killed_and_its_container_removed(make_sandbox):
     sandbox = await make_sandbox()
     forked = await sandbox.request({"cmd": "FIXTURE:forkbomb=5"}, 10)  # children that a lazy kill would miss
     assert forked["messages"][0]["data"] == "forks: 5"
-    first = sandbox.container_id
+    first = _running_container(sandbox)
     started = time.monotonic()
     with pytest.raises(SandboxTimeout):
         await sandbox.request({"cmd": "FIXTURE:hang"}, 0.5)
     assert time.monotonic() - started < 0.5 + 2.0  # the timeout, then kill and remove
     assert not _exists(first)
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
     assert sandbox.stats().timeouts == 1
     assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # a fresh container on the next request
-    assert sandbox.container_id != first and sandbox.stats().starts == 2
+    assert _running_container(sandbox) != first and sandbox.stats().starts == 2
     await sandbox.kill()
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
 
 
 @needs_docker
 async def test_crash_reports_exit_status_and_stderr(make_sandbox):
     sandbox = await make_sandbox()
     assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
-    crashed = sandbox.container_id
+    crashed = _running_container(sandbox)
     with pytest.raises(SandboxCrashed, match="Stack overflow detected") as caught:
         await sandbox.request({"cmd": "FIXTURE:crash"}, 10)
     assert "exit status 134" in str(caught.value)
@@ -244,16 +234,6 @@ async def test_crash_reports_exit_status_and_stderr(make_sandbox):
     assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
     stats = sandbox.stats()
     assert (stats.crashes, stats.starts, stats.total_requests) == (1, 2, 2)
-
-
-@needs_docker
-async def test_ten_megabytes_of_output_fail_fast(make_sandbox):
-    sandbox = await make_sandbox()
-    started = time.monotonic()
-    with pytest.raises(SandboxCrashed, match="exceeds"):
-        await sandbox.request({"cmd": "FIXTURE:bigout"}, 10)
-    assert time.monotonic() - started < 3
-    assert sandbox.container_id is None
 
 
 @needs_docker
@@ -275,32 +255,10 @@ async def test_fork_bomb_stops_at_the_pids_limit(make_sandbox):
 @needs_docker
 async def test_recycled_after_max_requests(make_sandbox):
     sandbox = await make_sandbox(max_requests=3)
-    first = sandbox.container_id
+    first = _running_container(sandbox)
     envs = [(await sandbox.request({"cmd": "x"}, 10))["env"] for _ in range(5)]
     assert envs == [0, 1, 2, 0, 1]
     assert sandbox.stats().starts == 2 and not _exists(first)
-
-
-@needs_docker
-async def test_recycled_past_the_memory_threshold(make_sandbox):
-    sandbox = await make_sandbox(max_memory_bytes=100 << 20, memory_check_interval_s=0)  # after every request
-    assert await sandbox.request({"cmd": "FIXTURE:grow=40"}, 10) == {"env": 0}
-    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 1}
-    assert await sandbox.request({"cmd": "FIXTURE:grow=100"}, 10) == {"env": 2}
-    assert sandbox.stats().memory_bytes > 100 << 20
-    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}
-    assert sandbox.stats().starts == 2
-
-
-@needs_docker
-async def test_the_recycle_threshold_is_read_at_most_every_memory_check_interval_s(make_sandbox):
-    """Reading the cgroup's memory after every request cost more than half the pool's CPU per Countdown check:
-    it is read once, then not again within `memory_check_interval_s`, however much the container grew."""
-    sandbox = await make_sandbox(max_memory_bytes=100 << 20, memory_check_interval_s=3600)
-    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # the first reading: small
-    assert await sandbox.request({"cmd": "FIXTURE:grow=150"}, 10) == {"env": 1}
-    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 2}
-    assert sandbox.stats().starts == 1  # over the threshold, but not read again yet
 
 
 @needs_docker
@@ -311,32 +269,26 @@ async def test_orphans_of_a_dead_worker_are_removed(make_sandbox):
     dead_owner = f"{RUN}/{socket.gethostname()}:{os.getpid()}:1"
     orphan = DockerSandbox(_config(owner=dead_owner))
     await orphan.start()
-    orphan_id = orphan.container_id
+    orphan_id = _running_container(orphan)
 
-    removed = await _in_thread(docker_backend.remove_orphans, owner_prefix=RUN)
-    assert removed == [orphan_id]
+    removed = await asyncio.to_thread(docker_daemon.remove_orphans, owner_prefix=RUN)
+    assert [full[: len(orphan_id)] for full in removed] == [orphan_id]
     assert not _exists(orphan_id)
     assert await live.request({"cmd": "x"}, 10) == {"env": 0}  # a live owner's sandbox is spared
-    assert _containers(**{docker_backend.LABEL_OWNER: dead_owner}) == []
-
-
-async def _in_thread(fn, *args, **kwargs):
-    import asyncio
-
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    assert _containers(**{LABEL_OWNER: dead_owner}) == []
 
 
 @needs_docker
 async def test_missing_image_is_unavailable():
     missing = "proofstream-does-not-exist:never"
-    assert docker_backend.daemon_ready(missing) is False
-    assert "not found" in docker_backend.why_unavailable(missing)
-    assert docker_backend.daemon_ready(IMAGE) is True
+    assert docker_daemon.daemon_ready(missing) is False
+    assert "not found" in docker_daemon.why_unavailable(missing)
+    assert docker_daemon.daemon_ready(IMAGE) is True
     sandbox = DockerSandbox(_config(image=missing))
     with pytest.raises(SandboxUnavailable, match="not found"):
         await sandbox.start()
     assert (sandbox.identity, sandbox.stats().starts) == ("", 0)
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
 
 
 def _in_image(code: str) -> str:
@@ -378,45 +330,43 @@ async def test_a_command_that_cannot_start_is_unavailable_and_leaves_no_containe
     sandbox = DockerSandbox(_config(**overrides))
     with pytest.raises(SandboxUnavailable, match=why):
         await sandbox.start()
-    assert (sandbox.identity, sandbox.stats().starts, sandbox.container_id) == ("", 0, None)
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert (sandbox.identity, sandbox.stats().starts) == ("", 0)
+    assert _of(sandbox) == []
     # A request restarts it first: the same failure, as SandboxUnavailable, never as a crash of the input.
     with pytest.raises(SandboxUnavailable, match=why):
         await sandbox.request({"cmd": "x"}, 10)
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
 
 
 @needs_docker
 async def test_a_checker_that_never_answers_its_handshake_is_unavailable():
-    sandbox = DockerSandbox(_config(argv=("python3", "-c", "import time; time.sleep(60)"), handshake_timeout_s=1))
+    sandbox = DockerSandbox(_config(argv=("python3", "-c", "import time; time.sleep(60)"), start_timeout_s=1))
     started = time.monotonic()
     with pytest.raises(SandboxUnavailable, match="did not answer its handshake"):
         await sandbox.start()
     assert time.monotonic() - started < 1 + 10
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
 
 
 @needs_docker
 async def test_a_start_cancelled_during_the_handshake_leaves_no_container():
-    import asyncio
-
     sandbox = DockerSandbox(_config(argv=("python3", "-c", "import time; time.sleep(60)")))
     starting = asyncio.create_task(sandbox.start())
     deadline = time.monotonic() + 30
     while sandbox._stream is None:  # attached and started: now in the handshake
         assert time.monotonic() < deadline and not starting.done()
         await asyncio.sleep(0.05)
-    assert [c.status for c in _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id})] == ["running"]
+    assert [c.status for c in _of(sandbox)] == ["running"]
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await starting
-    assert _containers(**{docker_backend.LABEL_SANDBOX_ID: sandbox.sandbox_id}) == []
+    assert _of(sandbox) == []
 
 
 async def test_no_daemon_is_unavailable_fast():
     nowhere = "unix:///nonexistent/docker.sock"
     started = time.monotonic()
-    assert docker_backend.daemon_ready(IMAGE, base_url=nowhere) is False
+    assert docker_daemon.daemon_ready(IMAGE, base_url=nowhere) is False
     with pytest.raises(SandboxUnavailable):
         await DockerSandbox(_config(base_url=nowhere)).start()
     assert time.monotonic() - started < 5

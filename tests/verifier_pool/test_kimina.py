@@ -4,6 +4,8 @@ The double is not Lean and not the server: these tests assert our client's behav
 batches, how it reads positions and maps failures to verdicts, how it authenticates), never Lean's. The double
 answers as kimina-lean-server at fb2393de does (positions in the whole snippet's lines, PR #56) or, with
 `positions="body"`, as the servers before it; the tests that judge answers run under both.
+
+One file, over 450 lines, because it follows verifier_pool/kimina.py, one client of one server, part by part.
 """
 
 from __future__ import annotations

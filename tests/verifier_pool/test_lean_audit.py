@@ -3,7 +3,7 @@
 Real parts: the REPL and the audit program each run in a real process sandbox (bubblewrap or unshare); the
 pickle is taken out of the REPL's sandbox through /proc. The programs are test doubles: the fake REPL
 (ops/bench/synthetic_repl.py) and a double of our own audit program (tests/fixtures/fake_audit.py). Nothing
-here ran against Lean: the real lean-audit (ops/deploy/images/lean/audit/Main.lean) was never compiled.
+here runs Lean or the real lean-audit (ops/deploy/images/lean/audit/Main.lean).
 
 A forged REPL is the fake REPL with a FIXTURE:forge marker: its stdout says proved and the default axioms,
 exactly as a check without the second line accepts (asserted below), while the env it pickles says otherwise.
@@ -20,11 +20,13 @@ import pytest
 from consumers.service import VerifierService
 from streams.theorems import Theorem
 from tests.fixtures import FAKE_REPL
-from verifier_pool import docker_backend, lean_audit, process
+from verifier_pool import docker_backend, docker_daemon, lean_audit, process
 from verifier_pool.checkers import LeanChecker
 from verifier_pool.config import VerifierSettings
 from verifier_pool.lean_audit import LeanAudit, SecondLine, judge_audit
 from verifier_pool.pool import PROJECT_ROOT, _python_paths, second_line
+from verifier_pool.repl import LEAN_HANDSHAKE
+from verifier_pool.sandbox_config import DockerSandboxConfig, ProcessSandboxConfig
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -38,11 +40,13 @@ GOOD = f"{STATEMENT}\n  norm_num"
 
 
 def _sandbox(script: str, *args: str) -> process.ProcessSandbox:
-    config = process.ProcessSandboxConfig(argv=(sys.executable, str(FIXTURES / script), *args),
-                                          ro_paths=(*_python_paths(),), workdir=PROJECT_ROOT,
-                                          memory_limit_bytes=1 << 30,
-                                          handshake=lean_audit.AUDIT_HANDSHAKE if script == "fake_audit.py"
-                                          else process.LEAN_HANDSHAKE)  # fmt: skip
+    config = ProcessSandboxConfig(
+        argv=(sys.executable, str(FIXTURES / script), *args),
+        ro_paths=(*_python_paths(),),
+        workdir=PROJECT_ROOT,
+        memory_limit_bytes=1 << 30,
+        handshake=lean_audit.AUDIT_HANDSHAKE if script == "fake_audit.py" else LEAN_HANDSHAKE,
+    )
     return process.ProcessSandbox(config)
 
 
@@ -73,7 +77,7 @@ async def test_an_honest_proof_is_proved_by_the_audit(checkers):
     assert checker.second_line.audit.sandbox.pid is None  # killed after its audit: no process outlives it
 
 
-# Issue 29: helper declarations go to Lean in the same command as the theorem (tests/verifier_pool/
+# Helper declarations go to Lean in the same command as the theorem (tests/verifier_pool/
 # test_lean_commands.py for the text). The fake REPL gives a declaration the axioms of those its text names, as
 # `#print axioms` (and the audit's CollectAxioms) follows every constant a proof uses.
 HELPER = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:axiom=Lean.ofReduceBool\n  ring\n"
@@ -98,8 +102,12 @@ async def test_the_audit_judges_the_environment_the_helpers_went_into(checkers):
 
 
 async def test_the_time_limit_of_a_proof_covers_its_helpers():
-    checker = LeanChecker(_sandbox(FAKE_REPL), proof_timeout_s=1, header_timeout_s=5,
-                          second_line=SecondLine(audit=None, trust_repl=True))  # fmt: skip
+    checker = LeanChecker(
+        _sandbox(FAKE_REPL),
+        proof_timeout_s=1,
+        header_timeout_s=5,
+        second_line=SecondLine(audit=None, trust_repl=True),
+    )
     try:
         slow = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:slow=3\n  ring\n"
         judgement = await checker.check(THEOREM, f"{slow}{STATEMENT}\n  norm_num [two]")
@@ -142,8 +150,8 @@ async def test_a_pickle_is_taken_so_no_later_check_can_be_served_an_earlier_one(
 
 
 async def test_an_audit_that_cannot_start_is_an_error_never_a_verdict(checkers):
-    missing = SecondLine(LeanAudit(process.ProcessSandbox(process.ProcessSandboxConfig(
-        argv=("/nonexistent/lean-audit",), handshake=lean_audit.AUDIT_HANDSHAKE)), timeout_s=5))  # fmt: skip
+    config = ProcessSandboxConfig(argv=("/nonexistent/lean-audit",), handshake=lean_audit.AUDIT_HANDSHAKE)
+    missing = SecondLine(LeanAudit(process.ProcessSandbox(config), timeout_s=5))
     for line in (missing, audited("--protocol=proofstream-audit/0")):
         judgement = await checkers(line).check(THEOREM, GOOD)
         assert judgement.verdict == "error" and "audit unavailable" in judgement.detail, judgement
@@ -170,18 +178,18 @@ async def test_a_verdict_on_the_repls_word_is_never_cached_as_an_audited_one(che
 async def test_the_pickle_comes_out_of_a_docker_sandbox_and_is_taken(checkers):
     """The REPL in a container (the fake REPL run by the checker image's python3): the pickle in its tmpfs /tmp
     is read and removed from inside it (`docker cp` cannot see a tmpfs)."""
-    if why := docker_backend.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", FAKE_REPL.read_text())
-    config = docker_backend.DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
-                                                memory_limit_bytes=256 << 20)  # fmt: skip
-    checker = LeanChecker(docker_backend.DockerSandbox(config), proof_timeout_s=10, header_timeout_s=10,
-                          second_line=audited())  # fmt: skip
+    config = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
+    checker = LeanChecker(
+        docker_backend.DockerSandbox(config), proof_timeout_s=10, header_timeout_s=10, second_line=audited()
+    )
     try:
-        verdicts = [await checker.check(THEOREM, p) for p in (GOOD, f"{GOOD} -- FIXTURE:pickle=nofile",
-                                                              f"{GOOD} -- FIXTURE:forge=sorryAx")]  # fmt: skip
-        assert [(j.verdict, j.reason) for j in verdicts] == [("proved", ""), ("rejected", "integrity"),
-                                                             ("rejected", "sorry")], verdicts  # fmt: skip
+        proofs = (GOOD, f"{GOOD} -- FIXTURE:pickle=nofile", f"{GOOD} -- FIXTURE:forge=sorryAx")
+        verdicts = [await checker.check(THEOREM, proof) for proof in proofs]
+        expected = [("proved", ""), ("rejected", "integrity"), ("rejected", "sorry")]
+        assert [(j.verdict, j.reason) for j in verdicts] == expected, verdicts
     finally:
         await checker.sandbox.kill()
         await checker.second_line.audit.sandbox.kill()
@@ -252,8 +260,15 @@ async def test_the_health_check_is_red_while_no_second_line_can_confirm_a_proof(
     turns green for an audit that starts."""
     repl = [sys.executable, str(FAKE_REPL)]
     # The interpreter's prefix stands in for a Lean toolchain directory: bound read-only into both sandboxes.
-    fields = {"run": keys.run, "concurrency": 1, "tasks": ["lean"], "sandbox": "process", "lean_repl_cmd": repl,
-              "lean_workdir": PROJECT_ROOT, "lean_toolchain_dir": sys.base_prefix}  # fmt: skip
+    fields = {
+        "run": keys.run,
+        "concurrency": 1,
+        "tasks": ["lean"],
+        "sandbox": "process",
+        "lean_repl_cmd": repl,
+        "lean_workdir": PROJECT_ROOT,
+        "lean_toolchain_dir": sys.base_prefix,
+    }
     cases = {
         "none": ({}, "no second line"),
         "missing": ({"lean_audit_cmd": ["/nonexistent/lean-audit"]}, "the audit cannot start"),

@@ -1,4 +1,4 @@
-"""Issue 29: a model's text cut into commands as Lean's parser cuts it (verifier_pool.lean_commands), helper
+"""A model's text cut into commands as Lean's parser cuts it (verifier_pool.lean_commands), helper
 declarations, trailing `#print axioms`, configuration told from named arguments by position
 (verifier_pool.lean_scan). Every expectation is worked out by hand from the text; the real proofs are the
 attributed sample in tests/fixtures/prover_proofs (README there). No Lean runs here: what Lean does with the

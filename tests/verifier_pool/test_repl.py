@@ -142,7 +142,7 @@ async def test_oversized_response_fails_without_reading_it_all(fake):
     assert len(proc.stdout._buffer) < 4 << 20  # what asyncio holds is bounded by its flow control
 
 
-# -- the exchange's timer counts the worker's awake time ----------------------------------------------------
+# -- the exchange's timer counts the worker's awake time ------------------------------------------------------
 # A stall is played by blocking the event loop with time.sleep: to the loop that is what SIGSTOP, swapping or a
 # long GC pause look like (no callback runs, the clock moves on), while the checker, another process, goes on.
 

@@ -1,9 +1,9 @@
-"""The probe suite: for each thing a sandbox must block, a program inside the
-sandbox tries it and the test asserts it failed; each poison program ends within twice its deadline with
-the worker (this process) alive and a neighbour sandbox unaffected. Parametrized over every backend that
-works here: the process sandbox under bwrap and under unshare, and docker where a daemon and the checker
-image are present. The program inside is the fake REPL (ops/bench/synthetic_repl.py: its FIXTURE: probes).
-The last section holds what every backend's request path must do alike.
+"""The probe suite: for each thing a sandbox must block, a program inside the sandbox tries it and the test
+asserts it failed; each poison program ends within twice its deadline with the worker (this process) alive
+and a neighbour sandbox unaffected. Parametrized over every backend that works here: the process sandbox
+under bwrap and under unshare, and docker where a daemon and the checker image are present. The program
+inside is the fake REPL (ops/bench/synthetic_repl.py: its FIXTURE: probes). The last section holds what
+every backend's request path must do alike.
 
 Where a probe has a control (a socket the host can reach, a file the host can read), the control is checked
 from this process first, so a failure inside is the sandbox's doing and not a missing file.
@@ -22,81 +22,32 @@ from pathlib import Path
 
 import pytest
 
-from tests import fixtures
-from verifier_pool import docker_backend, process
-from verifier_pool.process import ProcessSandbox, ProcessSandboxConfig
+from tests.verifier_pool.sandboxes import PROCESS_ROOT, REPL_DIR, Started, backends
 from verifier_pool.sandbox import SandboxCrashed, SandboxTimeout
 
 pytestmark = pytest.mark.timeout(90)
 
-FAKE_REPL = fixtures.FAKE_REPL
-FIXTURES = FAKE_REPL.parent  # the folder bound into the process sandbox
-PYTHON = os.path.realpath(sys.executable)
 CHECKOUT = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
-OWNER = docker_backend.default_owner(prefix=f"probes-{uuid.uuid4().hex[:8]}/")
 
-MEMORY_CAP = 512 << 20
 TMP_BYTES = 64 << 20
 PROCESS_CAP = 64
 DEADLINE_S = 3.0
-# What the process sandbox's root may show: the system dirs, /etc's few files, /proc, /dev, /tmp, and the top
-# directory of each bound path (a skeleton down to the bind, nothing else of the host's directory).
-PROCESS_ROOT = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp"}
-USUAL_DEVICES = {"null", "zero", "full", "random", "urandom", "tty", "console", "pts", "ptmx", "shm", "fd",
-                 "stdin", "stdout", "stderr", "core", "mqueue"}  # fmt: skip
+# /dev's usual character devices, mount points and links
+USUAL_DEVICES = {"null", "zero", "full", "random", "urandom", "tty", "console", "ptmx"} | {"pts", "shm", "mqueue"}
+USUAL_DEVICES |= {"fd", "stdin", "stdout", "stderr", "core"}
 
 
-def _backends() -> list:
-    params = []
-    for tool in process.ISOLATION_TOOLS:
-        why = process._probe(tool)
-        params.append(pytest.param(tool, marks=pytest.mark.skip(reason=why)) if why else tool)
-    why = docker_backend.why_unavailable(IMAGE)
-    params.append(pytest.param("docker", marks=pytest.mark.skip(reason=why)) if why else "docker")
-    return params
-
-
-def _sandbox(backend: str):
-    if backend == "docker":
-        config = docker_backend.DockerSandboxConfig(
-            image=IMAGE,
-            argv=("python3", "-c", FAKE_REPL.read_text()),
-            memory_limit_bytes=MEMORY_CAP,
-            pids_limit=PROCESS_CAP,
-            tmp_bytes=TMP_BYTES,
-            owner=OWNER,
-        )
-        return docker_backend.DockerSandbox(config)
-    config = ProcessSandboxConfig(
-        argv=(PYTHON, "-I", str(FAKE_REPL)),
-        ro_paths=(sys.base_prefix, str(FIXTURES)),
-        memory_limit_bytes=MEMORY_CAP,
-        tmp_bytes=TMP_BYTES,
-        nproc_limit=PROCESS_CAP,
-        isolation=backend,
-    )
-    return ProcessSandbox(config)
-
-
-@pytest.fixture(params=_backends())
+@pytest.fixture(params=backends())
 def backend(request) -> str:
     return request.param
 
 
 @pytest.fixture
 async def make_sandbox(backend):
-    sandboxes = []
-
-    async def make():
-        sandbox = _sandbox(backend)
-        sandboxes.append(sandbox)
-        await sandbox.start()
-        return sandbox
-
-    yield make
-    for sandbox in sandboxes:
-        await sandbox.kill()
+    """Factory of started sandboxes on the parametrized backend (a 512 MiB memory cap, a TMP_BYTES /tmp,
+    PROCESS_CAP processes), all killed at teardown."""
+    async with Started(backend, tmp_bytes=TMP_BYTES, pids_limit=PROCESS_CAP) as started:
+        yield started
 
 
 async def _probe(sandbox, marker: str) -> str:
@@ -114,7 +65,7 @@ async def _listdir(sandbox, path: str) -> list[str]:
     return json.loads(listing.removeprefix("ok: "))
 
 
-# -- item 1: what the sandbox must block ------------------------------------------------------------------
+# -- what the sandbox must block --------------------------------------------------------------------------
 
 
 async def test_no_host_unix_socket_answers(make_sandbox, tmp_path):
@@ -160,12 +111,12 @@ async def test_a_private_root_shows_only_what_the_checker_needs(backend, make_sa
         for path in ("/run", "/var/run", "/home"):
             assert (await _probe(sandbox, f"listdir={path}")).startswith("failed"), path
         top = set(await _listdir(sandbox, "/"))
-        bound_tops = {Path(p).parts[1] for p in (sys.base_prefix, str(FIXTURES))}
+        bound_tops = {Path(p).parts[1] for p in (sys.base_prefix, str(REPL_DIR))}
         assert top <= PROCESS_ROOT | bound_tops, top - PROCESS_ROOT - bound_tops
         # The skeleton down to a bind under /root holds that bind's path, none of /root's own files.
         for parent in ("/root", "/home"):
             if parent.lstrip("/") in top:
-                bound = (sys.base_prefix, str(FIXTURES))
+                bound = (sys.base_prefix, str(REPL_DIR))
                 expected = {Path(p).parts[2] for p in bound if Path(p).parts[1] == parent[1:]}
                 assert set(await _listdir(sandbox, parent)) == expected
 
@@ -209,7 +160,7 @@ async def test_one_memory_cap_for_the_whole_tree(make_sandbox):
     assert neighbour.stats().starts == 1
     # Under the cap, the same program is fine: the cap is the tree's sum, not a lower per-process limit.
     # Asked of the neighbour: where a memory cgroup killed only some of the bomb's children, the others
-    # still sleep in `sandbox`, holding their memory (once in CI: 2 x 150 MiB on top of them, one was killed).
+    # still sleep in `sandbox`, holding their memory (2 x 150 MiB on top of them can get one killed).
     assert await _probe(neighbour, "split=2,150") == "2"
 
 
@@ -224,7 +175,7 @@ async def test_a_fork_bomb_stops_at_the_process_cap_and_a_neighbour_restarts(mak
     assert await neighbour.request({"cmd": "x"}, 10) == {"env": 0}
 
 
-# -- item 8: poison programs end within twice the deadline; the worker and the neighbours live on ------------
+# -- poison programs end within twice the deadline; the worker and the neighbours live on -----------------
 
 POISON = {
     "hang": SandboxTimeout,
@@ -265,3 +216,37 @@ async def test_a_cancelled_request_leaves_no_stale_reply_behind(make_sandbox):
     # The late reply of the cancelled request must not be taken for this one's: a fresh checker answers.
     assert await sandbox.request({"cmd": "x"}, 5) == {"env": 0}
     assert sandbox.stats().starts == 2
+
+
+async def test_ten_megabytes_of_output_fail_fast(make_sandbox):
+    sandbox = await make_sandbox()
+    started = time.monotonic()
+    with pytest.raises(SandboxCrashed, match="exceeds"):
+        await sandbox.request({"cmd": "FIXTURE:bigout"}, 10)
+    assert time.monotonic() - started < 3
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # a fresh checker: the stream was out of step
+    assert sandbox.stats().starts == 2
+
+
+async def test_recycled_past_the_memory_threshold(make_sandbox):
+    sandbox = await make_sandbox(max_memory_bytes=150 << 20, memory_check_interval_s=0)  # read after every answer
+    assert await sandbox.request({"cmd": "FIXTURE:grow=50"}, 10) == {"env": 0}
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 1}
+    assert sandbox.stats().memory_bytes < 150 << 20
+    assert await sandbox.request({"cmd": "FIXTURE:grow=150"}, 10) == {"env": 2}
+    assert sandbox.stats().memory_bytes > 150 << 20
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # a fresh checker
+    assert sandbox.stats().starts == 2
+
+
+async def test_the_recycle_threshold_is_read_at_most_every_memory_check_interval_s(make_sandbox):
+    """A reading after every answer (the cgroup's memory.stat, the tree's /proc) costs as much as a Countdown
+    check: it is read once, then not again within `memory_check_interval_s`, however much the checker grew."""
+    sandbox = await make_sandbox(max_memory_bytes=150 << 20, memory_check_interval_s=3600)
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 0}  # the first reading: small
+    first = sandbox.stats().memory_bytes
+    assert first < 150 << 20
+    assert await sandbox.request({"cmd": "FIXTURE:grow=200"}, 10) == {"env": 1}
+    assert await sandbox.request({"cmd": "x"}, 10) == {"env": 2}
+    assert sandbox.stats().starts == 1  # over the threshold, but not read again yet
+    assert sandbox.stats().memory_bytes == first
