@@ -6,8 +6,7 @@ are back. As deployed, the producer and the consumer are processes of their own;
 and the clock stops when it has read the N-th reward. The raw side
 sends pre-encoded bytes and skips our codec, dataclasses, handler call, stats and logging, so `ratio`
 is the share of the wire's speed our runtime keeps. Our consumer's handler is called once per entry, as
-the verifier's is; `--handler batch` gives it the runtime's batch handler instead (one call per batch),
-which any role may use. Last line of output: one JSON object.
+the verifier's is. Last line of output: one JSON object.
 
 `--replica` measures what the settle's WAIT costs (streams/settle.py, "Replicas"): the private server gets a
 replica (a second private redis-server, made one with REPLICAOF), and the rounds alternate our consumer
@@ -78,11 +77,6 @@ async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
                    verdict="proved", reward=1.0)]  # fmt: skip
 
 
-async def _no_op_batch(ds: list[Delivery[Attempt]]) -> list[list[Reward]]:
-    return [[Reward(attempt_id=d.message.attempt_id, theorem_id=d.message.theorem_id,
-                    policy_version=d.message.policy_version, verdict="proved", reward=1.0)] for d in ds]  # fmt: skip
-
-
 def _ours_consumer_with(settle_replicas: int | None = None, **handler):
     async def consume(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
         settings = ConsumerSettings(batch_size=batch, block_ms=100, claim_every_ms=60_000, flush_ms=10_000,
@@ -126,11 +120,9 @@ async def _raw_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyn
         await redis.evalsha(sha, 3 + len(markers), keys.attempts, keys.rewards, keys.dlq, *markers, *argv)
 
 
-# side -> (inputs built before the clock starts, producer, consumer). "ours" hands the consumer's handler
-# one entry at a time, as the verifier does; "ours-batch" gives it the runtime's batch handler instead.
+# side -> (inputs built before the clock starts, producer, consumer).
 SIDES = {
     "ours": (_ours_inputs, _ours_producer, _ours_consumer_with(handler=_no_op)),
-    "ours-batch": (_ours_inputs, _ours_producer, _ours_consumer_with(batch_handler=_no_op_batch)),
     "raw": (_raw_inputs, _raw_producer, _raw_consumer),
     # --replica: the settle followed by WAIT for one replica, or never waiting
     "ours-wait": (_ours_inputs, _ours_producer, _ours_consumer_with(settle_replicas=1, handler=_no_op)),
@@ -215,9 +207,8 @@ def _alternated(url: str, warmup: str, sides: tuple[str, str], n: int, batch: in
     return *times, server
 
 
-def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
-    ours = "ours" if handler == "entry" else "ours-batch"
-    raw_s, ours_s, server = _alternated(url, ours, ("raw", ours), n, batch, rounds)
+def bench(url: str, n: int, batch: int, rounds: int) -> dict:
+    raw_s, ours_s, server = _alternated(url, "ours", ("raw", "ours"), n, batch, rounds)
     version = server["redis_version"]
     o, b = statistics.median(ours_s), statistics.median(raw_s)
     return {
@@ -225,7 +216,6 @@ def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> 
         "n": n,
         "batch": batch,
         "rounds": rounds,
-        "handler": handler,
         "attempts_per_s": round(n / o),
         "baseline_per_s": round(n / b),
         "ratio": round(b / o, 3),
@@ -292,10 +282,10 @@ def main(args: argparse.Namespace) -> int:
         print(orjson.dumps(result).decode())
         return 0
     if redis_url:
-        result = bench(redis_url, args.n, args.batch, args.rounds, args.handler)
+        result = bench(redis_url, args.n, args.batch, args.rounds)
     else:
         with EmbeddedRedis(appendfsync="everysec") as server:
-            result = bench(server.url, args.n, args.batch, args.rounds, args.handler)
+            result = bench(server.url, args.n, args.batch, args.rounds)
     if not as_json:
         print(f"wire: {result['attempts_per_s']:,} attempts/s, raw redis-py {result['baseline_per_s']:,}/s, "
               f"ratio {result['ratio']} (n={args.n}, batch={args.batch}, Redis {result['redis_version']})",
@@ -309,8 +299,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=50_000, help="attempts per round")
     p.add_argument("--batch", type=int, default=500, help="XADD chunk and XREADGROUP count")
     p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
-    p.add_argument("--handler", choices=("entry", "batch"), default="entry",
-                   help="our consumer's handler: called per entry (as the verifier's), or per batch")  # fmt: skip
     p.add_argument("--replica", action="store_true",
                    help="start a replica too and compare our consumer with and without WAIT for it")  # fmt: skip
     # SUPPRESS: `python -m ops --redis-url X bench wire` must keep the X given before the command.
