@@ -22,14 +22,14 @@ import time
 import uuid
 from collections.abc import Callable
 
-import orjson
 import structlog
 
 from consumers.verifier import VerifyHandler
-from streams import sweeps
+from streams import role_stats, sweeps
 from streams.connect import connect
 from streams.keys import VERIFIERS, Keys
 from streams.ride_out import UNAVAILABLE
+from streams.role_stats import VerifierStats
 from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
 from verifier_pool import docker_daemon
@@ -90,16 +90,31 @@ class VerifierService:
                 # before every command (~25 us, a tenth of a Countdown check's CPU in the pool). The task and
                 # its claim refresher (streams.runtime) share it, one command at a time.
                 redis = connect(self.redis_url, single_connection_client=True)
-                handler = VerifyHandler(redis, self.keys, checkers, sandbox_ids, turn,
-                                        max_deliveries=self.consumer_settings.max_deliveries)  # fmt: skip
-                consumer = Consumer(redis, self.keys, message_type=Attempt, group=VERIFIERS,
-                                    name=f"{self.worker_id}-{i}.{j}", handler=handler, output=Reward,
-                                    settings=self.consumer_settings, prefetch=handler.prefetch)  # fmt: skip
+                handler = VerifyHandler(
+                    redis, self.keys, checkers, sandbox_ids, turn, max_deliveries=self.consumer_settings.max_deliveries
+                )
+                consumer = Consumer(
+                    redis,
+                    self.keys,
+                    message_type=Attempt,
+                    group=VERIFIERS,
+                    name=f"{self.worker_id}-{i}.{j}",
+                    handler=handler,
+                    output=Reward,
+                    settings=self.consumer_settings,
+                    prefetch=handler.prefetch,
+                )
                 self.consumers.append(consumer)
                 self.tasks.append(asyncio.create_task(consumer.run(self.stop_event), name=consumer.name))
-        log.info("verifier_pool_started", worker=self.worker_id, slots=len(self.checkers), consumers=len(self.tasks),
-                 tasks=self.settings.tasks, run=self.settings.run,
-                 sandboxes_unavailable=len(self.unavailable()))  # fmt: skip
+        log.info(
+            "verifier_pool_started",
+            worker=self.worker_id,
+            slots=len(self.checkers),
+            consumers=len(self.tasks),
+            tasks=self.settings.tasks,
+            run=self.settings.run,
+            sandboxes_unavailable=len(self.unavailable()),
+        )
         await self.report()  # the health check's figures from the start, not from the first cron tick
 
     async def _start_sandbox(self, checker) -> None:
@@ -108,8 +123,13 @@ class VerifierService:
             await sandbox.start()
         except SandboxUnavailable as e:
             self._start_failures[sandbox.sandbox_id] = str(e)
-            log.error("sandbox_unavailable", sandbox_id=sandbox.sandbox_id, backend=sandbox.stats().backend,
-                      error=str(e)[:1000], worker=self.worker_id)  # fmt: skip
+            log.error(
+                "sandbox_unavailable",
+                sandbox_id=sandbox.sandbox_id,
+                backend=sandbox.stats().backend,
+                error=str(e)[:1000],
+                worker=self.worker_id,
+            )
         second_line = getattr(checker, "second_line", None)  # a Lean checker's (verifier_pool.lean_audit)
         if second_line is not None and second_line.audit is not None:
             await second_line.audit.probe()
@@ -179,11 +199,13 @@ class VerifierService:
 
     async def sweep(self) -> None:
         await sweeps.dead_letter_overdue(self.admin, self.keys, self.keys.attempts, VERIFIERS, self.consumer_settings)
-        await sweeps.remove_idle_consumers(self.admin, self.keys.attempts, VERIFIERS,
-                                           idle_ms=10 * self.settings.claim_idle_ms)  # fmt: skip
+        await sweeps.remove_idle_consumers(
+            self.admin, self.keys.attempts, VERIFIERS, idle_ms=10 * self.settings.claim_idle_ms
+        )
         await sweeps.trim(self.admin, self.keys.attempts, keep_s=self.settings.history_s)
 
-    def stats(self) -> dict:
+    def stats(self) -> VerifierStats:
+        """This worker's figures as `{ps:R}:verifier_stats` holds them (streams/role_stats.py)."""
         sandboxes = [c.sandbox.stats() for checkers in self.checkers for c in checkers.values()]
         processed = sum(c.stats.processed for c in self.consumers)
         busy_s = sum(c.handler.busy_s for c in self.consumers)
@@ -207,9 +229,9 @@ class VerifierService:
             "updated_ms": int(time.time() * 1000),
         }
 
-    async def report(self) -> dict:
-        """Publish this worker's figures to `{ps:R}:verifier_stats` (a hash: worker id -> JSON)."""
+    async def report(self) -> VerifierStats:
+        """Publish this worker's figures to `{ps:R}:verifier_stats` (streams/role_stats.py)."""
         stats = self.stats()
-        await self.admin.hset(self.keys.verifier_stats, self.worker_id, orjson.dumps(stats))
+        await role_stats.publish_verifier(self.admin, self.keys, self.worker_id, stats)
         log.info("verifier_pool_stats", **stats)
         return stats

@@ -18,9 +18,8 @@ from producers.config import GeneratorSettings
 from producers.engine import EngineUnavailable, in_engine_thread
 from producers.engines import choose, make_engine
 from producers.service import GeneratorService
-from streams import logs
 from streams.connect import connect
-from streams.settings import SettingsError, SettingsParser
+from streams.settings import SettingsParser
 from weights import device as devices
 from weights.model import MissingDependency, ModelNotFound, resolve_model
 
@@ -77,20 +76,13 @@ async def serve(settings: GeneratorSettings) -> int:
 
 
 def build_parser() -> SettingsParser:
-    parser = SettingsParser(prog="python -m producers", description=__doc__.split("\n\n")[0],
-                            usage="python -m producers [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
-    GeneratorSettings.add_arguments(parser, defaults={"redis_url": "unset: refused (a generator serves a run's Redis)"})
-    return parser
+    return GeneratorSettings.command_parser(
+        "producers", __doc__, defaults={"redis_url": "unset: refused (a generator serves a run's Redis)"}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = GeneratorSettings.from_args(args)
-    except SettingsError as e:
-        print(f"producers: {e}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level)
+    settings, _ = GeneratorSettings.from_command(build_parser(), argv)
     if not settings.redis_url:
         print(
             "producers: no Redis configured. Pass --redis-url (or PROOFSTREAM_REDIS_URL) of the run's Redis; "

@@ -40,6 +40,16 @@ class EngineUnavailable(RuntimeError):
     """The engine asked for cannot run here (not installed, no device); the message says what to do."""
 
 
+DTYPES = ("bfloat16", "float16", "float32")  # the precisions an engine holds its weights in (`--dtype`)
+
+
+def checked_dtype(dtype: str) -> str:
+    """`dtype` (already resolved from `auto` by the engine, for its device), refused unless in DTYPES."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
+    return dtype
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """What to sample: the work order's `sampling` dict, checked, with `n` samples per prompt."""

@@ -30,11 +30,9 @@ from typing import Any
 import torch
 import transformers
 
-from producers.engine import EngineStats, Sample, Sampling
+from producers.engine import EngineStats, Sample, Sampling, checked_dtype
 from streams import faults
 from weights.es import ESWeights, digest, load_master, member_factors
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _RawLogprobs(transformers.LogitsProcessor):
@@ -109,15 +107,12 @@ class HFEngine:
         if kv_cache not in ("dynamic", "static"):
             raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
         self.kv_cache = kv_cache
-        if dtype == "auto":
-            dtype = "float32" if device == "cpu" else "bfloat16"
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+        dtype = checked_dtype(("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype)
         if threads:
             torch.set_num_threads(threads)
         self.model_path = Path(model_path)
         self.device = device
-        self.dtype = DTYPES[dtype]
+        self.dtype = getattr(torch, dtype)
         started = time.monotonic()
         self.model = transformers.AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype)
         self.model.to(device).eval()
@@ -201,13 +196,6 @@ class HFEngine:
         self.es.current = None
         self.stats.policy_switches += 1
         self.stats.policy_s += time.monotonic() - started
-
-    def export(self, version: int, folder: Path) -> Path:
-        """Center `version` as a Hugging Face folder (config, tokenizer, safetensors in the model's dtype)."""
-        self.es.use(version)
-        self.model.save_pretrained(folder, safe_serialization=True)
-        self.tokenizer.save_pretrained(folder)
-        return Path(folder)
 
     # -- sampling --------------------------------------------------------------------------------------
 

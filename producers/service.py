@@ -35,18 +35,18 @@ import dataclasses
 import functools
 import hashlib
 import time
-from typing import Any
 
-import orjson
 import structlog
 from redis.asyncio import Redis
 
 from producers.config import GeneratorSettings
 from producers.engine import Engine, Sample, Sampling, in_engine_thread, members_written
 from producers.policy import PolicyFollower, PolicyMismatch
+from streams import role_stats
 from streams.codec import pack_float32, pack_int32
 from streams.keys import GENERATORS, VERIFIERS, Keys
 from streams.publisher import Publisher
+from streams.role_stats import GeneratorStats
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Infrastructure, Poison, Skip
 from streams.schema import Attempt, Member, WorkOrder
 from streams.theorems import Theorem
@@ -101,8 +101,8 @@ class GeneratorService:
             ),
             gate=self._room,
         )
-        self.counts = {"orders": 0, "attempts": 0, "stale_skipped": 0, "settled_skipped": 0, "policy_errors": 0,
-                       "engine_errors": 0, "members": 0, "members_cut_skipped": 0}  # fmt: skip
+        counted = ("orders", "attempts", "stale_skipped", "settled_skipped", "policy_errors", "engine_errors")
+        self.counts = dict.fromkeys((*counted, "members", "members_cut_skipped"), 0)
         self.started = time.monotonic()
         self.busy_s = 0.0
         self.holding = False  # waiting for the verifiers to catch up
@@ -128,9 +128,11 @@ class GeneratorService:
         await self.redis.set(self.keys.es_noise, mine, nx=True)
         theirs = (await self.redis.get(self.keys.es_noise) or b"").decode()
         if theirs != mine:
-            self._give_up(f"run {self.settings.run} draws its ES noise on {theirs} (its first generator's device); "
-                          f"this generator is on {mine}, where the same seeds give other noise: start it with "
-                          f"--device {theirs}, or serve this run only from {mine} generators in a new run")  # fmt: skip
+            self._give_up(
+                f"run {self.settings.run} draws its ES noise on {theirs} (its first generator's device); "
+                f"this generator is on {mine}, where the same seeds give other noise: start it with "
+                f"--device {theirs}, or serve this run only from {mine} generators in a new run"
+            )
             raise WrongNoiseDevice(self.fatal)  # transient: the order stays pending for another generator
         self.noise_checked = True
 
@@ -219,8 +221,10 @@ class GeneratorService:
         if type(e).__name__ in ENGINE_DEAD:
             self._give_up(f"the {self.engine.name} engine died ({error}); restart the generator")
         elif len(self._failing) >= GIVE_UP_AFTER and len(set(self._failing.values())) == 1:
-            self._give_up(f"the {self.engine.name} engine failed {len(self._failing)} orders in a row with the same "
-                          f"error: {error[:1000]}")  # fmt: skip
+            self._give_up(
+                f"the {self.engine.name} engine failed {len(self._failing)} orders in a row with the same "
+                f"error: {error[:1000]}"
+            )
         if delivery.deliveries >= self.settings.max_deliveries:
             return Infrastructure(f"generator {self.name}: {error[:1000]}")
         return e
@@ -246,8 +250,9 @@ class GeneratorService:
         else:
             if order.algo == "es":
                 m = order.member
-                self.engine.es_use(order.policy_version, m.seed if m else None, m.sign if m else 1, order.sigma,
-                                   order.rank)  # fmt: skip
+                self.engine.es_use(
+                    order.policy_version, m.seed if m else None, m.sign if m else 1, order.sigma, order.rank
+                )
             else:
                 self.policy.load_grpo(order.policy_version, self.engine.model_path)
             members, outputs = [(order.work_id, order.member)], [self.engine.generate(prompt_ids, sampling)]
@@ -305,7 +310,8 @@ class GeneratorService:
 
     # -- running ---------------------------------------------------------------------------------------
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> GeneratorStats:
+        """This generator's figures as `{ps:R}:generator_stats` holds them (streams/role_stats.py)."""
         uptime = time.monotonic() - self.started
         return {
             "name": self.name,
@@ -322,7 +328,7 @@ class GeneratorService:
         }
 
     async def report(self) -> None:
-        await self.redis.hset(self.keys.generator_stats, self.name, orjson.dumps(self.figures()))
+        await role_stats.publish_generator(self.redis, self.keys, self.name, self.figures())
 
     async def run(self, stop: asyncio.Event) -> None:
         self.stop = stop

@@ -28,29 +28,16 @@ import gc
 import hashlib
 import itertools
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling, members_written
+from producers.engine import EngineStats, EngineUnavailable, Sample, Sampling, checked_dtype, members_written
 from weights.device import cpu_has_bf16
 from weights.model import default_cache_dir
 
-DTYPES = ("bfloat16", "float16", "float32")
 EXTENSION = "producers.vllm_worker.ESWorkerExtension"
-_TOKENIZER_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
 
 
 def _cuda_available() -> bool:
@@ -137,10 +124,7 @@ class VLLMEngine:
             device = "cuda" if _cuda_available() else "cpu"
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device {device!r}: use auto, cpu or cuda")
-        if dtype == "auto":
-            dtype = auto_dtype(device)
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
+        dtype = checked_dtype(auto_dtype(device) if dtype == "auto" else dtype)
         self.model_path = Path(model_path)
         self.device = device
         self.dtype = dtype
@@ -273,20 +257,6 @@ class VLLMEngine:
         self._rpc("es_load_weights", str(Path(folder).resolve()))
         self._weights_changed(time.monotonic() - started)
 
-    def export(self, version: int, folder: Path) -> Path:
-        """Center `version` as a Hugging Face folder: config and tokenizer files, safetensors in the engine's dtype."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in _TOKENIZER_FILES:
-            if (self.model_path / name).is_file():
-                shutil.copy2(self.model_path / name, folder / name)
-        self._rpc("es_save_center", int(version), str((folder / "model.safetensors").resolve()), self.dtype)
-        return folder
-
-    def worker_stats(self) -> dict[str, Any]:
-        """The extension's figures: writes, time spent, what the last write loaded, masters held, memory."""
-        return self._rpc("es_stats")
-
     # -- sampling --------------------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[Sample]]:
@@ -338,23 +308,6 @@ class VLLMEngine:
         self.stats.prompts += len(prompts)
         self.stats.generate_s += time.monotonic() - started
         return samples
-
-    def score(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Logprob of each token given the ones before it (raw logits, one prefill pass; len - 1 values each).
-
-        Not part of the Engine interface: a fixed-token measurement of the weights in place (tests, checks).
-        Requests that ask for prompt logprobs bypass vLLM's prefix cache, so the whole sequence is computed.
-        """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        requests = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        return [
-            [float(step[token].logprob) for token, step in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
-            for seq, out in zip(sequences, outputs, strict=True)
-        ]
 
     def close(self) -> None:
         """Stop vLLM's engine process and worker and free their memory (another engine may start after)."""

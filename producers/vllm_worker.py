@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from streams import logs
-from weights.es import ESWeights, Weights, digest, load_master, member_factors, save_weights
+from weights.es import ESWeights, digest, load_master, member_factors, save_weights
 
 # The logger of vLLM's "Attempted to load weight %s with dtype %s into parameter with dtype %s" (its
 # model_executor/models/utils.py): said once, then counted (streams.logs.SaidOnce).
@@ -177,14 +177,9 @@ class ESWorkerExtension:
         self._es_write(_iter_safetensors(folder))
         return {"seconds": time.monotonic() - started}
 
-    def es_save_center(self, version: int, path: str, dtype: str = "float32") -> str:
-        """Write center(version) as one safetensors file (checkpoint names); returns its digest (of the fp32 master)."""
-        master: Weights = self._es.center(int(version))
-        cast = getattr(torch, dtype)
-        save_weights({k: v.to(cast).cpu() for k, v in master.items()}, Path(path), metadata={"format": "pt"})
-        return digest(master)
-
     def es_stats(self) -> dict[str, Any]:
+        """What this worker holds and has written (`current` weights, writes, the last write's counts, memory):
+        the one view into vLLM's worker process from outside it; the engine tests read it over the RPC."""
         es = getattr(self, "_es", None)
         if es is None:
             return {}

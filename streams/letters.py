@@ -1,7 +1,9 @@
-"""Dead letters counted by where they came from and the kind of reason: what `python -m ops run` shows and
-what the trainer writes into each version's metrics."""
+"""Dead letters: the one way a consumer (or the sweep) writes one, and the counts by where they came from and
+the kind of reason (what `python -m ops run` shows and what the trainer writes into each version's metrics)."""
 
 from __future__ import annotations
+
+import time
 
 from redis.asyncio import Redis
 
@@ -10,9 +12,31 @@ from streams.keys import Keys
 from streams.schema import DeadLetter, SchemaError
 
 
+def letter(
+    stream: str, group: str, consumer: str, entry_id: bytes, fields: dict[bytes, bytes], deliveries: int, reason: str
+) -> DeadLetter:
+    """The dead letter of entry `entry_id` of `stream`, its fields kept byte for byte (so it can be requeued as
+    it was), written by `consumer` of `group` now."""
+    return DeadLetter(
+        source=stream,
+        group=group,
+        original_id=entry_id.decode(),
+        deliveries=deliveries,
+        reason=reason,
+        consumer=consumer,
+        failed_ms=int(time.time() * 1000),
+        original=dict(fields),
+    )
+
+
+def too_often(deliveries: int, max_deliveries: int) -> str:
+    """The reason of an entry dead-lettered for its delivery count (Redis's own, from XPENDING)."""
+    return f"delivered {deliveries} times (max {max_deliveries})"
+
+
 def reason_kind(reason: str) -> str:
     """A dead letter's reason without its particulars: "poison", "infrastructure", "skipped", "schema",
-    "delivered too often"."""
+    "delivered too often" (`too_often`)."""
     if reason.startswith("delivered "):
         return "delivered too often"
     head = reason.split(":", 1)[0].strip()

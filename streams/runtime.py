@@ -6,25 +6,21 @@ Delivery is at least once, the effect exactly once (DESIGN.md, "The wire"):
 - while `run` is handling a batch, a background task claims the batch's entries again to this consumer
   every `claim_refresh_ms` (`claims.py`: only those it still owns), so however long a handler takes, its
   entries stay fresh; an entry idle past `claim_idle_ms` therefore belongs to a consumer that is dead or
-  stalled (SIGSTOP, swap, a long GC pause), and a live one takes it over with XAUTOCLAIM; its delivery
-  count is read from XPENDING first, an entry over the limit goes to the dead letters, and the rest are
-  processed one at a time so a poison entry cannot drag batch neighbours with it;
+  stalled (SIGSTOP, swap, a long GC pause), and a live one takes it over (`reclaim.py`: XAUTOCLAIM, one
+  entry at a time, with its delivery count from XPENDING); an entry over `max_deliveries` goes to the dead
+  letters;
 - a consumer that wakes from a stall settles what it finished (the settle script publishes nothing for an
   entry another consumer settled first, and the done marker lets one result through in any order), but
   never refreshes or releases an entry another consumer has reclaimed meanwhile;
 - a `Poison` from the handler, or an entry that cannot be decoded, is dead-lettered at once (redelivery
   would fail the same way); any other handler exception is transient: the entry stays pending and is
   released for a retry after `retry_delay_ms`;
-- on stop, the entry in hand is finished, settled, and the rest of the batch released to other consumers;
-- a role may give a batch handler instead (one call per batch, one outcome per entry; see `Consumer`).
+- on stop, the entry in hand is finished, settled, and the rest of the batch released to other consumers.
 
 Redis connection errors are not the input's fault: `run` logs them, backs off and goes on; nothing is
 acked that was not settled, so a restarted Redis costs time, never entries. (A Redis outage longer than
 `claim_idle_ms` leaves every held entry overdue when it comes back: another consumer may then take one over
 before its owner's next refresh, which costs a duplicate check, never a duplicate result.)
-
-One file, over 400 lines, because it is one loop: reading, claiming, settling and handing back an entry
-share the consumer's state and its one guarantee (exactly-once effect); split, each part would need the others.
 """
 
 from __future__ import annotations
@@ -40,17 +36,16 @@ import structlog
 from redis import exceptions as rx
 from redis.asyncio import Redis
 
-from streams.claims import Claims
+from streams.claims import Entry, Hold
 from streams.codec import decoder
-from streams.groups import id_order
 from streams.keys import Keys
+from streams.letters import letter, too_often
+from streams.reclaim import Reclaim
 from streams.schema import DeadLetter, M, Message, SchemaError, fast_init
 from streams.sentinel import MasterReplaced
 from streams.settle import Settled, Settlement, Settler
 
 log = structlog.get_logger("streams.runtime")
-
-_MAX_CLAIM_SCANS = 200  # XAUTOCLAIM calls per reclaim pass: 2,000 pending entries examined at most
 
 
 class Poison(Exception):
@@ -84,10 +79,6 @@ class Delivery(Generic[M]):
 
 Handler = Callable[[Delivery[M]], Awaitable[Sequence[Message]]]
 _REDIS_UNAVAILABLE = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.OutOfMemoryError, rx.ReadOnlyError)
-
-# One call for a whole batch: one outcome per delivery, in order: its results, or the exception it failed
-# with (a Poison: dead letter; any other Exception: transient). See Consumer.
-BatchHandler = Callable[[list[Delivery[M]]], Awaitable[Sequence[Sequence[Message] | Exception]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,23 +134,8 @@ class Stats:
 
 
 class Consumer(Generic[M]):
-    """Reads `message_type`'s stream in group `group` as `name`, writes results to `output`.
-
-    The handler is either `handler`, called once per entry, or `batch_handler`, called once per batch
-    with the deliveries of every entry that decoded (under the delivery limit) and returning one outcome
-    per delivery, in order: the results, or the exception that entry failed with (a `Poison` goes to the
-    dead letters, any other Exception is transient). An exception the batch handler raises is the outcome
-    of every delivery in the call, except that a `Poison` raised for several is taken as transient: which
-    one is bad is unknown, and redelivered entries come back one at a time, where it is found. Redelivered
-    (reclaimed) entries always come one at a time, to either kind. A batch call is one unit for `stop`
-    (checked before it) and for settling (once after it; `flush_ms` does not apply).
-
-    No role uses `batch_handler` today: the verifier, which judges Countdown answers in batches, keeps the
-    per-entry handler and batches inside it (its `prefetch` hook and `check_many`) so that each attempt keeps
-    its own outcome and timing. It stays for consumers whose work only makes sense as one call (a batched
-    model call per read), and `ops bench wire --handler batch` measures what the per-entry calls cost against
-    it; its rules are tested in tests/streams/test_runtime.py.
-    """
+    """Reads `message_type`'s stream in group `group` as `name`, hands each entry to `handler`, writes the
+    results to `output` (none: a consumer without results, the trainer's shape)."""
 
     def __init__(
         self,
@@ -169,15 +145,12 @@ class Consumer(Generic[M]):
         message_type: type[M],
         group: str,
         name: str,
-        handler: Handler[M] | None = None,
+        handler: Handler[M],
         output: type[Message] | None = None,
         settings: ConsumerSettings | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
-        batch_handler: BatchHandler[M] | None = None,
         prefetch: Callable[[list[M]], Awaitable[None]] | None = None,
     ) -> None:
-        if (handler is None) == (batch_handler is None):
-            raise ValueError("give a consumer exactly one of handler and batch_handler")
         self.redis = redis
         self.keys = keys
         self.message_type = message_type
@@ -186,7 +159,6 @@ class Consumer(Generic[M]):
         self.group = group
         self.name = name
         self.handler = handler
-        self.batch_handler = batch_handler
         # Called with a batch's messages before `handler` takes them one by one: what the handler would ask
         # Redis per entry (the verifier's verdict cache) it can look up for the whole batch in one round trip.
         self.prefetch = prefetch
@@ -198,16 +170,13 @@ class Consumer(Generic[M]):
         # attempts' backpressure) holds back here instead of holding entries it cannot yet publish for.
         self.gate = gate
         self.stats = Stats()
-        self._settle = Settler(redis, self.settings.settle_replicas, self.settings.settle_wait_ms)
+        s = self.settings
+        self._settle = Settler(redis, s.settle_replicas, s.settle_wait_ms)
         self._unreplicated_logged = 0.0
-        self._claims = Claims(redis, self.source, group, name)
-        self._held: list = []  # the batch in hand, (entry id, fields, deliveries) each: what `run` refreshes
-        self._gone: set[bytes] = set()  # of the batch in hand, those no longer ours: settled, released, taken
-        # A refresh and a release of the same entry must not cross: a refresh landing after the release would
-        # reset the idle time the release backdated, and the entry would wait a whole deadline for nothing.
-        self._claims_lock = asyncio.Lock()
-        self._claim_cursor = b"0-0"
-        self._next_claim = 0.0
+        self._hold = Hold(redis, self.source, group, name, idle_ms=s.claim_idle_ms)
+        self._reclaim = Reclaim(
+            redis, self.source, group, name, idle_ms=s.claim_idle_ms, every_ms=s.claim_every_ms, page=10 * s.batch_size
+        )
 
     async def ensure_group(self) -> None:
         await ensure_group(self.redis, self.source, self.group)
@@ -218,14 +187,14 @@ class Consumer(Generic[M]):
         Refreshes the claim on the batch in hand from a background task for as long as it runs, the
         drain after `stop` included (`run_once` alone does not: a test drives it to play a stalled owner)."""
         finished = asyncio.Event()
-        refresher = asyncio.create_task(self._keep_claims(finished), name=f"{self.name}-claims")
+        keeper = asyncio.create_task(self._keep_claims(finished), name=f"{self.name}-claims")
         try:
-            await self._run(stop, refresher)
+            await self._run(stop, keeper)
         finally:
             finished.set()
-            await refresher
+            await keeper
 
-    async def _run(self, stop: asyncio.Event, refresher: asyncio.Task) -> None:
+    async def _run(self, stop: asyncio.Event, keeper: asyncio.Task) -> None:
         backoff_s, recovering = 0.05, False
         while not stop.is_set():
             try:
@@ -236,8 +205,8 @@ class Consumer(Generic[M]):
                 while not stop.is_set():
                     await self.run_once(stop)
                     backoff_s = 0.05
-                    if refresher.done():  # it only ends early on a bug: without it, claims would lapse
-                        refresher.result()
+                    if keeper.done():  # it only ends early on a bug: without it, claims would lapse
+                        keeper.result()
             except _REDIS_UNAVAILABLE as e:
                 # Redis is down, loading its AOF, full (maxmemory with noeviction refuses writes until the
                 # trimming of acked history or an operator frees memory) or a replica after a failover.
@@ -253,35 +222,12 @@ class Consumer(Generic[M]):
         period_s = self.settings.claim_refresh_ms / 1000
         while not finished.is_set():
             await sleep_or_stop(finished, period_s)
-            async with self._claims_lock:
-                batch, gone = self._held, self._gone
-                held = [entry[0] for entry in batch if entry[0] not in gone]
-                if not held or finished.is_set():
-                    continue
-                try:
-                    kept = await self._claims.refresh(held)
-                except _REDIS_UNAVAILABLE as e:  # the main loop has its own backoff; try again next period
-                    log.warning("claim_refresh_failed", consumer=self.name, error=str(e))
-                    continue
-            if len(kept) == len(held) or self._held is not batch:
-                continue
-            # Not ours any more: settled by us (a mid-batch flush), or reclaimed by another consumer while this
-            # one was stalled past the deadline. Neither is refreshed again; only the second is worth a line.
-            dropped = set(held) - set(kept)
-            gone.update(dropped)
-            taken = await self._reclaimed_by_others(dropped)
-            if taken:
-                self.stats.claims_lost += len(taken)
-                log.warning("claims_lost", consumer=self.name, stream=self.source, count=len(taken),
-                            entry_ids=[e.decode() for e in taken[:10]])  # fmt: skip
-
-    async def _reclaimed_by_others(self, ids: set[bytes]) -> list[bytes]:
-        """Which of `ids` are still pending in the group, hence owned by another consumer."""
-        out = []
-        for eid in sorted(ids, key=id_order):
-            if await self.redis.xpending_range(self.source, self.group, min=eid, max=eid, count=1):
-                out.append(eid)
-        return out
+            if finished.is_set():
+                break
+            try:
+                self.stats.claims_lost += await self._hold.refresh()
+            except _REDIS_UNAVAILABLE as e:  # the main loop has its own backoff; try again next period
+                log.warning("claim_refresh_failed", consumer=self.name, error=str(e))
 
     async def run_once(self, stop: asyncio.Event | None = None) -> int:
         """One iteration: reclaim what is overdue, else read new entries; handle and settle them."""
@@ -290,186 +236,77 @@ class Consumer(Generic[M]):
             await self.gate()  # returns early once `stop` is set: the gate's owner watches the same event
             if stop.is_set():
                 return 0
-        now = time.monotonic()
-        if now >= self._next_claim:
-            self._next_claim = now + self.settings.claim_every_ms / 1000
-            handled = await self._reclaim_one_by_one(stop)
+        if self._reclaim.due():
+            handled = await self._handle_overdue(stop)
             if handled:
                 return handled
-        entries = await self._read_new()
-        if not entries:
-            # Nothing new: look for overdue entries again on the next iteration.
-            self._next_claim = 0.0
-            return 0
-        return await self._handle_batch([(eid, f, 1) for eid, f in entries], stop)
-
-    # -- reading -------------------------------------------------------------------------------------
-
-    async def _read_new(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
         reply = await self.redis.xreadgroup(
             self.group, self.name, {self.source: ">"}, count=self.settings.batch_size, block=self.settings.block_ms
         )
-        return reply[0][1] if reply else []
+        if not reply:
+            self._reclaim.soon()  # nothing new: look for overdue entries again on the next iteration
+            return 0
+        return await self._handle([(eid, fields, 1) for eid, fields in reply[0][1]], stop)
 
-    async def _reclaim(self, count: int) -> list[tuple[bytes, dict[bytes, bytes], int]]:
-        """Take over entries idle past the deadline; return them with their delivery counts."""
-        reply = await self.redis.xautoclaim(
-            self.source,
-            self.group,
-            self.name,
-            min_idle_time=self.settings.claim_idle_ms,
-            start_id=self._claim_cursor,
-            count=count,
-        )
-        self._claim_cursor = reply[0]
-        entries = [(eid, fields) for eid, fields in reply[1] if fields is not None]
-        if len(entries) < len(reply[1]):
-            await self._ack_vanished({eid for eid, _ in entries})
-        if not entries:
-            return []
-        counts = await self._delivery_counts([eid for eid, _ in entries])
-        self.stats.reclaimed += len(entries)
-        log.info("reclaimed", consumer=self.name, stream=self.source, count=len(entries))
-        return [(eid, fields, counts.get(eid, 1)) for eid, fields in entries]
-
-    async def _ack_vanished(self, present: set[bytes]) -> None:
-        """Redis 6.2 returns claimed entries that were deleted meanwhile as bare nils, ids lost, and keeps
-        them pending forever (7.x drops them from the PEL itself). Find ours that no longer exist; ack them."""
-        rows = await self.redis.xpending_range(
-            self.source, self.group, min="-", max="+", count=10 * self.settings.batch_size, consumername=self.name
-        )
-        for row in rows:
-            eid = row["message_id"]
-            if eid not in present and not await self.redis.xrange(self.source, eid, eid):
-                await self.redis.xack(self.source, self.group, eid)
-
-    async def _delivery_counts(self, ids: list[bytes]) -> dict[bytes, int]:
-        rows = await self.redis.xpending_range(
-            self.source, self.group, min=min(ids, key=id_order), max=max(ids, key=id_order),
-            count=len(ids) + 1000, consumername=self.name,
-        )  # fmt: skip
-        wanted = set(ids)
-        return {r["message_id"]: r["times_delivered"] for r in rows if r["message_id"] in wanted}
-
-    # -- handling ------------------------------------------------------------------------------------
-
-    async def _reclaim_one_by_one(self, stop: asyncio.Event) -> int:
-        """Take over overdue entries one at a time, each settled before the next is claimed.
-
-        Claiming a batch would bump every entry's delivery count at once: if the first one kills the
-        consumer, its neighbours would inherit the deliveries and follow it to the dead letters.
-        """
-        handled = scans = 0
-        # XAUTOCLAIM with COUNT 1 examines at most 10 pending entries per call: keep scanning (bounded) until
-        # the cursor wraps, so an overdue entry deep in a long pending list is found in one iteration.
-        while handled < self.settings.batch_size and scans < _MAX_CLAIM_SCANS and not stop.is_set():
-            scans += 1
-            claimed = await self._reclaim(count=1)
-            if claimed:
-                handled += await self._handle_batch(claimed, stop)
-            elif self._claim_cursor == b"0-0":
-                break
+    async def _handle_overdue(self, stop: asyncio.Event) -> int:
+        """Take over overdue entries one at a time (streams/reclaim.py), each settled before the next is claimed."""
+        handled = 0
+        async with contextlib.aclosing(self._reclaim.one_by_one(stop, self.settings.batch_size)) as overdue:
+            async for entry in overdue:
+                self.stats.reclaimed += 1
+                handled += await self._handle([entry], stop)
         return handled
 
-    async def _handle_batch(self, entries: list, stop: asyncio.Event) -> int:
-        """Handle and settle `entries`, each (entry id, fields, deliveries); on stop, release the rest."""
-        self._held = entries
-        if self._gone:
-            self._gone = set()
-        try:
-            if self.batch_handler is not None:
-                return await self._handle_batch_at_once(entries, stop)
-            return await self._handle_one_by_one(entries, stop)
-        finally:
-            self._held = []
-
-    async def _handle_one_by_one(self, entries: list, stop: asyncio.Event) -> int:
-        s = self._settlement()
-        monotonic = time.monotonic
-        flush_s = self.settings.flush_ms / 1000
-        flush_at = monotonic() + flush_s
-        failed: list = []
-        handler, output_type, stats = self.handler, self.output_type, self.stats
-        messages = None
-        if self.prefetch is not None:  # admitted up front (a bad entry is a dead letter in `s` now)
-            messages = [self._admit(s, entry) for entry in entries]
-            await self.prefetch([m for m in messages if m is not None])
-        for i, entry in enumerate(entries):
-            if stop.is_set():
-                admitted = messages[i:] if messages is not None else [True] * (len(entries) - i)
-                await self._release([e for e, m in zip(entries[i:], admitted, strict=True) if m is not None])
-                break
-            stats.processed += 1
-            entry_id, _fields, deliveries = entry
-            message = self._admit(s, entry) if messages is None else messages[i]
-            if message is not None:
-                try:
-                    results = await handler(Delivery(entry_id, message, deliveries))
-                except Poison as e:
-                    s.dead(entry_id, self._letter(entry, f"{e.kind}: {e}"))
-                except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
-                    self._failed(entry, e, failed)
-                else:
-                    for r in results:  # a handler bug, not the input's fault: let it escape
-                        if type(r) is not output_type:
-                            self._wrong_type(r)
-                    s.results(entry_id, message.dedup_id, results)
-            if monotonic() >= flush_at and len(s):
-                await self._flush(s)
-                s = self._settlement()
-                flush_at = monotonic() + flush_s
-        await self._flush(s)
-        if failed:
-            await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
-        return len(entries)
-
-    async def _handle_batch_at_once(self, entries: list, stop: asyncio.Event) -> int:
-        """`_handle_batch` for a batch handler: one call for every entry that decoded, then one settle."""
-        if stop.is_set():
-            await self._release(entries)
-            return len(entries)
-        s = self._settlement()
-        taken, deliveries = [], []
-        for entry in entries:
-            message = self._admit(s, entry)
-            if message is not None:
-                taken.append(entry)
-                deliveries.append(Delivery(entry[0], message, entry[2]))
-        self.stats.processed += len(entries)
-        failed: list = []
-        if deliveries:
-            try:
-                outcomes = await self.batch_handler(deliveries)
-            except Exception as e:  # noqa: BLE001 - the call failed as a whole: see Consumer's docstring
-                if len(taken) > 1 and isinstance(e, Poison):
-                    e = RuntimeError(f"Poison raised for a batch of {len(taken)}: {e}")  # whose? retried alone
-                outcomes = [e] * len(taken)
-            if len(outcomes) != len(taken):  # a handler bug: let it escape, nothing is acked
-                raise TypeError(f"batch handler returned {len(outcomes)} outcomes for {len(taken)} deliveries")
-            output_type = self.output_type
-            for entry, d, outcome in zip(taken, deliveries, outcomes, strict=True):
-                if isinstance(outcome, Exception):
-                    if isinstance(outcome, Poison):
-                        s.dead(d.entry_id, self._letter(entry, f"{outcome.kind}: {outcome}"))
+    async def _handle(self, entries: list[Entry], stop: asyncio.Event) -> int:
+        """Handle and settle `entries`, the batch in hand, one by one; on stop, release the rest."""
+        with self._hold.holding(entries):
+            s = self._settlement()
+            monotonic = time.monotonic
+            flush_s = self.settings.flush_ms / 1000
+            flush_at = monotonic() + flush_s
+            failed: list[Entry] = []
+            handler, output_type, stats = self.handler, self.output_type, self.stats
+            messages = None
+            if self.prefetch is not None:  # admitted up front (a bad entry is a dead letter in `s` now)
+                messages = [self._admit(s, entry) for entry in entries]
+                await self.prefetch([m for m in messages if m is not None])
+            for i, entry in enumerate(entries):
+                if stop.is_set():
+                    admitted = messages[i:] if messages is not None else [True] * (len(entries) - i)
+                    await self._release([e for e, m in zip(entries[i:], admitted, strict=True) if m is not None])
+                    break
+                stats.processed += 1
+                entry_id, _fields, deliveries = entry
+                message = self._admit(s, entry) if messages is None else messages[i]
+                if message is not None:
+                    try:
+                        results = await handler(Delivery(entry_id, message, deliveries))
+                    except Poison as e:
+                        s.dead(entry_id, self._letter(entry, f"{e.kind}: {e}"))
+                    except Exception as e:  # noqa: BLE001 - transient by classification: left pending, retried, counted
+                        self._failed(entry, e, failed)
                     else:
-                        self._failed(entry, outcome, failed)
-                    continue
-                for r in outcome:
-                    if type(r) is not output_type:
-                        self._wrong_type(r)
-                s.results(d.entry_id, d.message.dedup_id, outcome)
-        await self._flush(s)
-        if failed:
-            await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
+                        for r in results:  # a handler bug, not the input's fault: let it escape
+                            if type(r) is not output_type:
+                                raise TypeError(
+                                    f"handler returned {type(r).__name__}; this consumer writes {output_type}"
+                                )
+                        s.results(entry_id, message.dedup_id, results)
+                if monotonic() >= flush_at and len(s):
+                    await self._flush(s)
+                    s = self._settlement()
+                    flush_at = monotonic() + flush_s
+            await self._flush(s)
+            if failed:
+                await self._release(failed, after_ms=self.settings.retry_delay_ms, counted=True)
         return len(entries)
 
-    def _admit(self, s: Settlement, entry: tuple) -> M | None:
+    def _admit(self, s: Settlement, entry: Entry) -> M | None:
         """The entry's message, or None once it is in `s` as a dead letter (too many deliveries, or bytes
         that cannot be decoded). Never raises for anything the input did."""
         entry_id, fields, deliveries = entry
         if deliveries > self.settings.max_deliveries:
-            reason = f"delivered {deliveries} times (max {self.settings.max_deliveries})"
-            s.dead(entry_id, self._letter(entry, reason))
+            s.dead(entry_id, self._letter(entry, too_often(deliveries, self.settings.max_deliveries)))
             return None
         try:
             return self._decode(fields)
@@ -477,25 +314,19 @@ class Consumer(Generic[M]):
             s.dead(entry_id, self._letter(entry, f"schema: {e}"))
             return None
 
-    def _failed(self, entry: tuple, e: Exception, failed: list) -> None:
+    def _failed(self, entry: Entry, e: Exception, failed: list[Entry]) -> None:
         entry_id, _fields, deliveries = entry
         self.stats.transient_failures += 1
+        error = f"{type(e).__name__}: {e}"
         log.warning(
-            "handler_failed", consumer=self.name, entry_id=entry_id.decode(), deliveries=deliveries,
-            error=f"{type(e).__name__}: {e}",
-        )  # fmt: skip
+            "handler_failed", consumer=self.name, entry_id=entry_id.decode(), deliveries=deliveries, error=error
+        )
         failed.append(entry)
 
-    def _wrong_type(self, r: object) -> None:
-        raise TypeError(f"handler returned {type(r).__name__}; this consumer writes {self.output_type}")
-
-    def _letter(self, entry: tuple, reason: str) -> DeadLetter:
+    def _letter(self, entry: Entry, reason: str) -> DeadLetter:
         entry_id, fields, deliveries = entry
         log.warning("dead_letter", consumer=self.name, stream=self.source, entry_id=entry_id.decode(), reason=reason)
-        return DeadLetter(
-            source=self.source, group=self.group, original_id=entry_id.decode(), deliveries=deliveries,
-            reason=reason, consumer=self.name, failed_ms=int(time.time() * 1000), original=dict(fields),
-        )  # fmt: skip
+        return letter(self.source, self.group, self.name, entry_id, fields, deliveries, reason)
 
     def _settlement(self) -> Settlement:
         return Settlement(self.keys, self.source, self.output, self.group, self.settings.dedup_ttl_s)
@@ -511,7 +342,7 @@ class Consumer(Generic[M]):
             # The split brain (streams.sentinel `deposed`): this settle, and those since the master lost its
             # replica, went to a master the sentinels have replaced and will be thrown away with its data. As
             # after any outage, what we hold is taken again from the new master (at once: `deposed` dropped
-            # the old connections); the handler's work on it is redone, never counted twice.
+            # the connections to the replaced master); the handler's work on it is redone, never counted twice.
             raise MasterReplaced(f"{self.name}: settled on a master the sentinels have replaced")
         return settled
 
@@ -521,38 +352,31 @@ class Consumer(Generic[M]):
         now = time.monotonic()
         if now - self._unreplicated_logged >= 10:
             self._unreplicated_logged = now
-            log.warning("settle_unreplicated", consumer=self.name, stream=self.source, published=settled.published,
-                        total=self.stats.settle_unreplicated, wait_ms=self.settings.settle_wait_ms)  # fmt: skip
+            log.warning(
+                "settle_unreplicated",
+                consumer=self.name,
+                stream=self.source,
+                published=settled.published,
+                total=self.stats.settle_unreplicated,
+                wait_ms=self.settings.settle_wait_ms,
+            )
 
     async def _hand_back_mine(self) -> None:
         """After an outage: what is still pending under our name (a batch whose settle failed when Redis
         went away, or its release) is handed back at once, with the delivery the outage cost it given back
         (it is not the entry's fault), so it is taken again now, by us or another consumer, instead of
         after `claim_idle_ms`. Its marker, if the settle did land, makes a second handling a no-op."""
-        rows = await self.redis.xpending_range(self.source, self.group, min="-", max="+", count=10_000,
-                                               consumername=self.name)  # fmt: skip
-        if rows:
-            await self._release([(row["message_id"], None, row["times_delivered"]) for row in rows])
-            self.stats.handed_back += len(rows)
-            self._next_claim = 0.0
-            log.info("handed_back_after_outage", consumer=self.name, entries=len(rows))
+        mine = await self._hold.pending_here()
+        if mine:
+            await self._release(mine)
+            self.stats.handed_back += len(mine)
+            self._reclaim.soon()
+            log.info("handed_back_after_outage", consumer=self.name, entries=len(mine))
 
-    async def _release(self, entries: list, after_ms: int = 0, counted: bool = False) -> None:
-        """Hand entries back without acking them: make them claimable by any consumer in `after_ms`.
-
-        XCLAIM to ourselves with IDLE backdated, only for entries still ours (`claims.py`: after a stall,
-        another consumer may hold them now). An entry we never started (`counted=False`) gets its delivery
-        count restored with RETRYCOUNT, so a graceful shutdown costs it no delivery; a failed one keeps the
-        delivery it used. There is no "nack" in Redis Streams; this is its honest equivalent.
-        """
-        back = 0 if counted else 1
-        async with self._claims_lock:
-            self._gone.update(entry_id for entry_id, _fields, _deliveries in entries)
-            released = await self._claims.release(
-                [(entry_id, deliveries - back) for entry_id, _fields, deliveries in entries],
-                idle_ms=self.settings.claim_idle_ms - after_ms,
-            )  # fmt: skip
-        self.stats.released += released
+    async def _release(self, entries: list[Entry], after_ms: int = 0, counted: bool = False) -> None:
+        """Hand entries back without acking them (streams/claims.py `Hold.release`): claimable by any consumer
+        in `after_ms`; a failed entry (`counted`) keeps the delivery it used, one never started gets it back."""
+        self.stats.released += await self._hold.release(entries, after_ms=after_ms, counted=counted)
 
 
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:

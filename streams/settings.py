@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from streams import sentinel
+from streams import logs, sentinel
 
 ENV_PREFIX = "PROOFSTREAM_"
 CONFIG_ENV = "PROOFSTREAM_CONFIG"
@@ -226,6 +226,29 @@ class RoleSettings(BaseModel):
     def from_args(cls, args: argparse.Namespace) -> Self:
         given = {k: v for k, v in vars(args).items() if k in cls.model_fields}
         return cls.load(config_path=getattr(args, "config", None), flags=given)
+
+    @classmethod
+    def command_parser(cls, module: str, doc: str, defaults: dict[str, str] | None = None) -> SettingsParser:
+        """The parser of the role's command `python -m <module>`: the first paragraph of `doc` (the module's
+        docstring), then one flag per setting (`add_arguments`, with its `defaults`)."""
+        prog = f"python -m {module}"
+        usage = f"{prog} [--config FILE] [--FLAG VALUE ...]"
+        parser = SettingsParser(prog=prog, description=doc.split("\n\n")[0], usage=usage)
+        cls.add_arguments(parser, defaults=defaults)
+        return parser
+
+    @classmethod
+    def from_command(cls, parser: SettingsParser, argv: list[str] | None = None) -> tuple[Self, argparse.Namespace]:
+        """The settings a role's command line gives (flags < env < TOML < defaults) and its parsed arguments,
+        with logging set up at the settings' level. A configuration the role cannot run with exits 2 with
+        `<module>: <why>`, as a bad flag does."""
+        args = parser.parse_args(argv)
+        try:
+            settings = cls.from_args(args)
+        except SettingsError as e:
+            parser.exit(2, f"{parser.prog.removeprefix('python -m ')}: {e}\n")
+        logs.configure(settings.log_level)
+        return settings, args
 
 
 def _problem(err: dict[str, Any], came_from: dict[str, str]) -> str:

@@ -11,15 +11,13 @@ Each sweep is safe to run from several workers at once: claims and the settle sc
 
 from __future__ import annotations
 
-import time
-
 import structlog
 from redis.asyncio import Redis
 
 from streams.groups import trim_acked
 from streams.keys import Keys
+from streams.letters import letter, too_often
 from streams.runtime import ConsumerSettings
-from streams.schema import DeadLetter
 from streams.settle import Settlement, Settler
 
 log = structlog.get_logger("streams.sweeps")
@@ -40,11 +38,8 @@ async def dead_letter_overdue(redis: Redis, keys: Keys, stream: str, group: str,
     for entry_id, fields in claimed:
         if fields is None:  # deleted meanwhile (Redis 6.2 shape)
             continue
-        reason = f"delivered {counts[entry_id]} times (max {settings.max_deliveries}), found by the sweep"
-        settlement.dead(entry_id, DeadLetter(
-            source=stream, group=group, original_id=entry_id.decode(), deliveries=counts[entry_id], reason=reason,
-            consumer=SWEEPER, failed_ms=int(time.time() * 1000), original=dict(fields),
-        ))  # fmt: skip
+        reason = f"{too_often(counts[entry_id], settings.max_deliveries)}, found by the sweep"
+        settlement.dead(entry_id, letter(stream, group, SWEEPER, entry_id, fields, counts[entry_id], reason))
     settled = await Settler(redis)(settlement)
     if settled.dead:
         log.warning("sweep_dead_lettered", stream=stream, group=group, count=settled.dead)

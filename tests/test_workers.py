@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from consumers.service import VerifierService
+from streams import role_stats
 from streams.codec import decode
 from streams.groups import group_states
 from streams.keys import VERIFIERS
@@ -80,7 +81,8 @@ async def test_worker_checks_health_verifies_and_drains_on_sigterm(redis, redis_
         assert worker.wait(timeout=30) == 0
         [g] = [g for g in await group_states(redis, keys.attempts) if g.name == VERIFIERS]
         assert g.outstanding == 0
-        assert await redis.hlen(keys.verifier_stats) == 1
+        [figures] = (await role_stats.verifiers(redis, keys)).values()
+        assert (figures["processed"], figures["published"]) == (20, 20)
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)

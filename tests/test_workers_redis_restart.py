@@ -1,4 +1,4 @@
-"""`arq workers.verifier` rides out a Redis restart (issue 12, item 6), for real: a redis-server with its AOF
+"""`arq workers.verifier` rides out a Redis restart, for real: a redis-server with its AOF
 (fsync always, so nothing acknowledged is lost) killed with SIGKILL and restarted on the same port and data,
 several worker processes with process sandboxes and the Countdown checker.
 

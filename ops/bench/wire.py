@@ -6,8 +6,7 @@ are back. As deployed, the producer and the consumer are processes of their own;
 and the clock stops when it has read the N-th reward. The raw side
 sends pre-encoded bytes and skips our codec, dataclasses, handler call, stats and logging, so `ratio`
 is the share of the wire's speed our runtime keeps. Our consumer's handler is called once per entry, as
-the verifier's is; `--handler batch` gives it the runtime's batch handler instead (one call per batch),
-which any role may use. Last line of output: one JSON object.
+the verifier's is. Last line of output: one JSON object.
 
 `--replica` measures what the settle's WAIT costs (streams/settle.py, "Replicas"): the private server gets a
 replica (a second private redis-server, made one with REPLICAOF), and the rounds alternate our consumer
@@ -88,21 +87,6 @@ async def _no_op(d: Delivery[Attempt]) -> list[Reward]:
     ]
 
 
-async def _no_op_batch(ds: list[Delivery[Attempt]]) -> list[list[Reward]]:
-    return [
-        [
-            Reward(
-                attempt_id=d.message.attempt_id,
-                theorem_id=d.message.theorem_id,
-                policy_version=d.message.policy_version,
-                verdict="proved",
-                reward=1.0,
-            )
-        ]
-        for d in ds
-    ]
-
-
 def _ours_consumer_with(settle_replicas: int | None = None, **handler):
     async def consume(redis: Redis, keys: Keys, n: int, batch: int, stop: asyncio.Event) -> None:
         settings = ConsumerSettings(
@@ -160,11 +144,9 @@ async def _raw_consumer(redis: Redis, keys: Keys, n: int, batch: int, stop: asyn
         await redis.evalsha(sha, 3 + len(markers), keys.attempts, keys.rewards, keys.dlq, *markers, *argv)
 
 
-# side -> (inputs built before the clock starts, producer, consumer). "ours" hands the consumer's handler
-# one entry at a time, as the verifier does; "ours-batch" gives it the runtime's batch handler instead.
+# side -> (inputs built before the clock starts, producer, consumer).
 SIDES = {
     "ours": (_ours_inputs, _ours_producer, _ours_consumer_with(handler=_no_op)),
-    "ours-batch": (_ours_inputs, _ours_producer, _ours_consumer_with(batch_handler=_no_op_batch)),
     "raw": (_raw_inputs, _raw_producer, _raw_consumer),
     # --replica: the settle followed by WAIT for one replica, or never waiting
     "ours-wait": (_ours_inputs, _ours_producer, _ours_consumer_with(settle_replicas=1, handler=_no_op)),
@@ -273,12 +255,10 @@ def _result(
     }
 
 
-def bench(url: str, n: int, batch: int, rounds: int, handler: str = "entry") -> dict:
-    ours = "ours" if handler == "entry" else "ours-batch"
-    raw_s, ours_s, server = _alternated(url, ours, ("raw", ours), n, batch, rounds)
+def bench(url: str, n: int, batch: int, rounds: int) -> dict:
+    raw_s, ours_s, server = _alternated(url, "ours", ("raw", "ours"), n, batch, rounds)
     return {
         **_result("wire", n, batch, rounds, (ours_s, raw_s), ("ours", "baseline")),
-        "handler": handler,
         "redis_version": server["redis_version"],
         "topology": "producer process -> consumer process -> reader (this process)",
     }
@@ -327,7 +307,7 @@ def summary(result: dict) -> str:
 
 def measure(args: argparse.Namespace) -> dict:
     if not args.replica:
-        return common.on_redis(args, lambda url: bench(url, args.n, args.batch, args.rounds, args.handler))
+        return common.on_redis(args, lambda url: bench(url, args.n, args.batch, args.rounds))
     with EmbeddedRedis(appendfsync="everysec") as server, _with_replica(server):
         return bench_wait(server.url, args.n, args.batch, args.rounds)
 
@@ -344,12 +324,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=50_000, help="attempts per round")
     p.add_argument("--batch", type=int, default=500, help="XADD chunk and XREADGROUP count")
     p.add_argument("--rounds", type=int, default=3, help="rounds per side; medians are reported")
-    p.add_argument(
-        "--handler",
-        choices=("entry", "batch"),
-        default="entry",
-        help="our consumer's handler: called per entry (as the verifier's), or per batch",
-    )
     p.add_argument(
         "--replica",
         action="store_true",

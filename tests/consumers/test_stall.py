@@ -30,6 +30,7 @@ from streams.runtime import ensure_group
 from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, register
 from tests.fixtures import FAKE_REPL
+from tests.streams.consumer_process import cleanup, finish
 from verifier_pool import process
 
 pytestmark = [
@@ -56,23 +57,6 @@ def spawn(redis_url: str, run: str, log: Path, **settings) -> subprocess.Popen:
     env.pop("PROOFSTREAM_CONFIG", None)
     return subprocess.Popen([sys.executable, "-m", "tests.consumers.verifier_worker"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True)  # fmt: skip
-
-
-def finish(proc: subprocess.Popen) -> dict:
-    """SIGTERM: the worker drains and exits 0; its last stdout line is its figures."""
-    proc.send_signal(signal.SIGCONT)
-    proc.terminate()
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, f"worker exited {proc.returncode}"
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def cleanup(*procs: subprocess.Popen) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-            p.communicate()
 
 
 def descendants(pid: int) -> list[int]:
@@ -169,7 +153,7 @@ async def test_a_worker_stopped_mid_check_past_the_timeout_gives_the_real_verdic
             return await one_redis.xlen(keys.rewards) > 0
 
         await until(rewarded, "the reward")
-        figures = finish(worker)
+        figures, _ = finish(worker)
     finally:
         cleanup(worker)
     [r] = await rewards(one_redis, keys)
@@ -215,7 +199,7 @@ async def test_a_stopped_worker_whose_attempt_is_reclaimed_wakes_to_one_reward_w
             return bool(verified_events(logs[held]))
 
         await until(stalled_check_ended, "the woken worker to end its check")
-        figures = finish(stalled)
+        figures, _ = finish(stalled)
         finish(other)
     finally:
         cleanup(*workers)

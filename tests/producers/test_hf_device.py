@@ -1,11 +1,12 @@
 """The `hf` engine on an accelerator: every path it serves keeps its tensors on the engine's device.
 
-The first run on a GPU failed GRPO on every work order: the sampled completions were moved to the host and
-then used to index the behaviour logprobs still on the GPU. A CPU allows that, so no test here saw it. These
-tests run the engine on a simulated device (tests/fixtures/accelerator.py: a second device that computes on
-the CPU and refuses, as CUDA does, any operation that mixes its tensors with host tensors), with the real
-default model, and compare each answer with the same call on the plain CPU engine: the simulated device
-computes the same numbers, so tokens and logprobs must agree, not only run.
+A tensor on the host indexing one on the GPU (sampled completions moved to the host, then used as indices
+into the behaviour logprobs left on the GPU) fails on CUDA and passes on a CPU: a CPU run cannot catch what
+fails every GRPO work order on a GPU. These tests run the engine on a simulated device
+(tests/fixtures/accelerator.py: a second device that computes on the CPU and refuses, as CUDA does, any
+operation that mixes its tensors with host tensors), with the real default model, and compare each answer
+with the same call on the plain CPU engine: the simulated device computes the same numbers, so tokens and
+logprobs must agree, not only run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from producers.hf import HFEngine, _RawLogprobs  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
 from tasks import prompts  # noqa: E402
 from tests.fixtures.accelerator import DEVICE, DeviceMix, OnDevice, simulated_accelerator  # noqa: E402
+from weights.es import save_weights  # noqa: E402
 
 THEOREMS = [
     Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),
@@ -93,7 +95,7 @@ def test_greedy_sampled_and_logprob_paths_on_the_device_answer_as_on_the_cpu(mod
 
 def test_es_members_replay_and_grpo_weights_on_the_device_equal_the_cpu_engine(model_path, tmp_path):
     """An ES member (center of version 1 + a perturbation), the center's digest, a snapshot replayed by a
-    second engine, an exported version and GRPO weights loaded from it: the same bits as on the CPU."""
+    second engine, and the center saved as GRPO weights and loaded back: the same bits as on the CPU."""
     cpu = HFEngine(model_path)
     cpu.es_add_step(1, STEP)
     cpu.es_use(1, 99, -1, 0.01)
@@ -107,14 +109,15 @@ def test_es_members_replay_and_grpo_weights_on_the_device_equal_the_cpu_engine(m
         assert _answers(engine.generate(_ids(engine), GREEDY)) == member
         assert engine.es_digest(1) == center
         assert all(isinstance(t, OnDevice) for t in engine.es.center(1).values())  # the master lives there too
-        folder = engine.export(1, tmp_path / "v1")
+        folder = tmp_path / "v1"  # GRPO's weights folder, holding center 1 as the device computed it
+        save_weights({name: t.cpu() for name, t in engine.es.center(1).items()}, folder / "model.safetensors")
         engine.load_weights(folder)
         assert engine.es.current is None
         late = HFEngine(model_path, device=DEVICE.type, snapshot_dir=tmp_path / "snap")
         late.es_add_step(1, STEP)
         assert late.es_digest(1) == center and late.es.snapshots_loaded == 1
     assert not mode.mixes
-    # What was exported and loaded on the device is the center, as the CPU's engine reads it back.
+    # What was saved and loaded on the device is the center, as the CPU's engine reads it back.
     reread = HFEngine(model_path)
     reread.load_weights(folder)
     assert weights_digest_of(reread) == center

@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch", reason="ES weights need torch (make test in
 
 from tests.producers.conftest import needs_model  # noqa: E402
 from weights.es import load_master, noise  # noqa: E402
-from weights.step import ESStep  # noqa: E402
 
 # -- the real default model --------------------------------------------------------------------------------
 
@@ -46,21 +45,3 @@ def test_bf16_engine_gets_the_cast_of_the_fp32_result_and_restores_exactly(model
         assert all(torch.equal(engine.model.state_dict()[k], base[k]) for k in base)
     finally:
         engine.close()
-
-
-@needs_model
-def test_export_writes_a_loadable_hugging_face_folder_of_that_version(hf_engine, tmp_path):
-    import transformers
-
-    hf_engine.es_add_step(1, ESStep((21, 22), (1, 1), (0.7, -0.7), 0.01, 0.05).to_dict())
-    try:
-        folder = hf_engine.export(1, tmp_path / "v1")
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-        center = hf_engine.es.center(1)
-        state = loaded.state_dict()
-        assert all(torch.equal(state[k], center[k]) for k in center)
-        assert (folder / "tokenizer_config.json").exists()
-    finally:
-        hf_engine.es_use(0, None)
-        hf_engine.es.steps.pop(1)
-        hf_engine.es.masters.pop(1, None)

@@ -12,13 +12,13 @@ import dataclasses
 import shutil
 import time
 
-import orjson
 import pytest
 
 torch = pytest.importorskip("torch", reason="the generator needs torch (make test installs torch==2.13.0)")
 
 from producers.config import GeneratorSettings  # noqa: E402
 from producers.service import GeneratorService  # noqa: E402
+from streams import role_stats  # noqa: E402
 from streams.codec import decode, unpack_float32, unpack_int32  # noqa: E402
 from streams.keys import GENERATORS, VERIFIERS, Keys  # noqa: E402
 from streams.publisher import Publisher  # noqa: E402
@@ -98,8 +98,8 @@ async def test_es_order_becomes_one_attempt_per_theorem_with_ids_from_the_order(
     assert all(a.num_tokens > 0 and a.token_ids == b"" for a in got)  # ES carries no token ids
     assert engine.es.current == (0, 7, -1, 0.001, 0)  # the member's full-rank weights were in place
     assert service.counts["orders"] == 1 and service.counts["attempts"] == 2
-    stats = await one_redis.hget(KEYS.generator_stats, "g1")
-    assert stats and b'"attempts":2' in stats
+    reported = (await role_stats.generators(one_redis, KEYS))["g1"]
+    assert (reported["name"], reported["engine"], reported["attempts"]) == ("g1", "hf", 2)
     assert await one_redis.get(KEYS.es_noise) == b"cpu"  # the first ES generator named the run's noise device
 
 
@@ -173,7 +173,7 @@ async def test_the_same_engine_error_on_three_orders_stops_the_generator_with_it
     assert service.fatal == ("the hf engine failed 3 orders in a row with the same error: RuntimeError: Expected "
                              "all tensors to be on the same device, but got index is on cpu")  # fmt: skip
     assert service.counts["engine_errors"] == 3 and await one_redis.xlen(KEYS.dlq) == 0
-    report = orjson.loads(await one_redis.hget(KEYS.generator_stats, "g-mix"))
+    report = (await role_stats.generators(one_redis, KEYS))["g-mix"]
     assert report["fatal"] == service.fatal  # what the trainer's progress watch names
 
 

@@ -29,10 +29,11 @@ if importlib.util.find_spec("vllm") is None:
 import torch  # noqa: E402
 
 from producers.engine import Sampling  # noqa: E402
+from tests.producers.cases import worker_state  # noqa: E402
 from weights.es import digest, load_master, perturbed, save_weights  # noqa: E402
 
-# The same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured), once 1.24e-5 (session 10's
-# rehearsal, a clean clone on a busy machine); the tokens themselves must be equal. Far below a sampling bug's.
+# The same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured), once 1.24e-5 (a clean
+# clone on a busy machine); the tokens themselves must be equal. Far below a sampling bug's.
 DECODE_JITTER = 5e-5
 LOGPROB_TOL = 1e-3  # fp32 vs fp32, different kernels: measured max ~2e-5; a real difference is >= 1e-2
 MAX_NEW = 12
@@ -91,6 +92,22 @@ def forward_logprobs(model, prompt: list[int], completion: list[int]) -> list[fl
     return torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt) :, None]).squeeze(1).tolist()
 
 
+def scores(engine, sequences: list[list[int]]) -> list[list[float]]:
+    """vLLM's logprob of each token given the ones before it, for the weights in place (raw logits, one prefill
+    pass; len - 1 values each). Requests that ask for prompt logprobs bypass the prefix cache, so the whole
+    sequence is computed with the weights in place."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    requests = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+    outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False)
+    return [
+        [float(step[token].logprob) for token, step in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
+        for seq, out in zip(sequences, outputs, strict=True)
+    ]
+
+
 def max_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
@@ -142,14 +159,14 @@ def test_member_changes_every_weight_and_restore_is_exact(engine, hf, prompts):
     engine.es_use(0, None)
     base = greedy(engine, prompts)
     sequences = [p + s.token_ids for p, s in zip(prompts, first_of(base), strict=True)]
-    base_scores = engine.score(sequences)
+    base_scores = scores(engine, sequences)
     engine.es_use(0, 5, -1, SIGMA)
-    write = engine.worker_stats()["last_write"]
+    write = worker_state(engine)["last_write"]
     # every checkpoint tensor was handed over, vLLM reported every one of its parameters loaded, and the
     # tied lm_head's CPU kernel (which vLLM's reload leaves stale) was rebuilt
     assert write["tensors"] == write["distinct"] == len(checkpoint_names(engine.model_path))
     assert write["parameters_loaded"] == write["parameters"]
-    member_scores = engine.score(sequences)
+    member_scores = scores(engine, sequences)
     # the member is center + sigma*sign*eps for all 272 tensors: transformers with the same member agrees
     hf.es_use(0, 5, -1, SIGMA)
     worst = max(
@@ -161,7 +178,7 @@ def test_member_changes_every_weight_and_restore_is_exact(engine, hf, prompts):
     assert worst < LOGPROB_TOL
     assert shift > 100 * LOGPROB_TOL
     engine.es_use(0, None)
-    assert engine.score(sequences) == base_scores  # bit-exact restore
+    assert scores(engine, sequences) == base_scores  # bit-exact restore
     restored = greedy(engine, prompts)
     assert [s.token_ids for s in first_of(restored)] == [s.token_ids for s in first_of(base)]
     assert (
@@ -182,21 +199,15 @@ def test_load_weights_of_a_perturbed_folder_equals_es_use(engine, hf, prompts, t
     # the GRPO path: a safetensors folder written elsewhere (here from the hf engine's own ES state)
     save_weights(dict(perturbed(hf.es.center(2), 9, 1, SIGMA)), tmp_path / "grpo" / "model.safetensors")
     engine.es_use(0, None)
-    center = engine.score(prompts)
+    center = scores(engine, prompts)
     engine.load_weights(tmp_path / "grpo")
-    loaded = engine.score(prompts)
+    loaded = scores(engine, prompts)
     assert loaded != center
     engine.es_use(2, 9, 1, SIGMA)  # the load made the ES state unknown: this writes the member again
     # the same fp32 values through the same write path: identical, not merely close
-    assert engine.score(prompts) == loaded
+    assert scores(engine, prompts) == loaded
     engine.es_use(0, None)
-    assert engine.score(prompts) == center
-
-
-def test_export_writes_the_center(engine, tmp_path):
-    folder = engine.export(1, tmp_path / "v1")
-    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
-    assert digest(load_master(folder)) == engine.es_digest(1)  # float32 engine: the export is the master
+    assert scores(engine, prompts) == center
 
 
 def test_a_version_forgotten_and_made_again_is_the_new_historys_center(engine, hf, prompts):
@@ -205,7 +216,7 @@ def test_a_version_forgotten_and_made_again_is_the_new_historys_center(engine, h
     the weights sampled with are the new ones."""
     old = engine.es_digest(2)
     engine.es_use(2, None)
-    lost = engine.score(prompts)
+    lost = scores(engine, prompts)
     again = {**STEPS[2], "seeds": [202]}
     try:
         for e in (engine, hf):
@@ -213,7 +224,7 @@ def test_a_version_forgotten_and_made_again_is_the_new_historys_center(engine, h
             e.es_add_step(2, again)
         assert engine.es_digest(2) == hf.es_digest(2) != old
         engine.es_use(2, None)  # the weights held were version 2's lost center: written again
-        assert engine.score(prompts) != lost
+        assert scores(engine, prompts) != lost
     finally:
         for e in (engine, hf):
             e.es_forget_after(1)

@@ -27,19 +27,11 @@ if importlib.util.find_spec("vllm") is None:
 import torch  # noqa: E402
 
 from producers.engine import Sampling  # noqa: E402
-from streams.theorems import Theorem  # noqa: E402
-from tasks import prompts as task_prompts  # noqa: E402
+from tests.producers import cases  # noqa: E402
+from tests.producers.cases import GREEDY, MEMBERS, RANK, SIGMA, tokens, written_in_turn  # noqa: E402
 from weights.es import load_master, member_factors, perturbed  # noqa: E402
 
-THEOREMS = [
-    Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),
-    Theorem("cd-2", "countdown", numbers=[10, 4], target=6),
-    Theorem("cd-3", "countdown", numbers=[2, 9, 4], target=26),
-]
-GREEDY = Sampling(n=1, temperature=0.0, max_new_tokens=24, logprobs=True)
 SAMPLED = Sampling(n=2, temperature=1.0, max_new_tokens=12, seed=5)
-MEMBERS = [(11, 1), (11, -1), (12, 1), (13, 1)]
-SIGMA, RANK = 0.01, 4  # sigma large enough that every member answers otherwise than the center somewhere
 LOGPROB_TOL = 2e-4
 CENTER = [0, None, 1, 0.0, 0]  # the worker's ESWeights.current when it holds center 0
 
@@ -62,11 +54,7 @@ def engine(model_path):
 
 @pytest.fixture(scope="module")
 def ids(engine) -> list[list[int]]:
-    return [task_prompts.tokenize(engine.tokenizer, task_prompts.messages(t)) for t in THEOREMS]
-
-
-def _tokens(rows):
-    return [[s.token_ids for s in row] for row in rows]
+    return cases.prompt_ids(engine.tokenizer)
 
 
 def test_lora_members_answer_as_the_same_members_written_into_the_weights(engine, ids):
@@ -74,60 +62,47 @@ def test_lora_members_answer_as_the_same_members_written_into_the_weights(engine
         started = time.monotonic()
         batched = engine.es_members(0, MEMBERS, SIGMA, RANK, ids, GREEDY)
         batched_s = time.monotonic() - started
-        assert engine.worker_stats()["current"] == CENTER  # the adapters left the center in the weights
+        assert cases.worker_state(engine)["current"] == CENTER  # the adapters left the center in the weights
         assert not engine.llm.llm_engine.list_loras()  # and were removed after the call
         alone = engine.es_members(0, [MEMBERS[2]], SIGMA, RANK, ids, GREEDY)[0]
         others = engine.es_members(0, [MEMBERS[3], MEMBERS[2]], SIGMA, RANK, ids, GREEDY)[1]
         center = engine.generate(ids, GREEDY)
-        started = time.monotonic()
-        written = []
-        for seed, sign in MEMBERS:
-            engine.es_use(0, seed, sign, SIGMA, RANK)
-            written.append(engine.generate(ids, GREEDY))
-        written_s = time.monotonic() - started
     finally:
         engine.es_use(0, None)
+    started = time.monotonic()
+    written = written_in_turn(engine, MEMBERS, ids, GREEDY)
+    written_s = time.monotonic() - started
     print(f"4 members x 3 prompts: adapters {batched_s:.1f} s, written in turn {written_s:.1f} s")
-    assert len(batched) == len(MEMBERS) and all(len(rows) == len(THEOREMS) for rows in batched)
+    assert len(batched) == len(MEMBERS) and all(len(rows) == len(cases.THEOREMS) for rows in batched)
     worst = 0.0
     for member, (got, want) in enumerate(zip(batched, written, strict=True)):
-        assert _tokens(got) == _tokens(want), member
-        assert _tokens(got) != _tokens(center), member  # the adapter did change its answers
+        assert tokens(got) == tokens(want), member
+        assert tokens(got) != tokens(center), member  # the adapter did change its answers
         for row, ref in zip(got, want, strict=True):
             worst = max(worst, *(abs(a - b) for a, b in zip(row[0].logprobs, ref[0].logprobs, strict=True)))
     print(f"max |logprob diff| adapter vs written (fp32): {worst:.2e}")
     assert worst < LOGPROB_TOL
-    assert _tokens(batched[0]) != _tokens(batched[1])  # antithetic twins are two members
-    assert _tokens(alone) == _tokens(batched[2]) == _tokens(others)  # its batch-mates change nothing
-    assert _tokens(engine.generate(ids, GREEDY)) == _tokens(center)  # no adapter outlives its call
+    assert tokens(batched[0]) != tokens(batched[1])  # antithetic twins are two members
+    assert tokens(alone) == tokens(batched[2]) == tokens(others)  # its batch-mates change nothing
+    assert tokens(engine.generate(ids, GREEDY)) == tokens(center)  # no adapter outlives its call
 
 
 def test_sampled_members_draw_the_samples_of_the_member_written_in(engine, ids):
     """A member's row p is seeded as row p of `generate`: the adapter path samples what the written member does."""
     members = MEMBERS[:2]
-    try:
-        batched = engine.es_members(0, members, SIGMA, RANK, ids, SAMPLED)
-        written = []
-        for seed, sign in members:
-            engine.es_use(0, seed, sign, SIGMA, RANK)
-            written.append(engine.generate(ids, SAMPLED))
-    finally:
-        engine.es_use(0, None)
-    assert [_tokens(m) for m in batched] == [_tokens(m) for m in written]
-    assert _tokens(batched[0]) != _tokens(batched[1])
+    batched = engine.es_members(0, members, SIGMA, RANK, ids, SAMPLED)
+    written = written_in_turn(engine, members, ids, SAMPLED)
+    assert [tokens(m) for m in batched] == [tokens(m) for m in written]
+    assert tokens(batched[0]) != tokens(batched[1])
 
 
 def test_a_rank_above_the_engines_lora_slots_is_written_in_turn(engine, ids):
     """rank 16 does not fit `max_lora_rank` 8: es_members writes the member in, and puts the center back."""
     member = [(14, -1)]
     got = engine.es_members(0, member, SIGMA, 16, ids, GREEDY)[0]
-    assert engine.worker_stats()["current"] == CENTER
-    try:
-        engine.es_use(0, 14, -1, SIGMA, 16)
-        want = engine.generate(ids, GREEDY)
-    finally:
-        engine.es_use(0, None)
-    assert _tokens(got) == _tokens(want)
+    assert cases.worker_state(engine)["current"] == CENTER
+    [want] = written_in_turn(engine, member, ids, GREEDY, rank=16)
+    assert tokens(got) == tokens(want)
 
 
 def test_an_adapter_is_the_members_perturbation_in_peft_form(model_path, tmp_path):

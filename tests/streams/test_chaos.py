@@ -1,4 +1,4 @@
-"""Chaos test of the wire: producer -> consumer processes -> rewards, under crashes (issue 2, item 5).
+"""Chaos test of the wire: producer -> consumer processes -> rewards, under crashes.
 
 Setup: a private Redis (AOF, appendfsync always) started by this test, not the shared fixture, because the
 test kills it. The test process publishes N_UNIQUE attempts (a few percent with proof "POISON", which the

@@ -10,7 +10,7 @@ are the ones the scenario is about ("alive for three deadlines").
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import signal
 import subprocess
 import sys
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from streams.claims import Claims
+from streams.claims import Claims, Hold
 from streams.codec import decode
 from streams.keys import VERIFIERS
 from streams.publisher import Publisher
-from streams.runtime import Consumer, ConsumerSettings, Delivery, ensure_group
+from streams.runtime import Consumer, ConsumerSettings, ensure_group
 from streams.schema import Attempt, Reward
+from tests.streams.consumer_process import cleanup, finish, proved
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_MS = 1500  # the deadline in these tests: refresh every 300 ms
@@ -33,12 +34,6 @@ IDLE_MS = 1500  # the deadline in these tests: refresh every 300 ms
 
 def attempt(i: int) -> Attempt:
     return Attempt(attempt_id=f"a{i}", work_id="w", theorem_id=f"t{i}", policy_version=0, sample_index=i, proof="p")
-
-
-def reward(d: Delivery[Attempt], by: str) -> list[Reward]:
-    a = d.message
-    return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=0, verdict="proved",
-                   reward=1.0, sandbox_id=by)]  # fmt: skip
 
 
 async def rewards(redis, keys) -> list[Reward]:
@@ -67,23 +62,47 @@ async def published(redis, keys) -> bytes:
     return (await redis.xrange(keys.attempts))[0][0]
 
 
-def settings(**kw) -> ConsumerSettings:
-    return ConsumerSettings(**{"batch_size": 1, "block_ms": 50, "claim_idle_ms": IDLE_MS, "claim_every_ms": 50,
-                               "retry_delay_ms": 100} | kw)  # fmt: skip
+def consumer(redis, keys, name: str, handler, **settings) -> Consumer:
+    fast = {"batch_size": 1, "block_ms": 50, "claim_idle_ms": IDLE_MS, "claim_every_ms": 50, "retry_delay_ms": 100}
+    return Consumer(
+        redis,
+        keys,
+        message_type=Attempt,
+        group=VERIFIERS,
+        name=name,
+        handler=handler,
+        output=Reward,
+        settings=ConsumerSettings(**fast | settings),
+    )
+
+
+def gated(by: str):
+    """A handler that says when it started and finishes (a reward by `by`) only once the gate is set."""
+    gate, started = asyncio.Event(), asyncio.Event()
+
+    async def handle(d):
+        started.set()
+        await gate.wait()
+        return proved(d.message, by)
+
+    return handle, gate, started
 
 
 def test_settings_keep_the_refresh_well_inside_the_deadline():
     assert ConsumerSettings().claim_refresh_ms == ConsumerSettings().claim_idle_ms // 5
     assert ConsumerSettings(claim_idle_ms=30_000).claim_refresh_ms == 6_000
     assert ConsumerSettings(claim_idle_ms=30_000, claim_refresh_ms=10_000).claim_refresh_ms == 10_000
-    for bad in ({"claim_idle_ms": 30_000, "claim_refresh_ms": 10_001}, {"claim_refresh_ms": 0},
-                {"claim_idle_ms": 1_000, "retry_delay_ms": 1_001}):  # fmt: skip
+    for bad in (
+        {"claim_idle_ms": 30_000, "claim_refresh_ms": 10_001},
+        {"claim_refresh_ms": 0},
+        {"claim_idle_ms": 1_000, "retry_delay_ms": 1_001},
+    ):
         with pytest.raises(ValueError):
             ConsumerSettings(**bad)
 
 
 def test_the_roles_defaults_move_a_dead_workers_entries_on_within_30_s():
-    """The roles' deadlines no longer derive from their longest work (a Lean header plus proofs, a work order):
+    """The roles' deadlines do not derive from their longest work (a Lean header plus proofs, a work order):
     both default to 25 s, refreshed every 5 s."""
     from producers.config import GeneratorSettings  # noqa: PLC0415 - role settings, imported where used
     from verifier_pool.config import VerifierSettings  # noqa: PLC0415
@@ -93,87 +112,63 @@ def test_the_roles_defaults_move_a_dead_workers_entries_on_within_30_s():
         assert (s.claim_idle_ms, s.claim_refresh_ms) == (25_000, 5_000)
 
 
-async def test_a_handler_longer_than_the_deadline_keeps_its_entry_while_its_owner_lives(redis, keys):
-    """The owner's handler runs for three deadlines; another consumer polls for overdue entries all along
-    and takes nothing. A refresh costs the entry no delivery."""
-    entry_id = await published(redis, keys)
-    gate, started = asyncio.Event(), asyncio.Event()
-
-    async def slow(d):
-        started.set()
-        await gate.wait()
-        return reward(d, "owner")
-
+@contextlib.asynccontextmanager
+async def running(*consumers: Consumer, opens: asyncio.Event | None = None):
+    """The consumers' `run` as tasks for the block; then `opens` is set (a gated handler must not hold the
+    stop up), and the consumers stopped and awaited, their errors raised."""
     stop = asyncio.Event()
-    own = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="owner", handler=slow, output=Reward,
-                   settings=settings())  # fmt: skip
-    await own.ensure_group()
-    owner_task = asyncio.create_task(own.run(stop))
-    await asyncio.wait_for(started.wait(), 20)
-    other_calls = []
+    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
+    try:
+        yield tasks
+    finally:
+        if opens is not None:
+            opens.set()
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+async def kept_for_three_deadlines(redis, keys, own: Consumer, gate, started, ids: list[bytes]) -> None:
+    """`own` takes `ids` and holds them (its handler waits for `gate`) for three deadlines, while another
+    consumer polls for overdue entries beside it: every entry stays `own`'s, on its first delivery, and the
+    other takes nothing. Then the gate opens and `own` settles them."""
+    taken_by_other = []
 
     async def other_handler(d):
-        other_calls.append(d.message.attempt_id)
-        return reward(d, "other")
+        taken_by_other.append(d.message.attempt_id)
+        return proved(d.message, "other")
 
-    other = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="other", handler=other_handler,
-                     output=Reward, settings=settings())  # fmt: skip
-    other_task = asyncio.create_task(other.run(stop))
-    held_since = time.monotonic()
-    try:
-        while time.monotonic() - held_since < 3 * IDLE_MS / 1000:  # the duration under test, not a sync
-            assert await owner(redis, keys, entry_id) == ("owner", 1)
-            assert not owner_task.done() and not other_task.done()
-            await asyncio.sleep(0.05)
-        assert other_calls == [] and other.stats.reclaimed == 0
-        gate.set()
-        await until(lambda: _pending_is(redis, keys, 0), "the owner to settle")
-    finally:
-        gate.set()
-        stop.set()
-        await asyncio.gather(owner_task, other_task)
+    other = consumer(redis, keys, "other", other_handler)
+    async with running(own, opens=gate):
+        await asyncio.wait_for(started.wait(), 20)
+        async with running(other) as [other_task]:
+            held_since = time.monotonic()
+            while time.monotonic() - held_since < 3 * IDLE_MS / 1000:  # the duration under test, not a sync
+                assert [await owner(redis, keys, eid) for eid in ids] == [(own.name, 1)] * len(ids)
+                assert not other_task.done()
+                await asyncio.sleep(0.05)
+            assert taken_by_other == [] and other.stats.reclaimed == 0
+            gate.set()
+            await until(lambda: _pending_is(redis, keys, 0), "the owner to settle")
+
+
+async def test_a_handler_longer_than_the_deadline_keeps_its_entry_while_its_owner_lives(redis, keys):
+    """A refresh costs the entry no delivery, however many there are."""
+    entry_id = await published(redis, keys)
+    slow, gate, started = gated("owner")
+    await kept_for_three_deadlines(redis, keys, consumer(redis, keys, "owner", slow), gate, started, [entry_id])
     assert [(r.attempt_id, r.sandbox_id) for r in await rewards(redis, keys)] == [("a0", "owner")]
 
 
 async def test_a_long_batch_keeps_every_entry_in_it_including_those_not_started(redis, keys):
-    """A batch handler holding three entries for three deadlines: none goes to the consumer polling beside it."""
+    """The first of a batch of three is held: the two waiting their turn are kept too."""
     await ensure_group(redis, keys.attempts, VERIFIERS)
     await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
     ids = [eid for eid, _ in await redis.xrange(keys.attempts)]
-    gate, started = asyncio.Event(), asyncio.Event()
-
-    async def slow_batch(batch):
-        started.set()
-        await gate.wait()
-        return [reward(d, "owner") for d in batch]
-
-    async def other_handler(d):
-        return reward(d, "other")
-
-    stop = asyncio.Event()
-    own = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="owner", batch_handler=slow_batch,
-                   output=Reward, settings=settings(batch_size=3))  # fmt: skip
-    other = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="other", handler=other_handler,
-                     output=Reward, settings=settings())  # fmt: skip
-    owner_task = asyncio.create_task(own.run(stop))
-    other_task = None
-    try:
-        await asyncio.wait_for(started.wait(), 20)
-        other_task = asyncio.create_task(other.run(stop))
-        held_since = time.monotonic()
-        while time.monotonic() - held_since < 3 * IDLE_MS / 1000:  # the duration under test, not a sync
-            assert [await owner(redis, keys, eid) for eid in ids] == [("owner", 1)] * 3
-            await asyncio.sleep(0.05)
-        gate.set()
-        await until(lambda: _pending_is(redis, keys, 0), "the owner to settle")
-    finally:
-        gate.set()
-        stop.set()
-        await asyncio.gather(owner_task, *([other_task] if other_task else []))
-    assert sorted((r.attempt_id, r.sandbox_id) for r in await rewards(redis, keys)) == [
-        (f"a{i}", "owner") for i in range(3)
-    ]
-    assert other.stats.reclaimed == 0
+    slow, gate, started = gated("owner")
+    own = consumer(redis, keys, "owner", slow, batch_size=3)
+    await kept_for_three_deadlines(redis, keys, own, gate, started, ids)
+    got = sorted((r.attempt_id, r.sandbox_id) for r in await rewards(redis, keys))
+    assert got == [(f"a{i}", "owner") for i in range(3)]
 
 
 async def _pending_is(redis, keys, n: int) -> bool:
@@ -199,30 +194,96 @@ async def test_refresh_and_release_leave_alone_an_entry_another_consumer_reclaim
     assert row["time_since_delivered"] >= IDLE_MS
 
 
+async def read_by(redis, keys, name: str, n: int) -> list:
+    """`n` new attempts read by consumer `name`: the batch in its hand, (entry id, fields, deliveries) each."""
+    reply = await redis.xreadgroup(VERIFIERS, name, {keys.attempts: ">"}, count=n)
+    return [(eid, fields, 1) for eid, fields in reply[0][1]]
+
+
+async def idle_ms(redis, keys, entry_id: bytes) -> int:
+    [row] = await redis.xpending_range(keys.attempts, VERIFIERS, min=entry_id, max=entry_id, count=1)
+    return row["time_since_delivered"]
+
+
+async def test_a_hold_refreshes_its_batch_and_counts_once_what_another_consumer_took(redis, keys):
+    """Only entries still ours are refreshed (idle back to about 0, no delivery counted); one another
+    consumer reclaimed is counted as lost once, one we settled is not counted; out of hand, nothing is."""
+    await ensure_group(redis, keys.attempts, VERIFIERS)
+    await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
+    batch = await read_by(redis, keys, "me", 3)
+    mine, taken, settled = (entry[0] for entry in batch)
+    await redis.xclaim(keys.attempts, VERIFIERS, "me", 0, [mine], idle=60_000, justid=True)  # a minute idle
+    await redis.xclaim(keys.attempts, VERIFIERS, "other", 0, [taken])
+    await redis.xack(keys.attempts, VERIFIERS, settled)
+    hold = Hold(redis, keys.attempts, VERIFIERS, "me", idle_ms=IDLE_MS)
+    with hold.holding(batch):
+        assert await hold.refresh() == 1
+        assert await idle_ms(redis, keys, mine) < 60_000 and await owner(redis, keys, mine) == ("me", 1)
+        assert await hold.refresh() == 0
+    assert await owner(redis, keys, taken) == ("other", 2)
+    await redis.xclaim(keys.attempts, VERIFIERS, "me", 0, [mine], idle=60_000, justid=True)
+    assert await hold.refresh() == 0  # no batch in hand
+    assert await idle_ms(redis, keys, mine) >= 60_000
+
+
+async def test_a_hold_gives_back_the_delivery_of_an_entry_never_started_and_not_of_a_failed_one(redis, keys):
+    """Released entries are backdated against the deadline (claimable by others in `after_ms`) and are not
+    refreshed again while the rest of the batch is."""
+    await ensure_group(redis, keys.attempts, VERIFIERS)
+    await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
+    batch = await read_by(redis, keys, "me", 3)
+    unstarted, failed, working = (entry[0] for entry in batch)
+    hold = Hold(redis, keys.attempts, VERIFIERS, "me", idle_ms=60_000)
+    with hold.holding(batch):
+        assert await hold.release([batch[0]]) == 1
+        assert await hold.release([batch[1]], after_ms=30_000, counted=True) == 1
+        assert await hold.refresh() == 0
+    assert await owner(redis, keys, unstarted) == ("me", 0) and await idle_ms(redis, keys, unstarted) >= 60_000
+    assert await owner(redis, keys, failed) == ("me", 1) and 30_000 <= await idle_ms(redis, keys, failed) < 60_000
+    assert await owner(redis, keys, working) == ("me", 1) and await idle_ms(redis, keys, working) < 30_000
+
+
+async def test_what_a_hold_finds_pending_here_is_this_consumers_only(redis, keys):
+    await ensure_group(redis, keys.attempts, VERIFIERS)
+    await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
+    mine = await read_by(redis, keys, "me", 2)
+    await read_by(redis, keys, "other", 1)
+    hold = Hold(redis, keys.attempts, VERIFIERS, "me", idle_ms=IDLE_MS)
+    assert await hold.pending_here() == [(eid, None, 1) for eid, _, _ in mine]
+
+
 # -- real processes ----------------------------------------------------------------------------------------
 
 
 def spawn(redis_url: str, keys, name: str, hold_s: float) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "tests.streams.claim_worker", "--redis-url", redis_url, "--run", keys.run,
-            "--name", name, "--claim-idle-ms", str(IDLE_MS), "--hold-s", str(hold_s)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.streams.claim_worker",
+        "--redis-url",
+        redis_url,
+        "--run",
+        keys.run,
+        "--name",
+        name,
+        "--claim-idle-ms",
+        str(IDLE_MS),
+        "--hold-s",
+        str(hold_s),
+    ]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen) -> tuple[dict, str]:
-    """SIGTERM (and SIGCONT, in case it is stopped) the worker; its exit status must be 0: its stats, stderr."""
-    proc.send_signal(signal.SIGCONT)
-    proc.terminate()
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1]), err
-
-
-def cleanup(*procs: subprocess.Popen) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-            p.communicate()
+@contextlib.asynccontextmanager
+async def worker_holding(redis, redis_url, keys, entry_id: bytes, name: str):
+    """A claim_worker process `name` that has taken `entry_id` and holds it (for ten minutes); SIGKILLed after
+    the block if it still runs."""
+    worker = spawn(redis_url, keys, name, hold_s=600)
+    try:
+        await until(lambda: _owned_by(redis, keys, entry_id, name), "the worker to take the entry")
+        yield worker
+    finally:
+        cleanup(worker)
 
 
 async def test_a_killed_consumers_entry_is_kept_while_it_lives_and_reclaimed_after_sigkill(redis, redis_url, keys):
@@ -231,17 +292,10 @@ async def test_a_killed_consumers_entry_is_kept_while_it_lives_and_reclaimed_aft
 
     async def handle(d):
         calls.append(d.deliveries)
-        return reward(d, "survivor")
+        return proved(d.message, "survivor")
 
-    await ensure_group(redis, keys.attempts, VERIFIERS)
-    worker = spawn(redis_url, keys, "doomed", hold_s=600)
-    stop = asyncio.Event()
-    survivor = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="survivor", handler=handle,
-                        output=Reward, settings=settings())  # fmt: skip
-    task = None
-    try:
-        await until(lambda: _owned_by(redis, keys, entry_id, "doomed"), "the worker to take the entry")
-        task = asyncio.create_task(survivor.run(stop))
+    survivor = consumer(redis, keys, "survivor", handle)
+    async with worker_holding(redis, redis_url, keys, entry_id, "doomed") as worker, running(survivor) as [task]:
         held_since = time.monotonic()
         while time.monotonic() - held_since < 3 * IDLE_MS / 1000:  # alive for three deadlines: kept
             assert await owner(redis, keys, entry_id) == ("doomed", 1)
@@ -251,11 +305,6 @@ async def test_a_killed_consumers_entry_is_kept_while_it_lives_and_reclaimed_aft
         killed = time.monotonic()
         await until(lambda: _rewards_len(redis, keys, 1), "the survivor to reclaim and settle", 10 * IDLE_MS / 1000)
         reclaim_s = time.monotonic() - killed
-    finally:
-        stop.set()
-        if task:
-            await task
-        cleanup(worker)
     assert calls == [2]  # one delivery to the dead worker, however many refreshes; one to the survivor
     assert [(r.attempt_id, r.sandbox_id) for r in await rewards(redis, keys)] == [("a0", "survivor")]
     # Idle at the kill was at most a refresh period: the takeover comes within the deadline plus a poll.
@@ -277,42 +326,25 @@ async def test_a_stalled_owner_loses_its_entry_and_on_waking_does_not_take_it_ba
     the entry gone to the other (it says so) and never claim it back; stopped, it releases nothing that is
     not its own. One reward, from the consumer that holds the entry."""
     entry_id = await published(redis, keys)
-    gate, started = asyncio.Event(), asyncio.Event()
-
-    async def gated(d):
-        started.set()
-        await gate.wait()
-        return reward(d, "reclaimer")
-
-    worker = spawn(redis_url, keys, "sleeper", hold_s=600)
-    stop = asyncio.Event()
-    reclaimer = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="reclaimer", handler=gated,
-                         output=Reward, settings=settings())  # fmt: skip
-    task = None
-    try:
-        await until(lambda: _owned_by(redis, keys, entry_id, "sleeper"), "the worker to take the entry")
+    handle, gate, started = gated("reclaimer")
+    reclaimer = consumer(redis, keys, "reclaimer", handle)
+    async with worker_holding(redis, redis_url, keys, entry_id, "sleeper") as worker:
         worker.send_signal(signal.SIGSTOP)
-        task = asyncio.create_task(reclaimer.run(stop))
-        await asyncio.wait_for(started.wait(), 10 * IDLE_MS / 1000)
-        assert await owner(redis, keys, entry_id) == ("reclaimer", 2)
-        worker.send_signal(signal.SIGCONT)
-        # The woken worker's refresher runs every 300 ms and reports the loss: its stderr says so. Ask it to
-        # stop then: its handler fails (transient) and it tries to release the entry, which is not its own.
-        woke = time.monotonic()
-        while time.monotonic() - woke < 2 * IDLE_MS / 1000:  # several of its refresh periods, awake
+        async with running(reclaimer, opens=gate):
+            await asyncio.wait_for(started.wait(), 10 * IDLE_MS / 1000)
             assert await owner(redis, keys, entry_id) == ("reclaimer", 2)
-            await asyncio.sleep(0.05)
-        stats, err = finish(worker)
-        assert '"claims_lost"' in err, err
-        assert (stats["claims_lost"], stats["released"], stats["published"]) == (1, 0, 0), stats
-        assert await owner(redis, keys, entry_id) == ("reclaimer", 2)
-        gate.set()
-        await until(lambda: _pending_is(redis, keys, 0), "the reclaimer to settle")
-    finally:
-        gate.set()
-        stop.set()
-        if task:
-            await task
-        cleanup(worker)
+            worker.send_signal(signal.SIGCONT)
+            # The woken worker's refresher runs every 300 ms and reports the loss: its stderr says so. Ask it
+            # to stop then: its handler fails (transient) and it tries to release the entry, not its own now.
+            woke = time.monotonic()
+            while time.monotonic() - woke < 2 * IDLE_MS / 1000:  # several of its refresh periods, awake
+                assert await owner(redis, keys, entry_id) == ("reclaimer", 2)
+                await asyncio.sleep(0.05)
+            stats, err = finish(worker, timeout_s=30)
+            assert '"claims_lost"' in err, err
+            assert (stats["claims_lost"], stats["released"], stats["published"]) == (1, 0, 0), stats
+            assert await owner(redis, keys, entry_id) == ("reclaimer", 2)
+            gate.set()
+            await until(lambda: _pending_is(redis, keys, 0), "the reclaimer to settle")
     assert [(r.attempt_id, r.sandbox_id) for r in await rewards(redis, keys)] == [("a0", "reclaimer")]
     assert Counter(r.attempt_id for r in await rewards(redis, keys)) == Counter({"a0": 1})

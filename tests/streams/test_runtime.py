@@ -16,8 +16,9 @@ from streams.publisher import Publisher
 from streams.runtime import Consumer, ConsumerSettings, Delivery, Poison
 from streams.schema import Attempt, DeadLetter, Reward
 
-FAST = ConsumerSettings(batch_size=10, block_ms=50, claim_idle_ms=150, claim_every_ms=0, retry_delay_ms=100,
-                        max_deliveries=3)  # fmt: skip
+FAST = ConsumerSettings(
+    batch_size=10, block_ms=50, claim_idle_ms=150, claim_every_ms=0, retry_delay_ms=100, max_deliveries=3
+)
 
 
 def attempt(i: int, proof: str = "ok") -> Attempt:
@@ -51,8 +52,9 @@ class Recorder:
 
 
 def consumer(redis, keys, handler, name="c1", settings=FAST) -> Consumer:
-    return Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name=name, handler=handler,
-                    output=Reward, settings=settings)  # fmt: skip
+    return Consumer(
+        redis, keys, message_type=Attempt, group=VERIFIERS, name=name, handler=handler, output=Reward, settings=settings
+    )
 
 
 async def rewards(redis, keys) -> Counter:
@@ -300,118 +302,19 @@ async def wait_idle_at_least(redis, keys, entry_id: bytes, ms: int) -> None:
         await asyncio.sleep(0.01)
 
 
-# -- the batch handler: one call per batch, one outcome per delivery ---------------------------------------
-
-
-class BatchRecorder:
-    """A batch handler that records each call's (attempt id, deliveries) and fails chosen attempts: by
-    returning a Poison or transient error in that attempt's place, or by raising for the whole call."""
-
-    def __init__(self, *, poison=(), transient=(), raise_poison_for=(), fail_times: int = 10**9):
-        self.calls: list[list[tuple[str, int]]] = []
-        self.poison, self.transient, self.raise_poison_for = set(poison), set(transient), set(raise_poison_for)
-        self.fail_times = fail_times
-
-    async def __call__(self, batch: list[Delivery[Attempt]]) -> list:
-        self.calls.append([(d.message.attempt_id, d.deliveries) for d in batch])
-        if self.raise_poison_for & {d.message.attempt_id for d in batch}:
-            raise Poison("statement missing")
-        out: list = []
-        for d in batch:
-            aid = d.message.attempt_id
-            seen = sum(1 for call in self.calls for a, _ in call if a == aid)
-            if aid in self.poison:
-                out.append(Poison("statement missing"))
-            elif aid in self.transient and seen <= self.fail_times:
-                out.append(ConnectionResetError("sandbox went away"))
-            else:
-                out.append(reward_for(d))
-        return out
-
-
-def batch_consumer(redis, keys, handler, name="c1", settings=FAST) -> Consumer:
-    return Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name=name, batch_handler=handler,
-                    output=Reward, settings=settings)  # fmt: skip
-
-
-async def test_batch_handler_is_called_once_per_batch_and_each_entry_gets_one_result(redis, keys):
-    pub = Publisher(redis, keys)
-    await pub.publish([attempt(i) for i in range(25)])
-    await pub.publish([attempt(3)])  # a duplicate under a new entry id: acked, nothing published twice
-    handler = BatchRecorder()
-    c = batch_consumer(redis, keys, handler)
-    await c.ensure_group()
-    await drain(c, all_settled(redis, keys))
-    assert [len(call) for call in handler.calls] == [10, 10, 6]
-    assert await rewards(redis, keys) == Counter({f"a{i}": 1 for i in range(25)})
-    assert (c.stats.processed, c.stats.published, c.stats.duplicates) == (26, 25, 1)
-
-
-async def test_batch_handler_outcomes_poison_transient_and_undecodable_each_to_its_own_fate(redis, keys):
-    pub = Publisher(redis, keys)
-    await pub.publish([attempt(0), attempt(1), attempt(2)])
-    await redis.xadd(keys.attempts, {**encode(attempt(5)), b"proof": b"\xff\xfe"})  # not UTF-8
-    await pub.publish([attempt(3)])
-    handler = BatchRecorder(poison={"a1"}, transient={"a2"}, fail_times=1)
-    c = batch_consumer(redis, keys, handler)
-    await c.ensure_group()
-    assert await c.run_once() == 5
-    assert handler.calls == [[("a0", 1), ("a1", 1), ("a2", 1), ("a3", 1)]]  # the undecodable one is not passed
-    assert await rewards(redis, keys) == Counter({"a0": 1, "a3": 1})
-    assert [dl.reason.split(":")[0] for dl in await dead_letters(redis, keys)] == ["schema", "poison"]
-    assert c.stats.transient_failures == 1 and await pending(redis, keys) == 1
-    await drain(c, all_settled(redis, keys))  # the transient one comes back alone, and succeeds
-    assert handler.calls[1:] == [[("a2", 2)]]
-    assert await rewards(redis, keys) == Counter({"a0": 1, "a2": 1, "a3": 1})
-    assert len(await dead_letters(redis, keys)) == 2
-
-
-async def test_poison_raised_for_a_whole_batch_is_retried_one_by_one_and_only_the_bad_entry_dies(redis, keys):
-    await Publisher(redis, keys).publish([attempt(i) for i in range(4)])
-    handler = BatchRecorder(raise_poison_for={"a2"})
-    c = batch_consumer(redis, keys, handler)
-    await c.ensure_group()
-    await c.run_once()
-    assert await redis.xlen(keys.dlq) == 0 and await pending(redis, keys) == 4  # whose fault is unknown
-    await drain(c, all_settled(redis, keys))
-    assert sorted(handler.calls[1:]) == [[(f"a{i}", 2)] for i in range(4)]
-    assert await rewards(redis, keys) == Counter({"a0": 1, "a1": 1, "a3": 1})
-    [letter] = await dead_letters(redis, keys)
-    assert letter.reason == "poison: statement missing" and letter.deliveries == 2
-
-
-async def test_batch_handler_returning_the_wrong_number_of_outcomes_escapes_and_acks_nothing(redis, keys):
+async def test_a_handler_returning_the_wrong_message_type_escapes_and_acks_nothing(redis, keys):
+    """A handler bug is not the input's fault: it escapes `run_once` (and `run`), nothing is published or
+    acked, and the entry stays pending for a fixed handler."""
     await Publisher(redis, keys).publish([attempt(i) for i in range(3)])
 
-    async def short(batch):
-        return [reward_for(d) for d in batch[:-1]]
+    async def wrong(d: Delivery[Attempt]) -> list:
+        return [d.message]  # an Attempt where a Reward is due
 
-    c = batch_consumer(redis, keys, short)
+    c = consumer(redis, keys, wrong)
     await c.ensure_group()
-    with pytest.raises(TypeError, match="2 outcomes for 3 deliveries"):  # a handler bug must not pass silently
+    with pytest.raises(TypeError, match="handler returned Attempt; this consumer writes"):
         await c.run_once()
     assert await redis.xlen(keys.rewards) == 0 and await pending(redis, keys) == 3
-
-
-async def test_batch_handler_stop_releases_the_batch_uncounted(redis, keys):
-    await Publisher(redis, keys).publish([attempt(i) for i in range(5)])
-    settings = ConsumerSettings(batch_size=10, block_ms=50, claim_idle_ms=60_000, claim_every_ms=0)
-    stop = asyncio.Event()
-    stop.set()  # set while the batch is being read: none of it is started
-    c = batch_consumer(redis, keys, BatchRecorder(), settings=settings)
-    await c.ensure_group()
-    assert await c.run_once(stop) == 5
-    assert c.stats.released == 5
-    handler = BatchRecorder()
-    other = batch_consumer(redis, keys, handler, name="other", settings=settings)
-    await drain(other, all_settled(redis, keys))
-    assert sorted(x for call in handler.calls for x in call) == [(f"a{i}", 1) for i in range(5)]
-
-
-def test_a_consumer_takes_exactly_one_kind_of_handler(redis, keys):
-    for kinds in ({}, {"handler": Recorder(), "batch_handler": BatchRecorder()}):
-        with pytest.raises(ValueError, match="exactly one"):
-            Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="c", output=Reward, **kinds)
 
 
 async def _oom_errors(redis) -> int:

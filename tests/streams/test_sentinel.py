@@ -1,4 +1,4 @@
-"""Redis Sentinel on the wire (issue 18, item 2): the `redis+sentinel://` URL, a client that follows a
+"""Redis Sentinel on the wire: the `redis+sentinel://` URL, a client that follows a
 failover, and the settle path's WAIT for a replica. Real processes on 127.0.0.1 (tests/fixtures/sentinel.py:
 a master, a replica, three sentinels); the replica is stopped with SIGSTOP where a test needs it slow.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -172,3 +173,20 @@ def test_list_settings_from_flags_are_json_too():
     assert VerifierLike.from_args(parser.parse_args(["--tasks", '["countdown"]'])).tasks == ["countdown"]
     with pytest.raises(SettingsError, match="--tasks must be JSON"):
         VerifierLike.from_args(parser.parse_args(["--tasks", "countdown"]))
+
+
+def test_a_role_command_gives_its_settings_and_refuses_a_bad_one_with_exit_2(monkeypatch, capsys):
+    """`python -m producers` and `python -m trainer` build their command lines this way."""
+    for name in [k for k in os.environ if k.startswith("PROOFSTREAM_")]:
+        monkeypatch.delenv(name)
+    parser = VerifierLike.command_parser("checker", "`python -m checker`: checks.\n\nMore words.", {"sandbox": "X"})
+    assert (parser.prog, parser.description) == ("python -m checker", "`python -m checker`: checks.")
+    assert "default X" in parser.format_help()
+    # the level conftest.py sets, so that logging stays as every other test has it
+    settings, args = VerifierLike.from_command(parser, ["--concurrency", "4", "--log-level", "warning"])
+    assert (settings.concurrency, settings.sandbox, settings.log_level) == (4, "process", "warning")
+    assert args.concurrency == "4"  # the flags as given: the trainer reads some of them again
+    with pytest.raises(SystemExit) as refused:
+        VerifierLike.from_command(parser, ["--concurrency", "many"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith("checker: ")

@@ -41,6 +41,7 @@ async def test_spent_overdue_entry_is_dead_lettered_and_fresh_one_is_left(redis,
     [(_, fields)] = await redis.xrange(keys.dlq)
     letter = decode(DeadLetter, fields)
     assert decode(Attempt, letter.original).attempt_id == "a0" and letter.deliveries == 2
+    assert (letter.reason, letter.consumer) == ("delivered 2 times (max 2), found by the sweep", sweeps.SWEEPER)
     pending = await redis.xpending(keys.attempts, VERIFIERS)
     assert pending["pending"] == 1  # a1 still has a delivery left: not the sweep's to take
 
