@@ -8,7 +8,7 @@ there, so each exists once.
 Prompts (`COUNTDOWN_FORMATS`, the `prompt_format` setting):
 - `tinyzero` (the default): TinyZero's question, which the ES-at-scale paper's Countdown runs use: think in
   <think> tags, answer in <answer> tags, "for example <answer> (1 + 2) / 3 </answer>". The default model
-  copies the example instead of answering (docs/NOTES.md, session 19).
+  copies the example instead of answering (docs/EXPERIMENTS.md).
 - `equation`: the same question without the thinking and the example, asking for the equation alone, and
   the assistant's turn begun with "<answer> " (`PREFILLS`): the default model then writes an equation in
   the problem's own numbers. The prefill is part of the prompt; the extraction reads it back in front of

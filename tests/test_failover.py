@@ -1,4 +1,4 @@
-"""A Sentinel failover mid-run (issue 18, item 2), for real: `arq workers.verifier` processes (process
+"""A Sentinel failover mid-run, for real: `arq workers.verifier` processes (process
 sandboxes, the Countdown checker) on a `redis+sentinel://` URL, a master, a replica and three sentinels on
 127.0.0.1 (tests/fixtures/sentinel.py). The master is SIGKILLed while the workers are judging, or paused
 (SIGSTOP) and let go on (SIGCONT) once the sentinels have promoted the replica: the split brain, where the old

@@ -1,4 +1,4 @@
-"""Deterministic recovery (issue 15, item 4): an ES run whose generator, verifier worker, trainer and Redis are
+"""Deterministic recovery: an ES run whose generator, verifier worker, trainer and Redis are
 each SIGKILLed once, at points drawn from a seed, and restarted, ends with the same policy stream, step for
 step, and the same held-out evaluations as the same run without faults. A GRPO run under the same faults
 loses and doubles no sample and makes as many versions.

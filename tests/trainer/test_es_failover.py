@@ -1,4 +1,4 @@
-"""An ES run through a Sentinel failover (issue 18, item 2): `python -m trainer --redis-url redis+sentinel://...`
+"""An ES run through a Sentinel failover: `python -m trainer --redis-url redis+sentinel://...`
 and the fake generator+verifier (tests/fixtures/fake_roles.py, which answers each work order with rewards
 whose values the test recomputes) on a master, a replica and three sentinels (tests/fixtures/sentinel.py).
 The master is SIGKILLed after a few versions, or paused (SIGSTOP) until the sentinels have promoted the

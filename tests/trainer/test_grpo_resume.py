@@ -1,4 +1,4 @@
-"""A GRPO trainer SIGKILLed mid-step and mid-checkpoint resumes as if nothing happened (issue 15, item 3).
+"""A GRPO trainer SIGKILLed mid-step and mid-checkpoint resumes as if nothing happened.
 
 Two runs of `python -m trainer --algo grpo --redis-url ...` on one real Redis, each served by
 tests/fixtures/fake_roles.py (a stand-in generator + verifier whose GRPO groups all carry the same tokens,

@@ -1,4 +1,4 @@
-"""Every work order ends in an outcome the trainer sees, and a lost one never holds a slot (issue 15, item 1).
+"""Every work order ends in an outcome the trainer sees, and a lost one never holds a slot.
 
 The trainer runs in process on a real Redis; the generator and the verifier are two real consumers of the
 runtime (`streams.runtime.Consumer`, the settle script, its dead letters) with handlers that misbehave on

@@ -1,5 +1,5 @@
 """A sharded GRPO trainer (torchrun, 2 gloo ranks) whose rank 1 is SIGKILLed mid-step stops, and the restarted
-job resumes from the last DCP checkpoint without losing or doubling a sample (issue 18, item 1).
+job resumes from the last DCP checkpoint without losing or doubling a sample.
 
 The pipeline is real but for the model work: a real Redis, the real `python -m trainer --algo grpo` under
 `torchrun --standalone --nproc-per-node 2 --max-restarts 0`, and tests/fixtures/fake_roles.py as the
