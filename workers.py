@@ -83,13 +83,18 @@ def _unreachable_redis_in_one_line(kind: type[BaseException], error: BaseExcepti
     its own retries are spent (arq.connections `create_pool`), escapes as a traceback. Say it in one line
     instead; the exit status stays 1. Any other uncaught error keeps Python's traceback."""
     if isinstance(error, UNAVAILABLE) and not isinstance(error, FileNotFoundError | PermissionError):
-        print(f"arq workers.verifier: cannot reach Redis at {shown_url(_SETTINGS.redis_url)} "
-              f"({kind.__name__}: {error}). Start it, or set PROOFSTREAM_REDIS_URL to the run's Redis",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"arq workers.verifier: cannot reach Redis at {shown_url(_SETTINGS.redis_url)} "
+            f"({kind.__name__}: {error}). Start it, or set PROOFSTREAM_REDIS_URL to the run's Redis",
+            file=sys.stderr,
+        )
         return
     if isinstance(error, ResponseError) and str(error).startswith(("MOVED", "ASK ")):
-        print(f"arq workers.verifier: the run's slot moved to another master of the cluster ({error}); start the "
-              "worker again: it connects to the new one", file=sys.stderr)  # fmt: skip
+        print(
+            f"arq workers.verifier: the run's slot moved to another master of the cluster ({error}); start the "
+            "worker again: it connects to the new one",
+            file=sys.stderr,
+        )
         return
     sys.__excepthook__(kind, error, tb)
 
@@ -117,8 +122,10 @@ def _arq_worker(ctx: dict) -> Worker:
     frame = getattr(asyncio.current_task().get_coro(), "cr_frame", None)
     worker = frame.f_locals.get("self") if frame is not None else None
     if not isinstance(worker, Worker) or worker.ctx is not ctx or not isinstance(getattr(worker, "tasks", None), dict):
-        raise RuntimeError(f"workers.verifier: arq {ARQ_VERSION} does not run on_startup inside Worker.main as "
-                           "0.28.0 does; its shutdown handling must be revisited for this version")  # fmt: skip
+        raise RuntimeError(
+            f"workers.verifier: arq {ARQ_VERSION} does not run on_startup inside Worker.main as "
+            "0.28.0 does; its shutdown handling must be revisited for this version"
+        )
     return worker
 
 
@@ -138,8 +145,9 @@ async def _drain_then_stop(ctx: dict, worker: Worker, sig: signal.Signals) -> No
         except TimeoutError:
             # arq's close() would delete its health key first (worker.py `close`), fail on the dead Redis,
             # skip on_shutdown and exit 1. Without a pool it returns at once; the key expires by itself.
-            log.warning("redis_unreachable_at_stop", waited_s=STOP_GRACE_S,
-                        health_key_expires_s=verifier.health_check_interval)  # fmt: skip
+            log.warning(
+                "redis_unreachable_at_stop", waited_s=STOP_GRACE_S, health_key_expires_s=verifier.health_check_interval
+            )
             await worker.pool.aclose()
             worker._pool = None
     finally:
@@ -203,8 +211,10 @@ def _cluster_redis_settings(url: str, prefix: str) -> RedisSettings:
     import arq.worker  # noqa: PLC0415 - its module global, read by finish_job at each call
 
     if arq.worker.abort_jobs_ss != "arq:abort":
-        raise RuntimeError(f"workers.verifier: arq {ARQ_VERSION} names its abort set {arq.worker.abort_jobs_ss!r}, "
-                           "not 'arq:abort' as 0.28.0 does; its keys on a cluster must be revisited")  # fmt: skip
+        raise RuntimeError(
+            f"workers.verifier: arq {ARQ_VERSION} names its abort set {arq.worker.abort_jobs_ss!r}, "
+            "not 'arq:abort' as 0.28.0 does; its keys on a cluster must be revisited"
+        )
     arq.worker.abort_jobs_ss = f"{prefix}:arq:abort"
     try:
         master = slot_master_url(url, prefix)
@@ -217,13 +227,19 @@ def _redis_settings(url: str) -> RedisSettings:
     """arq's settings for `url`, with the ride-out policy (which its sentinel branch ignores: module docstring).
     A cluster URL names the master of the run's slot (`_cluster_redis_settings`)."""
     if is_cluster_url(url):
-        return dataclasses.replace(_cluster_redis_settings(url, _PREFIX), retry=_RETRY,
-                                   retry_on_error=list(UNAVAILABLE))  # fmt: skip
+        return dataclasses.replace(
+            _cluster_redis_settings(url, _PREFIX), retry=_RETRY, retry_on_error=list(UNAVAILABLE)
+        )
     if not sentinel.is_sentinel(url):
         return dataclasses.replace(RedisSettings.from_dsn(url), retry=_RETRY, retry_on_error=list(UNAVAILABLE))
     parsed = sentinel.parse(url)
-    common = {"database": parsed.db, "username": parsed.username, "password": parsed.password, "retry": _RETRY,
-              "retry_on_error": list(UNAVAILABLE)}  # fmt: skip
+    common = {
+        "database": parsed.db,
+        "username": parsed.username,
+        "password": parsed.password,
+        "retry": _RETRY,
+        "retry_on_error": list(UNAVAILABLE),
+    }
     if parsed.options.get("sentinel_password"):  # arq cannot AUTH to these sentinels (module docstring)
         try:
             host, port = sentinel.master_address_sync(url, RedisSettings.conn_timeout)
@@ -238,9 +254,14 @@ def _sentinel_pool(url: str, settings: RedisSettings, queue_name: str) -> ArqRed
     if not sentinel.is_sentinel(url):
         return None
     _RETRY.start_within(settings.conn_retries * (settings.conn_retry_delay + settings.conn_timeout))
-    pool = sentinel.master(url, connection_class=HiredisSentinelConnection, redis_class=ArqRedis,
-                           socket_connect_timeout=settings.conn_timeout, retry=_RETRY,
-                           retry_on_error=list(UNAVAILABLE))  # fmt: skip
+    pool = sentinel.master(
+        url,
+        connection_class=HiredisSentinelConnection,
+        redis_class=ArqRedis,
+        socket_connect_timeout=settings.conn_timeout,
+        retry=_RETRY,
+        retry_on_error=list(UNAVAILABLE),
+    )
     pool.default_queue_name = queue_name  # as create_pool sets it from the Worker's queue_name
     return pool
 

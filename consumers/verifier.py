@@ -67,8 +67,15 @@ class Checker(Protocol):
 def verdict_digest(theorem: Theorem, proof: str, environment: str) -> str:
     """Cache key: the same statement, proof and environment always get the same verdict. The SHA-256 of each
     part followed by a NUL byte (one buffer, hashed at once)."""
-    parts = (environment, theorem.task, theorem.header, theorem.statement,
-             orjson.dumps([theorem.numbers, theorem.target]).decode(), proof, "")  # fmt: skip
+    parts = (
+        environment,
+        theorem.task,
+        theorem.header,
+        theorem.statement,
+        orjson.dumps([theorem.numbers, theorem.target]).decode(),
+        proof,
+        "",
+    )
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
@@ -77,8 +84,15 @@ class VerifyHandler:
     consumers of the same `turn`: a lock that lets one of them check at a time, while the others settle
     their last attempt, read the next and look it up in the cache (consumers.service)."""
 
-    def __init__(self, redis: Redis, keys: Keys, checkers: Mapping[str, Checker], sandbox_id: str,
-                 turn: asyncio.Lock | None = None, max_deliveries: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        checkers: Mapping[str, Checker],
+        sandbox_id: str,
+        turn: asyncio.Lock | None = None,
+        max_deliveries: int | None = None,
+    ) -> None:
         """`max_deliveries`: the consumer's; a fault on that delivery dead-letters the attempt with its reason
         (None: left to the runtime, which dead-letters on the next delivery, saying only how many)."""
         self.redis = redis
@@ -144,15 +158,33 @@ class VerifyHandler:
                 encoded = self._stores[digest] = judgement.encode()
                 if digest in self._prefetched:  # the same proof later in this batch: a hit, not a second check
                     self._prefetched[digest] = encoded
-        log.info("verified", attempt_id=a.attempt_id, theorem_id=a.theorem_id, verdict=judgement.verdict,
-                 reason=judgement.reason, cached=cached, verify_ms=round(verify_ms, 1))  # fmt: skip
-        return [Reward(
-            attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
-            verdict=judgement.verdict, reward=reward_of(judgement), reason=judgement.reason,
-            member=a.member, work_id=a.work_id, sample_index=a.sample_index, verify_ms=round(verify_ms, 3),
-            sandbox_id=self.sandbox_id, cached=cached, detail=judgement.detail[:300],
-            attempt_entry=d.entry_id.decode(),
-        )]  # fmt: skip
+        log.info(
+            "verified",
+            attempt_id=a.attempt_id,
+            theorem_id=a.theorem_id,
+            verdict=judgement.verdict,
+            reason=judgement.reason,
+            cached=cached,
+            verify_ms=round(verify_ms, 1),
+        )
+        return [
+            Reward(
+                attempt_id=a.attempt_id,
+                theorem_id=a.theorem_id,
+                policy_version=a.policy_version,
+                verdict=judgement.verdict,
+                reward=reward_of(judgement),
+                reason=judgement.reason,
+                member=a.member,
+                work_id=a.work_id,
+                sample_index=a.sample_index,
+                verify_ms=round(verify_ms, 3),
+                sandbox_id=self.sandbox_id,
+                cached=cached,
+                detail=judgement.detail[:300],
+                attempt_entry=d.entry_id.decode(),
+            )
+        ]
 
     async def _check(self, checker: Checker, theorem: Theorem, a: Attempt) -> tuple[Judgement, str | None, float]:
         """Under the turn: `a`'s verdict, the environment that judged it (read under the turn, so no other check
@@ -162,9 +194,11 @@ class VerifyHandler:
         verdicts wait in `_judged`, the time split evenly among them."""
         self._unjudged.pop(a.attempt_id, None)
         check_many = getattr(checker, "check_many", None)
-        others = [] if check_many is None else [
-            (o, t) for o, t in self._unjudged.values() if t.task == theorem.task and o.attempt_id in self._ahead
-        ]  # fmt: skip
+        others = (
+            []
+            if check_many is None
+            else [(o, t) for o, t in self._unjudged.values() if t.task == theorem.task and o.attempt_id in self._ahead]
+        )
         start = time.perf_counter()
         if others:
             judgements = await check_many([(theorem, a.proof)] + [(t, o.proof) for o, t in others])

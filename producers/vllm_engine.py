@@ -229,8 +229,14 @@ class VLLMEngine:
         started = time.monotonic()
         self.es_use(version, None)
         with tempfile.TemporaryDirectory(prefix="proofstream-es-lora-") as folder:
-            paths = self._rpc("es_member_adapters", int(version), [[int(s), int(g)] for s, g in members],
-                              float(sigma), int(rank), folder)  # fmt: skip
+            paths = self._rpc(
+                "es_member_adapters",
+                int(version),
+                [[int(s), int(g)] for s, g in members],
+                float(sigma),
+                int(rank),
+                folder,
+            )
             # vLLM caches adapters by id and prefix-cache blocks by name: both fresh for every member of
             # every call, so no cache ever serves another member's (or another center's) weights
             ids = [next(self._lora_ids) for _ in paths]

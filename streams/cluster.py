@@ -49,10 +49,25 @@ SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # Connection kwargs of the cluster client that a plain client to one of its masters shares (the rest are the
 # cluster's own: parser, callbacks, max_connections, and its retry policy: the plain client retries as
 # `connect()`'s single-Redis client does).
-_SHARED = ("username", "password", "credential_provider", "client_name", "socket_connect_timeout",
-           "socket_timeout", "socket_keepalive", "socket_keepalive_options", "health_check_interval",
-           "ssl_ca_certs", "ssl_ca_data", "ssl_cert_reqs", "ssl_certfile", "ssl_check_hostname", "ssl_keyfile",
-           "ssl_min_version", "ssl_ciphers")  # fmt: skip
+_SHARED = (
+    "username",
+    "password",
+    "credential_provider",
+    "client_name",
+    "socket_connect_timeout",
+    "socket_timeout",
+    "socket_keepalive",
+    "socket_keepalive_options",
+    "health_check_interval",
+    "ssl_ca_certs",
+    "ssl_ca_data",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_check_hostname",
+    "ssl_keyfile",
+    "ssl_min_version",
+    "ssl_ciphers",
+)
 
 
 class SlotMoved(rx.ConnectionError):

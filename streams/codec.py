@@ -238,10 +238,20 @@ def _compile(cls: type) -> tuple[Any, Any]:
         enc += ["    for k, v in msg.original.items():", "        out += (P + k, v)"]
         dec.append("    SO(o, {k[n:]: v for k, v in fields.items() if k.startswith(P)})")
     source = "\n".join(
-        ["def enc(msg):", f"    out = [{', '.join(opening)}]", *enc, "    return out", "",
-         "def dec(fields):", "  try:", *(f"  {line}" for line in dec), "      return o",  # the body inside try
-         "  except Exception as e:", "    explain(cls, fields, e)"]
-    )  # fmt: skip
+        [
+            "def enc(msg):",
+            f"    out = [{', '.join(opening)}]",
+            *enc,
+            "    return out",
+            "",
+            "def dec(fields):",
+            "  try:",
+            *(f"  {line}" for line in dec),
+            "      return o",  # the body inside try
+            "  except Exception as e:",
+            "    explain(cls, fields, e)",
+        ]
+    )
     exec(source, ns)  # noqa: S102 - the source is built above from our own tables
     return ns["enc"], ns["dec"]
 

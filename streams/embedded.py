@@ -165,13 +165,30 @@ class EmbeddedRedis:
 
     def _spawn(self) -> bool:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-            "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
-            "--logfile", "redis.log", "--daemonize", "no", "--protected-mode", "yes",
-        ]  # fmt: skip
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            self.appendfsync,
+            "--save",
+            "",
+            "--logfile",
+            "redis.log",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+        ]
         on_main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     preexec_fn=die_with_parent if on_main else None)  # fmt: skip
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent if on_main else None
+        )
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + self.start_timeout_s
         try:

@@ -39,18 +39,32 @@ def sample(reward: Reward, reward_entry: bytes | str, attempt: Attempt | None) -
     """The sample of `reward` (and its attempt, None when it is no longer in the stream)."""
     entry = reward_entry.decode() if isinstance(reward_entry, bytes) else reward_entry
     out: dict[str, Any] = {
-        "attempt_id": reward.attempt_id, "work_id": reward.work_id, "eval": reward.work_id.startswith("eval-"),
-        "theorem_id": reward.theorem_id, "policy_version": reward.policy_version,
+        "attempt_id": reward.attempt_id,
+        "work_id": reward.work_id,
+        "eval": reward.work_id.startswith("eval-"),
+        "theorem_id": reward.theorem_id,
+        "policy_version": reward.policy_version,
         "member": None if reward.member is None else [reward.member.seed, reward.member.sign],
-        "sample_index": reward.sample_index, "verdict": reward.verdict, "reason": reward.reason,
-        "reward": reward.reward, "detail": reward.detail, "verify_ms": reward.verify_ms,
-        "sandbox_id": reward.sandbox_id, "cached": reward.cached, "judged_ms": int(entry.split("-", 1)[0]),
-    }  # fmt: skip
+        "sample_index": reward.sample_index,
+        "verdict": reward.verdict,
+        "reason": reward.reason,
+        "reward": reward.reward,
+        "detail": reward.detail,
+        "verify_ms": reward.verify_ms,
+        "sandbox_id": reward.sandbox_id,
+        "cached": reward.cached,
+        "judged_ms": int(entry.split("-", 1)[0]),
+    }
     if attempt is None:
         return out | {"text_missing": True}
     text = attempt.text or attempt.proof
-    out |= {"task": attempt.task, "text": text[:MAX_TEXT_CHARS], "proof": attempt.proof[:MAX_TEXT_CHARS],
-            "num_tokens": attempt.num_tokens, "gen_ms": attempt.gen_ms}  # fmt: skip
+    out |= {
+        "task": attempt.task,
+        "text": text[:MAX_TEXT_CHARS],
+        "proof": attempt.proof[:MAX_TEXT_CHARS],
+        "num_tokens": attempt.num_tokens,
+        "gen_ms": attempt.gen_ms,
+    }
     if len(text) > MAX_TEXT_CHARS or len(attempt.proof) > MAX_TEXT_CHARS:
         out["cut_chars"] = {"text": len(text), "proof": len(attempt.proof)}  # the whole lengths
     return out

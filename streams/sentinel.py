@@ -57,8 +57,11 @@ class SentinelURL:
 
     def sentinel_kwargs(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """For the connections to the sentinels: the socket options, and their own credentials."""
-        return {"username": self.options.get("sentinel_username"),
-                "password": self.options.get("sentinel_password"), **self._socket(given or {})}  # fmt: skip
+        return {
+            "username": self.options.get("sentinel_username"),
+            "password": self.options.get("sentinel_password"),
+            **self._socket(given or {}),
+        }
 
 
 def is_sentinel(url: str) -> bool:
@@ -82,8 +85,10 @@ def parse(url: str) -> SentinelURL:
     sentinels = [_host_port(h) for h in hosts.split(",")]
     parts = [unquote(p) for p in path.split("/")] if path else []
     if not parts or not parts[0]:
-        raise ValueError(f"{SCHEME} URL names no service: end it with /<service name> (the name the sentinels "
-                         "monitor), e.g. /mymaster or /mymaster/0")  # fmt: skip
+        raise ValueError(
+            f"{SCHEME} URL names no service: end it with /<service name> (the name the sentinels "
+            "monitor), e.g. /mymaster or /mymaster/0"
+        )
     if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ValueError(f"{SCHEME} URL path must be /<service>[/<db number>], not /{path}")
     db = int(parts[1]) if len(parts) == 2 else 0
@@ -186,8 +191,13 @@ def master(url: str, *, connection_class: type, redis_class: type[Redis] = Redis
     parsed = parse(url)
     client_kwargs = {k: kwargs.pop(k) for k in _CLIENT_ONLY if k in kwargs}
     manager = Sentinel(parsed.sentinels, sentinel_kwargs=parsed.sentinel_kwargs(kwargs))
-    pool = _ClosingPool(parsed.service, manager, connection_class=connection_class, is_master=True,
-                        **{**parsed.connection_kwargs(), **kwargs})  # fmt: skip
+    pool = _ClosingPool(
+        parsed.service,
+        manager,
+        connection_class=connection_class,
+        is_master=True,
+        **{**parsed.connection_kwargs(), **kwargs},
+    )
     client = redis_class(connection_pool=pool, **client_kwargs)
     client.auto_close_connection_pool = True  # the client owns the pool, as `Redis.from_pool` makes it
     return client

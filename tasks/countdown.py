@@ -52,8 +52,10 @@ def countdown_messages(numbers: list[int], target: int, fmt: str = "tinyzero") -
         "arithmetic operations (+, -, *, /) and each number can only be used once."
     )
     if fmt == "tinyzero":
-        ask = (" Show your work in <think> </think> tags. And return the final answer in <answer> </answer> tags, "
-               "for example <answer> (1 + 2) / 3 </answer>.")  # fmt: skip
+        ask = (
+            " Show your work in <think> </think> tags. And return the final answer in <answer> </answer> tags, "
+            "for example <answer> (1 + 2) / 3 </answer>."
+        )
     elif fmt == "equation":
         ask = " Write only the equation, in <answer> </answer> tags."
     else:

@@ -165,8 +165,9 @@ def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
     if (false := _false_statement(stated, value)) is not None:
         return CountdownResult(False, "equation", f"{expr} = {float(value):g}, not {false}", float(value))
     if Counter(used) != Counter(numbers):
-        return CountdownResult(False, "numbers", f"uses {sorted(used)}, must use each of {sorted(numbers)} once",
-                               float(value))  # fmt: skip
+        return CountdownResult(
+            False, "numbers", f"uses {sorted(used)}, must use each of {sorted(numbers)} once", float(value)
+        )
     if value != target:
         return CountdownResult(False, "value", f"{expr} = {float(value):g}, not {target}", float(value))
     return CountdownResult(True, "", f"{expr} = {target}", float(value))
@@ -218,8 +219,13 @@ def _reply(job: object) -> dict:
     except (KeyError, TypeError, ValueError) as e:
         return {"message": f"bad countdown request: {e}"}
     r = check(numbers, target, answer)
-    return {"ok": r.ok, "reason": r.reason, "detail": r.detail, "value": r.value,
-            "score": partial_credit(answer, r, target)}  # fmt: skip
+    return {
+        "ok": r.ok,
+        "reason": r.reason,
+        "detail": r.detail,
+        "value": r.value,
+        "score": partial_credit(answer, r, target),
+    }
 
 
 def run_checker(stdin=None, stdout=None) -> int:

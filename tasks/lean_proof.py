@@ -52,8 +52,9 @@ def code_block(text: str, first_word: bool = False) -> str | None:
     letters and digits after spaces and tabs, so ```lean4 title, ```lean 4 and ```{lean} (no run: untagged)
     count too. Every block the first reading accepts the second accepts, so the verifier reading a
     generator's attempt finds no block in it and takes it whole."""
-    blocks = [body for info, word, body in _FENCE.findall(text)
-              if (word if first_word else info.strip()).lower() in LEAN_TAGS]  # fmt: skip
+    blocks = [
+        body for info, word, body in _FENCE.findall(text) if (word if first_word else info.strip()).lower() in LEAN_TAGS
+    ]
     if blocks:
         return blocks[-1]
     opened = deque(_OPEN_FENCE.finditer(text), maxlen=1)  # the last one, without a list of them all
@@ -149,8 +150,10 @@ def _mismatch(code: str, segments: list[tuple[int, int]], text: str, head: str, 
         dataset = ours[k].text[:40] if k < len(ours) else "(end)"
     where = min(after_keyword + i - len(keyword), len(text) - 1)  # that place in `text`
     line = code.count("\n", 0, _visible_offset(code, segments, where + 1 - text.count(" ", 0, where + 1))) + 1
-    return (f"the statement of `{name}` differs from the dataset's at line {line} of the attempt: "
-            f"`{word}` where the dataset has `{dataset}`")  # fmt: skip
+    return (
+        f"the statement of `{name}` differs from the dataset's at line {line} of the attempt: "
+        f"`{word}` where the dataset has `{dataset}`"
+    )
 
 
 def _word_at(text: str, i: int) -> str:
@@ -262,8 +265,9 @@ def _first_code_tokens(text: str, n: int) -> list[Token]:
     return [t for t in lex(text, merge=True, stop=enough) if t.kind != "comment"][:n]
 
 
-def assemble(formal_statement: str, body: str, term: bool = False, before: str = "",
-             options: tuple[str, ...] = ()) -> str:  # fmt: skip
+def assemble(
+    formal_statement: str, body: str, term: bool = False, before: str = "", options: tuple[str, ...] = ()
+) -> str:
     """The command to elaborate on top of the header's env: what goes before the statement (`before`: the
     helper declarations, verifier_pool.lean_commands), each of `options` set on the theorem alone (`set_option
     N V in`), the trusted statement, a newline, the body (as `extract_proof_body` returns it: starting at a

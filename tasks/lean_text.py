@@ -83,10 +83,20 @@ def _is_subscript(c: str) -> bool:
 
 # The same sets as regex classes, for runs (tests check them against the functions at every code point).
 _LETTER_LIKE_RANGES = (
-    (0x3B1, 0x3BA), (0x3BC, 0x3C9), (0x391, 0x39F), (0x3A1, 0x3A2), (0x3A4, 0x3A9), (0x3CA, 0x3FB),
-    (0x1F00, 0x1FFE), (0x2100, 0x214F), (0x1D49C, 0x1D59F), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0xFF),
+    (0x3B1, 0x3BA),
+    (0x3BC, 0x3C9),
+    (0x391, 0x39F),
+    (0x3A1, 0x3A2),
+    (0x3A4, 0x3A9),
+    (0x3CA, 0x3FB),
+    (0x1F00, 0x1FFE),
+    (0x2100, 0x214F),
+    (0x1D49C, 0x1D59F),
+    (0xC0, 0xD6),
+    (0xD8, 0xF6),
+    (0xF8, 0xFF),
     (0x100, 0x17F),
-)  # fmt: skip
+)
 _SUBSCRIPT_RANGES = ((0x2080, 0x2089), (0x2090, 0x209C), (0x1D62, 0x1D6A), (0x2C7C, 0x2C7C))
 
 
@@ -226,8 +236,9 @@ class _Stopped(Exception):
 
 
 class _Lexer:
-    def __init__(self, text: str, merge: bool = False, comments_only: bool = False,
-                 stop: Callable[[Token], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, text: str, merge: bool = False, comments_only: bool = False, stop: Callable[[Token], bool] | None = None
+    ) -> None:
         self.text = text
         self.merge = merge
         self.comments_only = comments_only

@@ -113,8 +113,9 @@ async def test_a_settle_whose_replica_is_away_is_settled_and_counted_unreplicate
 async def test_a_trainer_checkpoint_returns_once_the_slot_masters_replica_has_it(cluster, replica, tmp_path):
     client = connect(cluster.url)
     try:
-        run = ESRun(TrainerSettings(run=RUN, population=4, settle_wait_ms=10_000), client, [], [],
-                    MetricsSink(tmp_path / "run"))  # fmt: skip
+        run = ESRun(
+            TrainerSettings(run=RUN, population=4, settle_wait_ms=10_000), client, [], [], MetricsSink(tmp_path / "run")
+        )
         run.version = 7
         with paused(cluster, replica):
             writing = asyncio.create_task(run.checkpoint((KEYS.policy, {b"v": b"7"})))

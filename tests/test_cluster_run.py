@@ -77,16 +77,43 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
         "PROOFSTREAM_SANDBOX": "process",
         "PROOFSTREAM_CONCURRENCY": "1",
         "PROOFSTREAM_SWEEP_EVERY_S": "2",
-    }  # fmt: skip  (arq's sweep cron job every 2 s)
+    }  # arq's sweep cron job every 2 s
     argv = {
         "verifier": [ARQ, "workers.verifier"],
         "generator": [sys.executable, "-m", "tests.fixtures.stand_in_generator", redis_cluster.url, run],
-        "trainer": [sys.executable, "-m", "trainer", "--redis-url", redis_cluster.url, "--run", run, "--algo", "es",
-                    "--population", "2", "--batch", "2", "--no-antithetic", "--iterations", str(VERSIONS),
-                    "--eval-every", "0", "--task", "countdown", "--quorum", "1",
-                    "--problems", "8", "--held-out", "2", "--seed", "3",
-                    "--run-dir", str(tmp_path / "run")],
-    }  # fmt: skip
+        "trainer": [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--redis-url",
+            redis_cluster.url,
+            "--run",
+            run,
+            "--algo",
+            "es",
+            "--population",
+            "2",
+            "--batch",
+            "2",
+            "--no-antithetic",
+            "--iterations",
+            str(VERSIONS),
+            "--eval-every",
+            "0",
+            "--task",
+            "countdown",
+            "--quorum",
+            "1",
+            "--problems",
+            "8",
+            "--held-out",
+            "2",
+            "--seed",
+            "3",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    }
     procs: dict[str, subprocess.Popen] = {}
 
     def log(role: str) -> str:
@@ -105,12 +132,12 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
             with redis_sync.Redis(port=port) as node:
                 return (node.get(f"{keys.prefix}:arq:health-check") or b"").decode()
 
-        _until(lambda: "j_complete=0 " not in health() and "j_complete=" in health(), 30, "a finished cron job",
-               procs)  # fmt: skip
+        _until(lambda: "j_complete=0 " not in health() and "j_complete=" in health(), 30, "a finished cron job", procs)
         assert " j_failed=0 " in health(), health()
         # `arq workers.verifier --check` finds the run's master by itself and reads the health key there.
-        check = subprocess.run([ARQ, "workers.verifier", "--check"], cwd=ROOT, env=env, capture_output=True,
-                               text=True, timeout=60)  # fmt: skip
+        check = subprocess.run(
+            [ARQ, "workers.verifier", "--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         assert check.returncode == 0, check.stdout + check.stderr
         procs["verifier"].send_signal(signal.SIGTERM)
         assert procs["verifier"].wait(60) == 0, log("verifier")
@@ -145,14 +172,32 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
         # ops on the cluster: the run's report and streams; a benchmark refuses in one line.
         ops_env = {**clean, "PROOFSTREAM_REDIS_URL": redis_cluster.url, "PROOFSTREAM_RUN": run}
         for command in (["run"], ["streams"], ["tail", "rewards", "-n", "3"]):
-            out = subprocess.run([sys.executable, "-m", "ops", *command], cwd=ROOT, env=ops_env, capture_output=True,
-                                 text=True, timeout=60)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-m", "ops", *command],
+                cwd=ROOT,
+                env=ops_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0, (command, out.stderr)
-        out = subprocess.run([sys.executable, "-m", "ops", "--json", "streams"], cwd=ROOT, env=ops_env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "ops", "--json", "streams"],
+            cwd=ROOT,
+            env=ops_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert f'"length":{len(rewards)}' in out.stdout.replace(" ", "")
-        out = subprocess.run([sys.executable, "-m", "ops", "bench", "wire", "--redis-url", redis_cluster.url],
-                             cwd=ROOT, env=ops_env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "ops", "bench", "wire", "--redis-url", redis_cluster.url],
+            cwd=ROOT,
+            env=ops_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2 and "measure one Redis server" in out.stderr and "Traceback" not in out.stderr
     finally:
         for proc in procs.values():
@@ -191,8 +236,9 @@ async def test_chaos_accounting_on_the_cluster(redis_cluster, tmp_path):
 
     port = redis_cluster.ports[1]
     run = run_on(redis_cluster, port, stem="chaos-")
-    await run_chaos(None, tmp_path, server=SlotMaster(redis_cluster, port), run=run, n_unique=1500,
-                    min_consumer_kills=8)  # fmt: skip
+    await run_chaos(
+        None, tmp_path, server=SlotMaster(redis_cluster, port), run=run, n_unique=1500, min_consumer_kills=8
+    )
 
 
 def migrate_slot(cluster, slot: int, source: int, target: int) -> None:
@@ -232,16 +278,23 @@ def test_a_verifier_whose_slot_moves_exits_in_one_line_and_a_restart_serves_the_
     source, target = redis_cluster.ports[0], redis_cluster.ports[2]
     run = run_on(redis_cluster, source, stem="resharded-")
     keys, slot = Keys(run), redis_cluster.keyslot(Keys(run).prefix)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")},
-           "PROOFSTREAM_REDIS_URL": redis_cluster.url, "PROOFSTREAM_RUN": run, "PROOFSTREAM_TASKS": '["countdown"]',
-           "PROOFSTREAM_SANDBOX": "process", "PROOFSTREAM_CONCURRENCY": "1", "PROOFSTREAM_SWEEP_EVERY_S": "2",
-           "PROOFSTREAM_LOG_LEVEL": "info"}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")},
+        "PROOFSTREAM_REDIS_URL": redis_cluster.url,
+        "PROOFSTREAM_RUN": run,
+        "PROOFSTREAM_TASKS": '["countdown"]',
+        "PROOFSTREAM_SANDBOX": "process",
+        "PROOFSTREAM_CONCURRENCY": "1",
+        "PROOFSTREAM_SWEEP_EVERY_S": "2",
+        "PROOFSTREAM_LOG_LEVEL": "info",
+    }
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name: str) -> None:
         with open(tmp_path / f"{name}.log", "wb") as out:
-            procs[name] = subprocess.Popen([ARQ, "workers.verifier"], cwd=ROOT, env=env, stdout=out,
-                                           stderr=subprocess.STDOUT)  # fmt: skip
+            procs[name] = subprocess.Popen(
+                [ARQ, "workers.verifier"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def health(port: int) -> str:
         with redis_sync.Redis(port=port) as node:
@@ -249,8 +302,12 @@ def test_a_verifier_whose_slot_moves_exits_in_one_line_and_a_restart_serves_the_
 
     try:
         start("first")
-        _until(lambda: "j_complete=0 " not in health(source) and "j_complete=" in health(source), 60,
-               "the first worker's cron jobs", {"first": procs["first"]})  # fmt: skip
+        _until(
+            lambda: "j_complete=0 " not in health(source) and "j_complete=" in health(source),
+            60,
+            "the first worker's cron jobs",
+            {"first": procs["first"]},
+        )
         migrate_slot(redis_cluster, slot, source, target)
         assert procs["first"].wait(60) == 1
         said = (tmp_path / "first.log").read_text(errors="replace")

@@ -58,9 +58,18 @@ def topology(tmp_path, request):
 def countdown(name: str, n: int) -> tuple[list[Theorem], list[Attempt]]:
     """`n` Countdown attempts on theorems of their own (no verdict comes from the cache), half right."""
     theorems = [Theorem(f"{name}-{i}", "countdown", numbers=[2, 3, 5], target=11) for i in range(n)]
-    attempts = [Attempt(attempt_id=f"{name}-a{i}", work_id=name, theorem_id=t.theorem_id, policy_version=0,
-                        sample_index=i, proof="<answer>2*3+5</answer>" if i % 2 else "<answer>2+3+5</answer>",
-                        task="countdown") for i, t in enumerate(theorems)]  # fmt: skip
+    attempts = [
+        Attempt(
+            attempt_id=f"{name}-a{i}",
+            work_id=name,
+            theorem_id=t.theorem_id,
+            policy_version=0,
+            sample_index=i,
+            proof="<answer>2*3+5</answer>" if i % 2 else "<answer>2+3+5</answer>",
+            task="countdown",
+        )
+        for i, t in enumerate(theorems)
+    ]
     return theorems, attempts
 
 
@@ -137,9 +146,12 @@ async def outcomes(url: str, keys: Keys) -> tuple[Counter, dict[str, str], set[s
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("fault", "topology"), [("kill", ()), ("pause", ()),
-                                                 ("pause", ("--min-replicas-to-write", "1"))],
-                         ids=["kill", "pause", "pause-min-replicas"], indirect=["topology"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "topology"),
+    [("kill", ()), ("pause", ()), ("pause", ("--min-replicas-to-write", "1"))],
+    ids=["kill", "pause", "pause-min-replicas"],
+    indirect=["topology"],
+)
 async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_exactly_once(topology, tmp_path, fault):
     """`kill`: SIGKILL, a crash. `pause`: SIGSTOP until the sentinels have promoted the replica, then SIGCONT:
     the old master comes back believing it is the master (a sentinel waits 8 s before it demotes a master that
@@ -158,8 +170,9 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         await wait_for(workers.all_logged("verifier_pool_started"), 120, "every worker to start its sandboxes")
         producing = asyncio.create_task(producer.run(before))
         master = topology.master.client
-        await wait_for(lambda: asyncio.to_thread(lambda: master.xlen(keys.rewards) >= KILL_AT), 60,
-                       f"{KILL_AT} rewards")  # fmt: skip
+        await wait_for(
+            lambda: asyncio.to_thread(lambda: master.xlen(keys.rewards) >= KILL_AT), 60, f"{KILL_AT} rewards"
+        )
         old = topology.master.port
         faulted_at = time.monotonic()
         if fault == "kill":
@@ -199,17 +212,27 @@ async def test_verifiers_ride_out_a_sentinel_failover_with_every_attempt_judged_
         for i in range(N_WORKERS):  # arq's loop met the failover through its pool's ride-out policy and lived
             assert fault == "pause" or '"client":"arq"' in workers.log(i), workers.log(i)[-3000:]
         await wait_for(workers.health_checks_pass, 60, "arq --check to pass against the new master")
-        health = subprocess.run([sys.executable, "-m", "ops.health", "verifier"], env=workers.env, cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        health = subprocess.run(
+            [sys.executable, "-m", "ops.health", "verifier"],
+            env=workers.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert health.returncode == 0 and "healthy" in health.stdout, health.stderr  # the sync client follows too
 
         workers.stop_drained(timeout_s=90)
-        print(f"failover ({fault}): {failover_s:.1f} s to the new master, with {published_at_fault} of {BEFORE} "
-              f"attempts published; {producer.errors} publish errors, {len(producer.unconfirmed)} batches "
-              f"published again; {len(everything)} attempts judged once each")  # fmt: skip
+        print(
+            f"failover ({fault}): {failover_s:.1f} s to the new master, with {published_at_fault} of {BEFORE} "
+            f"attempts published; {producer.errors} publish errors, {len(producer.unconfirmed)} batches "
+            f"published again; {len(everything)} attempts judged once each"
+        )
         if fault == "pause":
-            print(f"split brain: the old master was a master {split[0]:.1f} s after SIGCONT and took "
-                  f"{split[1][0]} rewards and {split[1][1]} attempts that its demotion threw away")  # fmt: skip
+            print(
+                f"split brain: the old master was a master {split[0]:.1f} s after SIGCONT and took "
+                f"{split[1][0]} rewards and {split[1][1]} attempts that its demotion threw away"
+            )
     finally:
         workers.kill_all()
         for i in range(N_WORKERS):  # shown by pytest only when the test failed
@@ -227,8 +250,14 @@ async def test_a_worker_and_arq_check_behind_sentinels_with_a_password(tmp_path)
     try:
         await wait_for(workers.health_checks_pass, 60, "arq --check to find the worker's health key")
         workers.stop_drained(timeout_s=60)
-        refused = subprocess.run([ARQ, "workers.verifier", "--check"], cwd=ROOT, capture_output=True, text=True,
-                                 env={**workers.env, "PROOFSTREAM_REDIS_URL": topology.url()}, timeout=60)  # fmt: skip
+        refused = subprocess.run(
+            [ARQ, "workers.verifier", "--check"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**workers.env, "PROOFSTREAM_REDIS_URL": topology.url()},
+            timeout=60,
+        )
         assert refused.returncode != 0 and "Authentication required" in refused.stderr, refused.stderr[-2000:]
     finally:
         workers.kill_all()

@@ -32,9 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker_env(redis_url: str, run: str) -> dict[str, str]:
-    return {**os.environ, "PROOFSTREAM_REDIS_URL": redis_url, "PROOFSTREAM_RUN": run,
-            "PROOFSTREAM_CONCURRENCY": "2", "PROOFSTREAM_SANDBOX": "process",
-            "PROOFSTREAM_TASKS": '["countdown"]', "PROOFSTREAM_LOG_LEVEL": "warning"}  # fmt: skip
+    return {
+        **os.environ,
+        "PROOFSTREAM_REDIS_URL": redis_url,
+        "PROOFSTREAM_RUN": run,
+        "PROOFSTREAM_CONCURRENCY": "2",
+        "PROOFSTREAM_SANDBOX": "process",
+        "PROOFSTREAM_TASKS": '["countdown"]',
+        "PROOFSTREAM_LOG_LEVEL": "warning",
+    }
 
 
 async def wait_for(condition, timeout_s: float, what: str) -> None:
@@ -48,14 +54,30 @@ async def wait_for(condition, timeout_s: float, what: str) -> None:
 async def test_worker_checks_health_verifies_and_drains_on_sigterm(redis, redis_url, keys):
     env = worker_env(redis_url, keys.run)
     await register(redis, keys, [Theorem("cd", "countdown", numbers=[2, 3, 5], target=11)])
-    worker = subprocess.Popen([ARQ, "workers.verifier"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [ARQ, "workers.verifier"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         answers = ["<answer>2*3+5</answer>", "<answer>2+3+5</answer>"] * 10
-        await Publisher(redis, keys).publish([
-            Attempt(attempt_id=f"a{i}", work_id="w", theorem_id="cd", policy_version=0, sample_index=i, proof=p,
-                    task="countdown") for i, p in enumerate(answers)
-        ])  # fmt: skip
+        await Publisher(redis, keys).publish(
+            [
+                Attempt(
+                    attempt_id=f"a{i}",
+                    work_id="w",
+                    theorem_id="cd",
+                    policy_version=0,
+                    sample_index=i,
+                    proof=p,
+                    task="countdown",
+                )
+                for i, p in enumerate(answers)
+            ]
+        )
 
         async def all_rewarded() -> bool:
             return await redis.xlen(keys.rewards) == len(answers)
@@ -112,8 +134,14 @@ def test_an_unreachable_redis_fails_fast_in_one_line_not_a_traceback(argv):
     # worker's start keep arq's own patience (5 tries, 1 s apart) and then fail, saying so in one line.
     url = dead_redis_url()
     started = time.monotonic()
-    result = subprocess.run([ARQ, "workers.verifier", *argv], cwd=ROOT, env=worker_env(url, "dead"),
-                            capture_output=True, text=True, timeout=90)  # fmt: skip
+    result = subprocess.run(
+        [ARQ, "workers.verifier", *argv],
+        cwd=ROOT,
+        env=worker_env(url, "dead"),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert result.returncode == 1
     assert time.monotonic() - started < 60, "arq's own retries take ~5 s; this waited for Redis instead"
     assert f"arq workers.verifier: cannot reach Redis at {url}" in result.stderr

@@ -52,15 +52,29 @@ class Workers:
     block a worker that logs through a long outage)."""
 
     def __init__(self, redis_url: str, run: str, log_dir: Path, n: int) -> None:
-        self.env = {**os.environ, "PROOFSTREAM_REDIS_URL": redis_url, "PROOFSTREAM_RUN": run,
-                    "PROOFSTREAM_CONCURRENCY": "1", "PROOFSTREAM_SANDBOX": "process",
-                    "PROOFSTREAM_TASKS": '["countdown"]', "PROOFSTREAM_LOG_LEVEL": "info"}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "PROOFSTREAM_REDIS_URL": redis_url,
+            "PROOFSTREAM_RUN": run,
+            "PROOFSTREAM_CONCURRENCY": "1",
+            "PROOFSTREAM_SANDBOX": "process",
+            "PROOFSTREAM_TASKS": '["countdown"]',
+            "PROOFSTREAM_LOG_LEVEL": "info",
+        }
         self.logs = [log_dir / f"worker{i}.log" for i in range(n)]
         self.procs: list[subprocess.Popen] = []
         for path in self.logs:
             with path.open("wb") as out:
-                self.procs.append(subprocess.Popen([ARQ, "workers.verifier"], cwd=ROOT, env=self.env, stdout=out,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+                self.procs.append(
+                    subprocess.Popen(
+                        [ARQ, "workers.verifier"],
+                        cwd=ROOT,
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
 
     def log(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
@@ -76,8 +90,15 @@ class Workers:
         return {i: self.log(i)[-3000:] for i, p in enumerate(self.procs) if p.poll() is not None}
 
     async def health_checks_pass(self) -> bool:
-        check = await asyncio.create_subprocess_exec(ARQ, "workers.verifier", "--check", cwd=ROOT, env=self.env,
-                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        check = await asyncio.create_subprocess_exec(
+            ARQ,
+            "workers.verifier",
+            "--check",
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         return await check.wait() == 0
 
     def terminate_all(self, timeout_s: float) -> list[int | None]:
@@ -141,9 +162,18 @@ class Batches:
         try:
             theorems = [Theorem(f"{name}-{i}", "countdown", numbers=[2, 3, 5], target=11) for i in range(n)]
             await register(redis, self.keys, theorems)
-            attempts = [Attempt(attempt_id=f"{name}-a{i}", work_id=name, theorem_id=t.theorem_id, policy_version=0,
-                                sample_index=i, proof="<answer>2*3+5</answer>" if i % 2 else "<answer>2+3+5</answer>",
-                                task="countdown") for i, t in enumerate(theorems)]  # fmt: skip
+            attempts = [
+                Attempt(
+                    attempt_id=f"{name}-a{i}",
+                    work_id=name,
+                    theorem_id=t.theorem_id,
+                    policy_version=0,
+                    sample_index=i,
+                    proof="<answer>2*3+5</answer>" if i % 2 else "<answer>2+3+5</answer>",
+                    task="countdown",
+                )
+                for i, t in enumerate(theorems)
+            ]
             await Publisher(redis, self.keys).publish(attempts)
             return [a.attempt_id for a in attempts]
         finally:

@@ -41,10 +41,16 @@ log = structlog.get_logger("verifier_pool.checkers")
 # task's text rules included. Its digest joins every sandboxed checker's environment: an edit to any of it
 # never serves a verdict cached before the edit.
 JUDGING_SOURCES = (
-    "verifier_pool/checkers.py", "verifier_pool/judgement.py", "verifier_pool/lean_check.py",
-    "verifier_pool/lean_commands.py", "verifier_pool/lean_scan.py", "verifier_pool/kimina.py",
-    "verifier_pool/lean_audit.py", "tasks/lean_proof.py", "tasks/lean_text.py",
-)  # fmt: skip
+    "verifier_pool/checkers.py",
+    "verifier_pool/judgement.py",
+    "verifier_pool/lean_check.py",
+    "verifier_pool/lean_commands.py",
+    "verifier_pool/lean_scan.py",
+    "verifier_pool/kimina.py",
+    "verifier_pool/lean_audit.py",
+    "tasks/lean_proof.py",
+    "tasks/lean_text.py",
+)
 JUDGING_DIGEST = hashlib.sha256(
     b"".join((Path(__file__).resolve().parent.parent / name).read_bytes() for name in JUDGING_SOURCES)
 ).hexdigest()[:16]
@@ -76,8 +82,12 @@ class _SandboxChecker:
             return Judgement("timeout", "", f"no answer within {timeout_s:g} s")
         except SandboxUnavailable as e:  # its (re)start failed: the infrastructure's, whatever the input
             self.unavailable = str(e)
-            log.error("sandbox_unavailable", sandbox_id=self.sandbox.sandbox_id, backend=self.sandbox.backend,
-                      error=str(e)[:1000])  # fmt: skip
+            log.error(
+                "sandbox_unavailable",
+                sandbox_id=self.sandbox.sandbox_id,
+                backend=self.sandbox.backend,
+                error=str(e)[:1000],
+            )
             return Judgement("error", "", f"sandbox unavailable: {e}")
         self.unavailable = None
         return reply
@@ -119,13 +129,18 @@ class CountdownChecker(_SandboxChecker):
         try:
             reply = await self.sandbox.request({"countdown_batch": batch}, self.timeout_s)
         except (SandboxTimeout, SandboxCrashed) as e:
-            log.warning("countdown_batch_failed", sandbox_id=self.sandbox.sandbox_id, jobs=len(jobs),
-                        error=str(e)[:300])  # fmt: skip
+            log.warning(
+                "countdown_batch_failed", sandbox_id=self.sandbox.sandbox_id, jobs=len(jobs), error=str(e)[:300]
+            )
             reply = None
         except SandboxUnavailable as e:
             self.unavailable = str(e)
-            log.error("sandbox_unavailable", sandbox_id=self.sandbox.sandbox_id, backend=self.sandbox.backend,
-                      error=str(e)[:1000])  # fmt: skip
+            log.error(
+                "sandbox_unavailable",
+                sandbox_id=self.sandbox.sandbox_id,
+                backend=self.sandbox.backend,
+                error=str(e)[:1000],
+            )
             return [Judgement("error", "", f"sandbox unavailable: {e}")] * len(jobs)
         else:
             self.unavailable = None
@@ -162,8 +177,15 @@ class LeanChecker(_SandboxChecker):
     `second_line` decides every `proved`; the default has no audit and does not trust the REPL, so each
     proof the REPL accepts is `error` until one is given (verifier_pool.pool builds it from the settings)."""
 
-    def __init__(self, sandbox: Sandbox, *, proof_timeout_s: float = 60.0, header_timeout_s: float = 600.0,
-                 toolchain: str = "unknown", second_line: SecondLine | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        proof_timeout_s: float = 60.0,
+        header_timeout_s: float = 600.0,
+        toolchain: str = "unknown",
+        second_line: SecondLine | None = None,
+    ) -> None:
         self.second_line = second_line or SecondLine(audit=None)
         super().__init__(sandbox, f"lean:{toolchain}:{self.second_line.mode}")
         self.proof_timeout_s = proof_timeout_s

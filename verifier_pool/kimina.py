@@ -65,10 +65,14 @@ log = structlog.get_logger("verifier_pool.kimina")
 PATHS = {"verify": "/verify", "check": "/api/check"}  # 2.0.0 serves both; /verify is the older, documented one
 DETAIL_CHARS = 300
 AUTH_REFUSED = (401, 403)  # kimina's require_key answers 401; a proxy in front of it may say 403
-AUTH_MISSING = ("kimina refused the request (HTTP {status}): the server requires an API key and none is set: "
-                "set PROOFSTREAM_KIMINA_API_KEY to the server's LEAN_SERVER_API_KEY")  # fmt: skip
-AUTH_WRONG = ("kimina refused the request (HTTP {status}): it does not accept the configured key: "
-              "PROOFSTREAM_KIMINA_API_KEY must equal the server's LEAN_SERVER_API_KEY")  # fmt: skip
+AUTH_MISSING = (
+    "kimina refused the request (HTTP {status}): the server requires an API key and none is set: "
+    "set PROOFSTREAM_KIMINA_API_KEY to the server's LEAN_SERVER_API_KEY"
+)
+AUTH_WRONG = (
+    "kimina refused the request (HTTP {status}): it does not accept the configured key: "
+    "PROOFSTREAM_KIMINA_API_KEY must equal the server's LEAN_SERVER_API_KEY"
+)
 NO_IMPORTS = (
     "kimina-lean-server runs a snippet without leading imports on top of whatever its shared env 0 holds "
     "(another request's declarations): give the theorem a header that starts with its imports"
@@ -108,9 +112,17 @@ class KiminaClient:
     loop (again in a new loop), so the client can be built outside one.
     """
 
-    def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
-                 api: str = "verify", http_timeout_s: float | None = None,
-                 api_key: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        batch_window_ms: float = 20,
+        max_batch: int = 16,
+        api: str = "verify",
+        http_timeout_s: float | None = None,
+        api_key: str | None = None,
+    ) -> None:
         if api not in PATHS:
             raise ValueError(f"kimina api must be one of {sorted(PATHS)}, not {api!r}")
         if max_batch < 1:
@@ -139,8 +151,12 @@ class KiminaClient:
             self._loop, self._queue, self._sending = loop, asyncio.Queue(), {}
             # trust_env=False: the server is reached directly, whatever proxy variables the worker inherited.
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._http = httpx.AsyncClient(base_url=self.url, headers=headers, trust_env=False,
-                                           timeout=httpx.Timeout(self.http_timeout_s, connect=10.0))  # fmt: skip
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers=headers,
+                trust_env=False,
+                timeout=httpx.Timeout(self.http_timeout_s, connect=10.0),
+            )
             self._flusher = None
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush_forever(), name="kimina-batcher")
@@ -164,8 +180,9 @@ class KiminaClient:
         except (httpx.HTTPError, ValueError, AttributeError) as e:
             raise KiminaUnavailable(f"kimina at {self.url} unreachable: {type(e).__name__}: {e}") from e
         if not ok:
-            raise KiminaUnavailable(self._redact(f"kimina at {self.url} unhealthy: HTTP {reply.status_code} "
-                                                 f"{reply.text[:100]}"))  # fmt: skip
+            raise KiminaUnavailable(
+                self._redact(f"kimina at {self.url} unhealthy: HTTP {reply.status_code} {reply.text[:100]}")
+            )
 
     async def aclose(self) -> None:
         """Stop batching and close the connections; callers still waiting get KiminaUnavailable."""
@@ -213,8 +230,12 @@ class KiminaClient:
                 results = await self._post([job.code for job in batch])
             except KiminaUnavailable as e:
                 if e.status in AUTH_REFUSED:
-                    log.error("kimina_auth_refused", status=e.status, key_configured=self._api_key is not None,
-                              detail=str(e)[:300])  # fmt: skip
+                    log.error(
+                        "kimina_auth_refused",
+                        status=e.status,
+                        key_configured=self._api_key is not None,
+                        detail=str(e)[:300],
+                    )
                 else:
                     log.warning("kimina_request_failed", snippets=len(batch), status=e.status, error=str(e)[:200])
                 if e.status == 500 and len(batch) > 1:  # one snippet broke its REPL and failed the request
@@ -234,12 +255,18 @@ class KiminaClient:
         timeout = math.ceil(self.timeout_s)  # both APIs take whole seconds (pydantic int)
         if self.api == "verify":
             id_key = "custom_id"
-            body: dict[str, Any] = {"codes": [{"custom_id": i, "proof": c} for i, c in zip(ids, codes, strict=True)],
-                                    "timeout": timeout, "disable_cache": False}  # fmt: skip
+            body: dict[str, Any] = {
+                "codes": [{"custom_id": i, "proof": c} for i, c in zip(ids, codes, strict=True)],
+                "timeout": timeout,
+                "disable_cache": False,
+            }
         else:
             id_key = "id"
-            body = {"snippets": [{"id": i, "code": c} for i, c in zip(ids, codes, strict=True)],
-                    "timeout": timeout, "reuse": True}  # fmt: skip
+            body = {
+                "snippets": [{"id": i, "code": c} for i, c in zip(ids, codes, strict=True)],
+                "timeout": timeout,
+                "reuse": True,
+            }
         self.posts += 1
         self.snippets += len(codes)
         try:
@@ -250,8 +277,9 @@ class KiminaClient:
             why = (AUTH_WRONG if self._api_key else AUTH_MISSING).format(status=reply.status_code)
             raise KiminaUnavailable(self._redact(f"{why} (server said: {reply.text[:100]})"), reply.status_code)
         if reply.status_code != 200:
-            raise KiminaUnavailable(self._redact(f"kimina answered HTTP {reply.status_code}: {reply.text[:200]}"),
-                                    reply.status_code)  # fmt: skip
+            raise KiminaUnavailable(
+                self._redact(f"kimina answered HTTP {reply.status_code}: {reply.text[:200]}"), reply.status_code
+            )
         try:
             by_id = {str(r[id_key]): r for r in reply.json()["results"]}
         except (ValueError, KeyError, TypeError) as e:
@@ -381,9 +409,13 @@ def judge_result(result: dict[str, Any], theorem_name: str, layout: Layout) -> J
     lines = sorted({line for m in messages if (line := _line(m.get("pos")))})
     conventions = {layout.convention_of(line) for line in lines}
     if len(conventions) > 1 or None in conventions:
-        return Judgement("error", "", f"kimina: message lines {lines[:8]} fit no one convention (body: 1-"
-                                      f"{layout.body_lines}, snippet: {layout.header_lines + 1}-"
-                                      f"{layout.report_line('snippet')}): a server we do not understand")  # fmt: skip
+        return Judgement(
+            "error",
+            "",
+            f"kimina: message lines {lines[:8]} fit no one convention (body: 1-"
+            f"{layout.body_lines}, snippet: {layout.header_lines + 1}-"
+            f"{layout.report_line('snippet')}): a server we do not understand",
+        )
     report_line = layout.report_line(conventions.pop()) if conventions else -1  # no positioned message: no report
     report = [{**m, "pos": {**m["pos"], "line": 1}} for m in messages if _line(m.get("pos")) == report_line]
     return lean_check.judge_axioms({"env": response["env"], "messages": report}, theorem_name)
@@ -394,12 +426,23 @@ class KiminaChecker:
 
     backend = "kimina"
 
-    def __init__(self, url: str, *, timeout_s: float, batch_window_ms: float = 20, max_batch: int = 16,
-                 toolchain: str = "kimina", api: str = "verify", sandbox_id: str = "kimina",
-                 client: KiminaClient | None = None, second_line: SecondLine | None = None,
-                 api_key: str | None = None) -> None:  # fmt: skip
-        self.client = client or shared_client(url, timeout_s=timeout_s, batch_window_ms=batch_window_ms,
-                                              max_batch=max_batch, api=api, api_key=api_key)  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        batch_window_ms: float = 20,
+        max_batch: int = 16,
+        toolchain: str = "kimina",
+        api: str = "verify",
+        sandbox_id: str = "kimina",
+        client: KiminaClient | None = None,
+        second_line: SecondLine | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.client = client or shared_client(
+            url, timeout_s=timeout_s, batch_window_ms=batch_window_ms, max_batch=max_batch, api=api, api_key=api_key
+        )
         # The server keeps the proof's environment to itself: no audit can run, so its `proved` counts only
         # where the operator accepts its word (lean_second_line = "trust_repl"); otherwise it is `error`.
         self.second_line = second_line or SecondLine(audit=None)

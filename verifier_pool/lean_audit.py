@@ -204,5 +204,9 @@ class SecondLine:
                 log.warning("second_line_off", detail="proved on the Lean server's word: lean_second_line = trust_repl")
                 self._warned = True
             return proved("the Lean server's word; no audit (lean_second_line = trust_repl)")
-        return Judgement("error", "", "second line unavailable: no audit can run here; set lean_audit_cmd, or "
-                                      "lean_second_line = 'trust_repl' to accept the Lean server's word")  # fmt: skip
+        return Judgement(
+            "error",
+            "",
+            "second line unavailable: no audit can run here; set lean_audit_cmd, or "
+            "lean_second_line = 'trust_repl' to accept the Lean server's word",
+        )

@@ -111,8 +111,9 @@ def _refused(refusal: Refusal) -> Judgement:
     return _rejected("sorry" if refusal.reason in HOLES else "integrity", refusal.detail)
 
 
-def prepare(model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS,
-            header: str = "") -> str | Judgement:  # fmt: skip
+def prepare(
+    model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS, header: str = ""
+) -> str | Judgement:
     """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. `max_chars`:
     MAX_PROOF_CHARS (None only in tests that time the scan itself); it counts helpers and all, as the
     verifier's time limit does (one command holds them). `header`: the trusted header the command runs on; an

@@ -29,10 +29,16 @@ HELPER_WORDS = frozenset({"theorem", "lemma"})
 # Options a text may set before its statement (each also set, with `in`, on the target theorem): budgets
 # (the verifier's wall-clock limit still bounds them), hygiene of tactic-introduced names (Seed-Prover's files
 # turn it off), linters and printing. None changes what a statement means or what the kernel checks.
-HARMLESS_OPTIONS = frozenset({
-    "maxHeartbeats", "maxRecDepth", "synthInstance.maxHeartbeats", "synthInstance.maxSize", "tactic.hygienic",
-    "exponentiation.threshold",
-})  # fmt: skip
+HARMLESS_OPTIONS = frozenset(
+    {
+        "maxHeartbeats",
+        "maxRecDepth",
+        "synthInstance.maxHeartbeats",
+        "synthInstance.maxSize",
+        "tactic.hygienic",
+        "exponentiation.threshold",
+    }
+)
 HARMLESS_OPTION_PREFIXES = ("linter.", "pp.")
 # What continues a declaration after its proof (Lean's `declBody` suffixes), at any column.
 SUFFIX_WORDS = frozenset({"where", "termination_by", "decreasing_by"})
@@ -93,8 +99,7 @@ class _Commands:
         self.line = 0  # the line the last code token ended on
         self.cmd: _Command | None = None
         if phase == "body":
-            self.cmd = _Command("body", 0, 0, Scan(text, TERM if term else TACTIC), in_proof=True,
-                                await_block=not term)  # fmt: skip
+            self.cmd = _Command("body", 0, 0, Scan(text, TERM if term else TACTIC), in_proof=True, await_block=not term)
 
     def __call__(self, token: Token) -> bool:
         kind = token.kind
@@ -253,11 +258,15 @@ class _Commands:
 
     def _option_problem(self, cmd: _Command) -> Refusal | None:
         if not cmd.name.startswith(HARMLESS_OPTION_PREFIXES) and cmd.name not in HARMLESS_OPTIONS:
-            return Refusal(f"forbidden: set_option {cmd.name} (options allowed outside a proof: "
-                           f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)", self._where(cmd))  # fmt: skip
+            return Refusal(
+                f"forbidden: set_option {cmd.name} (options allowed outside a proof: "
+                f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)",
+                self._where(cmd),
+            )
         if not _OPTION_VALUE.fullmatch(cmd.value):
-            return Refusal(f"forbidden: set_option {cmd.name} {cmd.value[:40]} (a number, true or false)",
-                           self._where(cmd))  # fmt: skip
+            return Refusal(
+                f"forbidden: set_option {cmd.name} {cmd.value[:40]} (a number, true or false)", self._where(cmd)
+            )
         return None
 
     def _close(self, cmd: _Command, last: bool = False) -> Refusal | None:
@@ -279,8 +288,11 @@ class _Commands:
             return self._close_print(cmd)
         if cmd.kind in ("open", "option") and self.phase == "body":
             word = "open" if cmd.kind == "open" else "set_option"
-            return Refusal(f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
-                           "reads the theorem's name, or prints it)", self._where(cmd))  # fmt: skip
+            return Refusal(
+                f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
+                "reads the theorem's name, or prints it)",
+                self._where(cmd),
+            )
         if cmd.kind == "option":
             self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
         if cmd.kind != "import":
@@ -310,8 +322,11 @@ class _Commands:
 def _not_a_command(text: str, kind: str, line: int, column: int | None, where: str) -> Refusal:
     """A line left of the proof's column that starts with no command (`text` from its first character)."""
     what = text[0] if kind == "symbol" and text[0] in RUN_CHARS else text.split("\n", 1)[0][:40]
-    return Refusal(f"forbidden: `{what}` at line {line}, left of the proof's column {column}: Lean ends the proof "
-                   "there and reads a command, which this is not", where)  # fmt: skip
+    return Refusal(
+        f"forbidden: `{what}` at line {line}, left of the proof's column {column}: Lean ends the proof "
+        "there and reads a command, which this is not",
+        where,
+    )
 
 
 def _constant(name: str) -> list[str]:

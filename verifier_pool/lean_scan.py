@@ -24,49 +24,134 @@ import re
 from tasks.lean_text import Token, name_parts
 
 # Whole words (an identifier token, `«»` removed). None has a use in a proof of a competition statement.
-FORBIDDEN_WORDS = frozenset({
-    # holes: Lean flags them too, but the scan names them and costs no sandbox time
-    "sorry", "admit", "stop",
-    # Library search (`exact?`, `apply?`, `rw?`) is allowed: Seed-Prover's checked proofs use it. Its cost is the
-    # proof's time limit, and a goal `apply?` admits for want of a complete proof is Lean's `sorry` (the
-    # "declaration uses sorry" warning, sorryAx in `#print axioms` and in the audit). `decide?` is no tactic
-    # we know of.
-    "decide?",
-    # run code at elaboration time, or define syntax that can change what the statement's symbols mean
-    "elab", "elab_rules", "macro", "macro_rules", "syntax", "declare_syntax_cat", "notation", "notation3",
-    "infix", "infixl", "infixr", "prefix", "postfix", "binder_predicate",
-    "run_cmd", "run_tac", "run_elab", "run_meta", "by_elab", "initialize", "builtin_initialize",
-    "simproc", "dsimproc", "simproc_decl", "dsimproc_decl", "builtin_simproc", "builtin_dsimproc",
-    "command_elab", "term_elab", "builtin_command_elab", "builtin_term_elab", "builtin_tactic", "builtin_macro",
-    # a core command without `#` that compiles and runs its argument (lean4: `syntax (name := testExternCmd)`)
-    "test_extern",
-    # tactics that compile and run a term: plausible (Plausible/Tactic.lean) evaluates the goal's Testable
-    # instance with `unsafe evalExpr`, so any proposition the proof states (`have : p := by plausible`) runs;
-    # slim_check is its former name. bv_decide? runs bv_decide; bv_check reads an LRAT file and trusts the
-    # compiler (Std.Tactic.BVDecide)
-    "plausible", "slim_check", "bv_decide?", "bv_check",
-    # change the trusted base
-    "import", "prelude", "axiom", "opaque", "unsafe", "partial",
-})  # fmt: skip
+FORBIDDEN_WORDS = frozenset(
+    {
+        # holes: Lean flags them too, but the scan names them and costs no sandbox time
+        "sorry",
+        "admit",
+        "stop",
+        # Library search (`exact?`, `apply?`, `rw?`) is allowed: Seed-Prover's checked proofs use it. Its cost is the
+        # proof's time limit, and a goal `apply?` admits for want of a complete proof is Lean's `sorry` (the
+        # "declaration uses sorry" warning, sorryAx in `#print axioms` and in the audit). `decide?` is no tactic
+        # we know of.
+        "decide?",
+        # run code at elaboration time, or define syntax that can change what the statement's symbols mean
+        "elab",
+        "elab_rules",
+        "macro",
+        "macro_rules",
+        "syntax",
+        "declare_syntax_cat",
+        "notation",
+        "notation3",
+        "infix",
+        "infixl",
+        "infixr",
+        "prefix",
+        "postfix",
+        "binder_predicate",
+        "run_cmd",
+        "run_tac",
+        "run_elab",
+        "run_meta",
+        "by_elab",
+        "initialize",
+        "builtin_initialize",
+        "simproc",
+        "dsimproc",
+        "simproc_decl",
+        "dsimproc_decl",
+        "builtin_simproc",
+        "builtin_dsimproc",
+        "command_elab",
+        "term_elab",
+        "builtin_command_elab",
+        "builtin_term_elab",
+        "builtin_tactic",
+        "builtin_macro",
+        # a core command without `#` that compiles and runs its argument (lean4: `syntax (name := testExternCmd)`)
+        "test_extern",
+        # tactics that compile and run a term: plausible (Plausible/Tactic.lean) evaluates the goal's Testable
+        # instance with `unsafe evalExpr`, so any proposition the proof states (`have : p := by plausible`) runs;
+        # slim_check is its former name. bv_decide? runs bv_decide; bv_check reads an LRAT file and trusts the
+        # compiler (Std.Tactic.BVDecide)
+        "plausible",
+        "slim_check",
+        "bv_decide?",
+        "bv_check",
+        # change the trusted base
+        "import",
+        "prelude",
+        "axiom",
+        "opaque",
+        "unsafe",
+        "partial",
+    }
+)
 # Components of any identifier: constants and attributes that reach the compiler or the trusted base, however
 # they are spelled (`Lean.ofReduceBool`, `«sorryAx»`, `_root_.sorryAx`, `@[implemented_by f]`, `+native`).
-FORBIDDEN_COMPONENTS = frozenset({
-    "sorryAx", "native_decide", "nativeDecide", "native", "bv_decide", "ofReduceBool", "ofReduceNat",
-    "reduceBool", "reduceNat", "trustCompiler", "implemented_by", "extern", "csimp",
-    # what an evaluated term needs to reach the outside: IO actions (`IO.RealWorld` is `Unit`, so a pure term
-    # can run one: `(IO.println "x").run ()`) and the unsafe escapes; no proof names them, and `open IO in`
-    # is caught too
-    "IO", "EIO", "BaseIO", "unsafeBaseIO", "unsafeIO", "unsafeEIO", "unsafeCast",
-})  # fmt: skip
+FORBIDDEN_COMPONENTS = frozenset(
+    {
+        "sorryAx",
+        "native_decide",
+        "nativeDecide",
+        "native",
+        "bv_decide",
+        "ofReduceBool",
+        "ofReduceNat",
+        "reduceBool",
+        "reduceNat",
+        "trustCompiler",
+        "implemented_by",
+        "extern",
+        "csimp",
+        # what an evaluated term needs to reach the outside: IO actions (`IO.RealWorld` is `Unit`, so a pure term
+        # can run one: `(IO.println "x").run ()`) and the unsafe escapes; no proof names them, and `open IO in`
+        # is caught too
+        "IO",
+        "EIO",
+        "BaseIO",
+        "unsafeBaseIO",
+        "unsafeIO",
+        "unsafeEIO",
+        "unsafeCast",
+    }
+)
 # Commands that declare or change scopes. No tactic uses these words, and Lean ends a tactic block at the
 # first token that is not a tactic, whatever its column: so any occurrence starts a new command, which
 # lean_commands judges as one (a `theorem`/`lemma` may be a helper; the others are refused).
-COMMAND_WORDS = frozenset({
-    "theorem", "lemma", "def", "abbrev", "instance", "structure", "class", "inductive", "coinductive",
-    "example", "namespace", "section", "end", "universe", "variable", "attribute", "local", "mutual",
-    "deriving", "export", "omit", "include", "alias", "irreducible_def", "add_decl_doc", "noncomputable",
-    "private", "protected",
-})  # fmt: skip
+COMMAND_WORDS = frozenset(
+    {
+        "theorem",
+        "lemma",
+        "def",
+        "abbrev",
+        "instance",
+        "structure",
+        "class",
+        "inductive",
+        "coinductive",
+        "example",
+        "namespace",
+        "section",
+        "end",
+        "universe",
+        "variable",
+        "attribute",
+        "local",
+        "mutual",
+        "deriving",
+        "export",
+        "omit",
+        "include",
+        "alias",
+        "irreducible_def",
+        "add_decl_doc",
+        "noncomputable",
+        "private",
+        "protected",
+    }
+)
 # Also tactic syntax (`open Real in nlinarith [...]`, `open scoped BigOperators in`), so a command only where a
 # command can start: column 0, or a line left of the proof's column (lean_commands).
 LINE_START_WORDS = frozenset({"open", "scoped"})
@@ -85,12 +170,43 @@ TACTIC, TERM = "tactic", "term"
 # Tactics whose argument is a term (Lean core and Mathlib): after one of them the text is a term, so
 # `exact foo (h := h₀)` passes a named argument. A tactic missing here leaves the scan in tactic mode, the
 # strict side. (`have`, `obtain`, `show ... from` and the like reach their term through `:=`, `:` or `from`.)
-TERM_TACTICS = frozenset({
-    "exact", "exact_mod_cast", "apply", "apply_mod_cast", "refine", "refine'", "use", "use!", "exists",
-    "existsi", "specialize", "convert", "convert_to", "using", "from", "show", "calc", "exacts", "rcases",
-    "cases", "cases'", "induction", "induction'", "obtain", "generalize", "change", "trans", "absurd",
-    "contrapose", "by_contra", "lift", "choose", "fun",
-})  # fmt: skip
+TERM_TACTICS = frozenset(
+    {
+        "exact",
+        "exact_mod_cast",
+        "apply",
+        "apply_mod_cast",
+        "refine",
+        "refine'",
+        "use",
+        "use!",
+        "exists",
+        "existsi",
+        "specialize",
+        "convert",
+        "convert_to",
+        "using",
+        "from",
+        "show",
+        "calc",
+        "exacts",
+        "rcases",
+        "cases",
+        "cases'",
+        "induction",
+        "induction'",
+        "obtain",
+        "generalize",
+        "change",
+        "trans",
+        "absurd",
+        "contrapose",
+        "by_contra",
+        "lift",
+        "choose",
+        "fun",
+    }
+)
 # Words after which a tactic follows, whatever came before: a term's `by`, the branches of a tactic `if`,
 # `t₁ says t₂` (Mathlib.Tactic.Says), a definition's `decreasing_by`.
 TACTIC_WORDS = frozenset({"by", "then", "else", "says", "decreasing_by"})

@@ -77,8 +77,18 @@ async def until(condition, what: str, timeout_s: float = 10.0) -> None:
 
 async def test_a_slot_reads_the_next_attempt_while_its_sandbox_checks_and_stop_finishes_both(redis, redis_url, keys):
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
-    attempts = [Attempt(attempt_id=f"a{i}", work_id="w", theorem_id="cd1", policy_version=0, sample_index=i,
-                        proof=f"<answer>{i}</answer>", task="countdown") for i in range(3)]  # fmt: skip
+    attempts = [
+        Attempt(
+            attempt_id=f"a{i}",
+            work_id="w",
+            theorem_id="cd1",
+            policy_version=0,
+            sample_index=i,
+            proof=f"<answer>{i}</answer>",
+            task="countdown",
+        )
+        for i in range(3)
+    ]
     await Publisher(redis, keys).publish(attempts)
     checker = GatedChecker()
     # One attempt a read, as in a Lean pool (VerifierSettings.batch_size): the other task must read the next.
@@ -144,8 +154,9 @@ class _BrokenSandbox(GatedSandbox):
 
 async def test_a_start_that_fails_part_way_leaves_no_sandbox_behind_the_stop(redis_url, keys):
     """Starting a slot's sandboxes together, one failing, must not leave the others out of what `stop` kills."""
-    settings = VerifierSettings(run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"],
-                                sandbox="process")  # fmt: skip
+    settings = VerifierSettings(
+        run=keys.run, redis_url=redis_url, concurrency=1, tasks=["countdown"], sandbox="process"
+    )
     real = pool.make_sandbox(settings, "countdown", 0, "process")
     checkers = {"countdown": CountdownChecker(real), "broken": SimpleNamespace(sandbox=_BrokenSandbox(real))}
     service = VerifierService(settings, redis_url, checkers_for=lambda s, i: checkers)

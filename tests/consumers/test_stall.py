@@ -46,17 +46,31 @@ PROOF_TIMEOUT_S = 2.0
 
 
 def spawn(redis_url: str, run: str, log: Path, **settings) -> subprocess.Popen:
-    env = {**os.environ, "PROOFSTREAM_REDIS_URL": redis_url, "PROOFSTREAM_RUN": run,
-           "PROOFSTREAM_LOG_LEVEL": "info", "PROOFSTREAM_SANDBOX": "process", "PROOFSTREAM_CONCURRENCY": "1",
-           "PROOFSTREAM_TASKS": '["lean"]', "PROOFSTREAM_LEAN_WORKDIR": str(ROOT),
-           "PROOFSTREAM_LEAN_REPL_CMD": json.dumps(["/usr/bin/python3", "-I", str(FAKE_REPL)]),
-           "PROOFSTREAM_PROOF_TIMEOUT_S": str(PROOF_TIMEOUT_S), "PROOFSTREAM_HEADER_TIMEOUT_S": "20",
-           "PROOFSTREAM_MEMORY_LIMIT_MB": "1024",
-           "PROOFSTREAM_LEAN_AUDIT_CMD": json.dumps(["/usr/bin/python3", str(FIXTURES / "fake_audit.py")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "PROOFSTREAM_REDIS_URL": redis_url,
+        "PROOFSTREAM_RUN": run,
+        "PROOFSTREAM_LOG_LEVEL": "info",
+        "PROOFSTREAM_SANDBOX": "process",
+        "PROOFSTREAM_CONCURRENCY": "1",
+        "PROOFSTREAM_TASKS": '["lean"]',
+        "PROOFSTREAM_LEAN_WORKDIR": str(ROOT),
+        "PROOFSTREAM_LEAN_REPL_CMD": json.dumps(["/usr/bin/python3", "-I", str(FAKE_REPL)]),
+        "PROOFSTREAM_PROOF_TIMEOUT_S": str(PROOF_TIMEOUT_S),
+        "PROOFSTREAM_HEADER_TIMEOUT_S": "20",
+        "PROOFSTREAM_MEMORY_LIMIT_MB": "1024",
+        "PROOFSTREAM_LEAN_AUDIT_CMD": json.dumps(["/usr/bin/python3", str(FIXTURES / "fake_audit.py")]),
+    }
     env.update({f"PROOFSTREAM_{k.upper()}": str(v) for k, v in settings.items()})
     env.pop("PROOFSTREAM_CONFIG", None)
-    return subprocess.Popen([sys.executable, "-m", "tests.consumers.verifier_worker"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.consumers.verifier_worker"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -105,8 +119,13 @@ async def rewards(redis, keys) -> list[Reward]:
 async def setup(redis, keys, proof: str) -> None:
     await register(redis, keys, [Theorem("t", "lean", statement=STATEMENT, header=HEADER)])
     await ensure_group(redis, keys.attempts, VERIFIERS)
-    await Publisher(redis, keys).publish([Attempt(attempt_id="a0", work_id="w", theorem_id="t", policy_version=0,
-                                                  sample_index=0, proof=proof, task="lean")])  # fmt: skip
+    await Publisher(redis, keys).publish(
+        [
+            Attempt(
+                attempt_id="a0", work_id="w", theorem_id="t", policy_version=0, sample_index=0, proof=proof, task="lean"
+            )
+        ]
+    )
 
 
 async def stop_mid_check(worker: subprocess.Popen) -> float:
@@ -135,9 +154,11 @@ def verified_events(log: Path) -> list[dict]:
 
 @pytest.mark.parametrize(
     "marker, verdict",
-    [("FIXTURE:slow=1", "proved"),  # answered 1 s in, while the worker was stopped: the answer wins
-     ("FIXTURE:hang", "timeout")],  # never answers: still a timeout, after the worker's awake budget
-)  # fmt: skip
+    [
+        ("FIXTURE:slow=1", "proved"),  # answered 1 s in, while the worker was stopped: the answer wins
+        ("FIXTURE:hang", "timeout"),
+    ],  # never answers: still a timeout, after the worker's awake budget
+)
 async def test_a_worker_stopped_mid_check_past_the_timeout_gives_the_real_verdict(
     one_redis, one_redis_url, keys, tmp_path, marker, verdict
 ):

@@ -46,8 +46,15 @@ REPL_WORD = SecondLine(audit=None, trust_repl=True)
 
 
 def attempt(i: int, theorem_id: str, proof: str) -> Attempt:
-    return Attempt(attempt_id=f"a{i}", work_id="w", theorem_id=theorem_id, policy_version=0, sample_index=i,
-                   proof=proof, task="countdown")  # fmt: skip
+    return Attempt(
+        attempt_id=f"a{i}",
+        work_id="w",
+        theorem_id=theorem_id,
+        policy_version=0,
+        sample_index=i,
+        proof=proof,
+        task="countdown",
+    )
 
 
 async def wait_settled(redis, keys, timeout_s: float = 30) -> None:
@@ -88,8 +95,12 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
     if sandbox == "docker" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
         pytest.skip(f"docker sandbox: {why}")
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
-    proofs = ["<answer>3*4+7</answer>", "<answer>3+4+7</answer>", "<answer>3*4+7</answer>",
-              "<answer>__import__('os')</answer>"]  # fmt: skip
+    proofs = [
+        "<answer>3*4+7</answer>",
+        "<answer>3+4+7</answer>",
+        "<answer>3*4+7</answer>",
+        "<answer>__import__('os')</answer>",
+    ]
     attempts = [attempt(i, "cd1", p) for i, p in enumerate(proofs)] + [attempt(9, "no-such-theorem", "1")]
     pub = Publisher(redis, keys)
     await pub.publish([a for a in attempts if a.attempt_id != "a2"])
@@ -120,10 +131,14 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
 
 
 def fake_lean_checker(**kwargs) -> LeanChecker:
-    config = ProcessSandboxConfig(argv=(sys.executable, FAKE_REPL), ro_paths=(*_python_paths(),),
-                                  workdir=PROJECT_ROOT, memory_limit_bytes=1 << 30, **kwargs)  # fmt: skip
-    return LeanChecker(process.ProcessSandbox(config), proof_timeout_s=2.0, header_timeout_s=5.0,
-                       second_line=REPL_WORD)  # fmt: skip
+    config = ProcessSandboxConfig(
+        argv=(sys.executable, FAKE_REPL),
+        ro_paths=(*_python_paths(),),
+        workdir=PROJECT_ROOT,
+        memory_limit_bytes=1 << 30,
+        **kwargs,
+    )
+    return LeanChecker(process.ProcessSandbox(config), proof_timeout_s=2.0, header_timeout_s=5.0, second_line=REPL_WORD)
 
 
 @pytest.mark.parametrize(
@@ -173,8 +188,9 @@ MISSING_IMAGE = f"proofstream-pytest-missing-{uuid.uuid4().hex[:8]}:latest"
 
 def unstartable_countdown(settings: VerifierSettings, index: int) -> dict:
     """A real process sandbox whose interpreter does not exist."""
-    config = ProcessSandboxConfig(argv=("/nonexistent/python3", "-m", "tasks.countdown_check"),
-                                  ro_paths=_python_paths(), workdir=PROJECT_ROOT)  # fmt: skip
+    config = ProcessSandboxConfig(
+        argv=("/nonexistent/python3", "-m", "tasks.countdown_check"), ro_paths=_python_paths(), workdir=PROJECT_ROOT
+    )
     return {"countdown": CountdownChecker(process.ProcessSandbox(config, sandbox_id=f"broken-{index}"))}
 
 
@@ -196,12 +212,22 @@ async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, k
         monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
     backend = "process" if failure == "missing interpreter" else "docker"
-    settings = VerifierSettings.load(env={}, flags={
-        "run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": backend, "max_deliveries": 3,
-        "checker_image": MISSING_IMAGE,
-    })  # fmt: skip
-    cause = {"missing image": "not found", "no docker daemon": "no Docker daemon answers",
-             "missing interpreter": "/nonexistent/python3"}[failure]  # fmt: skip
+    settings = VerifierSettings.load(
+        env={},
+        flags={
+            "run": keys.run,
+            "concurrency": 1,
+            "tasks": ["countdown"],
+            "sandbox": backend,
+            "max_deliveries": 3,
+            "checker_image": MISSING_IMAGE,
+        },
+    )
+    cause = {
+        "missing image": "not found",
+        "no docker daemon": "no Docker daemon answers",
+        "missing interpreter": "/nonexistent/python3",
+    }[failure]
     service = VerifierService(settings, redis_url, unstartable_countdown if backend == "process" else None)
     capsys.readouterr()
     await service.start()
@@ -245,10 +271,17 @@ async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, 
     import docker
 
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
-    settings = VerifierSettings.load(env={}, flags={
-        "run": keys.run, "concurrency": 1, "tasks": ["countdown"], "sandbox": "docker", "max_deliveries": 50,
-        "checker_image": MISSING_IMAGE,
-    })  # fmt: skip
+    settings = VerifierSettings.load(
+        env={},
+        flags={
+            "run": keys.run,
+            "concurrency": 1,
+            "tasks": ["countdown"],
+            "sandbox": "docker",
+            "max_deliveries": 50,
+            "checker_image": MISSING_IMAGE,
+        },
+    )
     client = docker.from_env()
     service = VerifierService(settings, redis_url)
     await service.start()
@@ -283,8 +316,11 @@ async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, 
     [environment] = [c.environment for checkers in service.checkers for c in checkers.values()]
     assert image.id in environment
     stored = await redis.hgetall(keys.verdicts)
-    assert list(stored) == [verdict_digest(Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19),
-                                           "<answer>3*4+7</answer>", environment).encode()]  # fmt: skip
+    assert list(stored) == [
+        verdict_digest(
+            Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19), "<answer>3*4+7</answer>", environment
+        ).encode()
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -343,8 +379,12 @@ async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_fai
     (a removed image), and while that lasts; the image's identity again once a start succeeds."""
     if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
-    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=docker_backend.COUNTDOWN_ARGV,
-                               handshake=COUNTDOWN_HANDSHAKE, memory_limit_bytes=256 << 20)  # fmt: skip
+    good = DockerSandboxConfig(
+        image=docker_backend.CHECKER_IMAGE,
+        argv=docker_backend.COUNTDOWN_ARGV,
+        handshake=COUNTDOWN_HANDSHAKE,
+        memory_limit_bytes=256 << 20,
+    )
     sandbox = docker_backend.DockerSandbox(good)
     checker = CountdownChecker(sandbox)
     theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
@@ -372,8 +412,7 @@ async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs
     if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())  # the image's python3 runs the test double
-    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
-                               memory_limit_bytes=256 << 20)  # fmt: skip
+    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
     sandbox = docker_backend.DockerSandbox(good)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
@@ -398,8 +437,9 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
     if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())
-    config = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl,
-                                 memory_limit_bytes=256 << 20, max_requests=4)  # fmt: skip
+    config = DockerSandboxConfig(
+        image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20, max_requests=4
+    )
     sandbox = docker_backend.DockerSandbox(config)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
@@ -414,9 +454,17 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
 
 
 @pytest.mark.parametrize(
-    "edited", ["verifier_pool/checkers.py", "verifier_pool/lean_check.py", "verifier_pool/lean_commands.py",
-               "verifier_pool/lean_scan.py", "verifier_pool/kimina.py", "tasks/lean_proof.py", "tasks/lean_text.py"]
-)  # fmt: skip
+    "edited",
+    [
+        "verifier_pool/checkers.py",
+        "verifier_pool/lean_check.py",
+        "verifier_pool/lean_commands.py",
+        "verifier_pool/lean_scan.py",
+        "verifier_pool/kimina.py",
+        "tasks/lean_proof.py",
+        "tasks/lean_text.py",
+    ],
+)
 def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, edited):
     """A copy of verifier_pool and tasks with one judging module edited (a comment added) judges under another
     environment, so its verdicts and the old ones never share a cache key; an unedited copy shares it."""
@@ -425,8 +473,14 @@ def test_an_edited_judging_module_changes_every_checkers_environment(tmp_path, e
 
     def digest_of(root: Path) -> str:
         code = "from verifier_pool.checkers import JUDGING_DIGEST; print(JUDGING_DIGEST)"
-        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
-                              env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -543,12 +597,19 @@ _BAD_BATCHES = {
 async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at_a_time(answer):
     """A batch that hangs, crashes its sandbox, or is answered outside the protocol is no verdict on any of its
     answers: each is checked alone, and gets the verdict it gets alone (never `timeout` or a crash for all)."""
-    program = ("import os, sys, time; import tasks.countdown_check as c; h = c.handle_request; "
-               f"c.handle_request = lambda r: ({_BAD_BATCHES[answer]}) if 'countdown_batch' in r else h(r); "
-               "sys.exit(c.run_checker())")  # fmt: skip
-    config = ProcessSandboxConfig(argv=(_base_python(), "-s", "-B", "-c", program), ro_paths=_python_paths(),
-                                  workdir="/tmp", env={"PYTHONPATH": PROJECT_ROOT},
-                                  memory_limit_bytes=256 << 20, handshake=COUNTDOWN_HANDSHAKE)  # fmt: skip
+    program = (
+        "import os, sys, time; import tasks.countdown_check as c; h = c.handle_request; "
+        f"c.handle_request = lambda r: ({_BAD_BATCHES[answer]}) if 'countdown_batch' in r else h(r); "
+        "sys.exit(c.run_checker())"
+    )
+    config = ProcessSandboxConfig(
+        argv=(_base_python(), "-s", "-B", "-c", program),
+        ro_paths=_python_paths(),
+        workdir="/tmp",
+        env={"PYTHONPATH": PROJECT_ROOT},
+        memory_limit_bytes=256 << 20,
+        handshake=COUNTDOWN_HANDSHAKE,
+    )
     sandbox = process.ProcessSandbox(config)
     checker = CountdownChecker(sandbox, timeout_s=1.0)
     theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)

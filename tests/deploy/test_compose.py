@@ -87,8 +87,13 @@ class Stack:
         self.run = f"deploy-{uuid.uuid4().hex[:8]}"
         self.compose = _compose_command() or []
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-        self.env = {**env, **RUN_ENV, "PROOFSTREAM_RUN": self.run, "PROOFSTREAM_IMAGE": APP_IMAGE,
-                    "PROOFSTREAM_REDIS_IMAGE": REDIS_IMAGE}  # fmt: skip
+        self.env = {
+            **env,
+            **RUN_ENV,
+            "PROOFSTREAM_RUN": self.run,
+            "PROOFSTREAM_IMAGE": APP_IMAGE,
+            "PROOFSTREAM_REDIS_IMAGE": REDIS_IMAGE,
+        }
 
     def __call__(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
         argv = [*self.compose, "-p", self.project, *FILES, *args]
@@ -105,8 +110,12 @@ class Stack:
         return out.stdout.strip()
 
     def health(self, service: str) -> str:
-        out = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", self.container(service)],
-                             capture_output=True, text=True, timeout=15)  # fmt: skip
+        out = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Health.Status}}", self.container(service)],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
         return out.stdout.strip()
 
     def logs(self) -> str:

@@ -42,21 +42,53 @@ def test_the_budget_buys_whole_versions_and_evaluations_spread_over_them():
 
 
 def test_plans_from_flags_give_each_algorithm_its_own_trainer_flags():
-    args = es_vs_grpo.parser().parse_args(["--budget", "256", "--es-population", "4", "--es-batch", "8",
-                                        "--grpo-group-size", "4", "--grpo-lr", "1e-5"])  # fmt: skip
+    args = es_vs_grpo.parser().parse_args(
+        ["--budget", "256", "--es-population", "4", "--es-batch", "8", "--grpo-group-size", "4", "--grpo-lr", "1e-5"]
+    )
     es, grpo = es_vs_grpo.plans(args)
     assert (es.samples_per_version, es.iterations) == (32, 8)
     assert es.flags == ("--population", "4", "--batch", "8")
     assert (grpo.samples_per_version, grpo.iterations) == (32, 8)
     assert grpo.flags == ("--batch", "8", "--group-size", "4", "--lr", "1e-05")
     argv = es_vs_grpo.trainer_argv(grpo, ["--seed", "0"], "c-grpo", Path("/tmp/c/grpo"), ["--engine", "hf"])
-    assert argv[1:] == ["-m", "trainer", "--algo", "grpo", "--seed", "0", "--iterations", "8", "--eval-every", "2",
-                        *grpo.flags, "--run", "c-grpo", "--run-dir", "/tmp/c/grpo", "--engine", "hf"]  # fmt: skip
+    assert argv[1:] == [
+        "-m",
+        "trainer",
+        "--algo",
+        "grpo",
+        "--seed",
+        "0",
+        "--iterations",
+        "8",
+        "--eval-every",
+        "2",
+        *grpo.flags,
+        "--run",
+        "c-grpo",
+        "--run-dir",
+        "/tmp/c/grpo",
+        "--engine",
+        "hf",
+    ]
 
 
 def test_es_lowrank_is_a_third_run_of_es_with_low_rank_members_and_its_own_population():
-    args = es_vs_grpo.parser().parse_args(["--budget", "1024", "--algos", "es", "grpo", "es-lowrank", "--lowrank-rank",
-                                        "8", "--lowrank-population", "16", "--lowrank-batch", "8"])  # fmt: skip
+    args = es_vs_grpo.parser().parse_args(
+        [
+            "--budget",
+            "1024",
+            "--algos",
+            "es",
+            "grpo",
+            "es-lowrank",
+            "--lowrank-rank",
+            "8",
+            "--lowrank-population",
+            "16",
+            "--lowrank-batch",
+            "8",
+        ]
+    )
     es, grpo, low = es_vs_grpo.plans(args)
     assert [p.algo for p in (es, grpo, low)] == ["es", "grpo", "es-lowrank"]
     assert (low.samples_per_version, low.iterations) == (16 * 8, 1024 // 128)
@@ -111,8 +143,9 @@ def test_a_stopped_trainer_stops_the_comparison(tmp_path, monkeypatch):
     )
 
 
-def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_not_run_again(tmp_path, monkeypatch,
-                                                                                              capsys):  # fmt: skip
+def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_not_run_again(
+    tmp_path, monkeypatch, capsys
+):
     """Three seeds of stand-in trainers whose metrics are known: the summary's mean and sample std are the
     values computed here, and a second comparison with the same --out runs nothing."""
     ran = []
@@ -157,8 +190,10 @@ def test_over_seeds_each_algorithm_gets_mean_and_spread_and_a_finished_seed_is_n
 
 
 def test_a_sigterm_to_the_comparison_reaches_the_trainer(tmp_path):
-    child = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(130)); "
-             "print('ready', flush=True); time.sleep(60)")  # fmt: skip
+    child = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(130)); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
     before = signal.getsignal(signal.SIGTERM)
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     code, wall_s = runner.run_one([sys.executable, "-c", child], dict(os.environ), tmp_path / "t.log")
@@ -187,7 +222,10 @@ GRPO_RECORDS = [
 def test_curves_put_each_evaluation_at_the_samples_its_version_consumed():
     es = curve(ES_RECORDS)
     assert [(p["version"], p["samples"], p["held_out_reward"], p["held_out_exact"]) for p in es] == [
-        (0, 0, 0.1, 0.0), (2, 124, 0.2, 0.25), (3, 188, 0.15, 0.0)]  # fmt: skip
+        (0, 0, 0.1, 0.0),
+        (2, 124, 0.2, 0.25),
+        (3, 188, 0.15, 0.0),
+    ]
     assert samples_used(ES_RECORDS) == 188
     grpo = curve(list(reversed(GRPO_RECORDS)))  # order in the file does not matter
     assert [(p["version"], p["samples"]) for p in grpo] == [(0, 0), (1, 128), (2, 192)]
@@ -195,8 +233,10 @@ def test_curves_put_each_evaluation_at_the_samples_its_version_consumed():
     assert curve([{"eval": True, "version": 4, "held_out_reward": 0, "held_out_exact": 0}])[0]["samples"] is None
     assert samples_used([]) == 0
     # a record from a trainer whose ES versions did not carry `samples`: its x is unknown, not guessed
-    old = [{"version": 1, "algo": "es", "attempts": 64}, {"eval": True, "version": 1, "held_out_reward": 0,
-           "held_out_exact": 0}]  # fmt: skip
+    old = [
+        {"version": 1, "algo": "es", "attempts": 64},
+        {"eval": True, "version": 1, "held_out_reward": 0, "held_out_exact": 0},
+    ]
     assert curve(old)[0]["samples"] is None and samples_used(old) is None
 
 
@@ -215,8 +255,15 @@ def test_generated_for_training_is_the_generators_count_less_evaluation(tmp_path
 def _result(tmp_path: Path) -> dict:
     args = es_vs_grpo.parser().parse_args(["--budget", "192", "--es-batch", "8", "--grpo-lr", "1e-5"])
     es, grpo = es_vs_grpo.plans(args)
-    result = {"out": str(tmp_path), "budget": 192, "ok": True, "wall_s": 100.0, "extra": ["--engine", "hf"],
-              "settings": {**vars(args), "seed": 0, "model": "m", "engine": "hf"}, "algos": {}}  # fmt: skip
+    result = {
+        "out": str(tmp_path),
+        "budget": 192,
+        "ok": True,
+        "wall_s": 100.0,
+        "extra": ["--engine", "hf"],
+        "settings": {**vars(args), "seed": 0, "model": "m", "engine": "hf"},
+        "algos": {},
+    }
     for p, records in ((es, ES_RECORDS), (grpo, GRPO_RECORDS)):
         run_dir = tmp_path / p.algo
         run_dir.mkdir()
@@ -242,10 +289,37 @@ def test_the_table_json_and_plot_from_two_runs(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     out = tmp_path / "cmp"
-    argv = [sys.executable, "-m", "evals.es_vs_grpo", "--task", "countdown", "--budget", "8", "--out", str(out),
-            "--es-population", "2", "--es-batch", "4", "--grpo-batch", "2", "--grpo-group-size", "4",
-            "--max-new-tokens", "16", "--held-out", "2", "--problems", "8", "--eval-points", "1",
-            "--engine", "hf", "--seeds", "0"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "evals.es_vs_grpo",
+        "--task",
+        "countdown",
+        "--budget",
+        "8",
+        "--out",
+        str(out),
+        "--es-population",
+        "2",
+        "--es-batch",
+        "4",
+        "--grpo-batch",
+        "2",
+        "--grpo-group-size",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--held-out",
+        "2",
+        "--problems",
+        "8",
+        "--eval-points",
+        "1",
+        "--engine",
+        "hf",
+        "--seeds",
+        "0",
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=840)

@@ -30,8 +30,10 @@ def test_an_estimate_after_the_first_version_then_the_eta_version_by_version(tmp
     now[0] = 1050.0
     _version(first, 1)
     at = time.strftime("%H:%M", time.localtime(50 * 11))  # 11 versions left at 50 s each, from wall time 0
-    assert eta.tick() == f"sweep: estimate from the first version (50 s): 12 versions, about 10 min 00 s in all, " \
-        f"done about {at}"  # fmt: skip
+    assert (
+        eta.tick() == f"sweep: estimate from the first version (50 s): 12 versions, about 10 min 00 s in all, "
+        f"done about {at}"
+    )
     assert eta.tick() is None  # no new version: no new line
     now[0] = 1090.0
     _version(first, 2)

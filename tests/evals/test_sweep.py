@@ -36,8 +36,23 @@ def test_the_grid_is_the_product_of_the_lists_with_seeds_innermost_and_shards_sp
 
 
 def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
-    todo = sweep_grid.cells(_args("--algo", "es", "grpo", "--antithetic", "on", "off", "--lr", "1e-5", "3e-5",
-                             "--group-size", "4", "--seeds", "0"))  # fmt: skip
+    todo = sweep_grid.cells(
+        _args(
+            "--algo",
+            "es",
+            "grpo",
+            "--antithetic",
+            "on",
+            "off",
+            "--lr",
+            "1e-5",
+            "3e-5",
+            "--group-size",
+            "4",
+            "--seeds",
+            "0",
+        )
+    )
     es, grpo = [c for c in todo if c.algo == "es"], [c for c in todo if c.algo == "grpo"]
     assert [c.antithetic for c in es] == [True, False] and len(grpo) == 2
     assert grpo[1].key == "grpo-lr3e-05-g4-t0.7-b16-easy-n256-seed0"  # T: the trainer's default
@@ -68,17 +83,30 @@ def test_a_samples_budget_gives_each_cell_the_versions_it_buys_at_its_own_cost()
     assert sweep_grid.budget_of(grpo, _args("--iterations", "7", "--eval-every", "2")) == (7, 2)
     with pytest.raises(SystemExit):  # one budget or the other
         _args("--samples", "100", "--iterations", "3")
-    refused = subprocess.run([sys.executable, "-m", "evals.sweep", "--out", "x", "--plan", "--population", "64",
-                              "--samples", "100"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-m", "evals.sweep", "--out", "x", "--plan", "--population", "64", "--samples", "100"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 2 and "buys no version" in refused.stderr
 
 
 def _result(config: dict, seed: int, start: float, end: float, code: int = 0) -> dict:
     cell = sweep_grid.Cell(seed=seed, **config)
-    return {"cell": {**cell.__dict__, "key": cell.key, "config": cell.config}, "run": f"r-{cell.key}",
-            "command": [], "returncode": code, "wall_s": 60.0, "versions": 4, "samples_used": 256,
-            "curve": [{"version": 0, "samples": 0, "held_out_reward": start, "held_out_exact": 0.0},
-                      {"version": 4, "samples": 256, "held_out_reward": end, "held_out_exact": 0.25}]}  # fmt: skip
+    return {
+        "cell": {**cell.__dict__, "key": cell.key, "config": cell.config},
+        "run": f"r-{cell.key}",
+        "command": [],
+        "returncode": code,
+        "wall_s": 60.0,
+        "versions": 4,
+        "samples_used": 256,
+        "curve": [
+            {"version": 0, "samples": 0, "held_out_reward": start, "held_out_exact": 0.0},
+            {"version": 4, "samples": 256, "held_out_reward": end, "held_out_exact": 0.25},
+        ],
+    }
 
 
 def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path):
@@ -93,8 +121,13 @@ def test_tables_give_each_configurations_mean_and_spread_over_its_seeds(tmp_path
         "problems": 256,
     }
     b = {**a, "sigma": 0.003}
-    results = [_result(a, 0, 0.10, 0.20), _result(a, 1, 0.10, 0.30), _result(a, 2, 0.10, 0.40),
-               _result(b, 0, 0.10, 0.10), _result(b, 1, 0.10, 0.5, code=1)]  # fmt: skip
+    results = [
+        _result(a, 0, 0.10, 0.20),
+        _result(a, 1, 0.10, 0.30),
+        _result(a, 2, 0.10, 0.40),
+        _result(b, 0, 0.10, 0.10),
+        _result(b, 1, 0.10, 0.5, code=1),
+    ]
     sweep_report.write(tmp_path, results, {"out": str(tmp_path), "argv": ["--out", "x"], "iterations": 4, "extra": []})
     rows = list(csv.DictReader(io.StringIO((tmp_path / "sweep.csv").read_text())))
     assert tuple(rows[0]) == sweep_report.CSV_COLUMNS and len(rows) == 5
@@ -125,9 +158,33 @@ def test_plan_prints_each_cells_run_id_and_runs_nothing(tmp_path, capsys):
 @pytest.mark.timeout(900)
 def test_a_tiny_real_cell_runs_and_a_second_sweep_skips_it(tmp_path):
     out = tmp_path / "sw"
-    argv = [sys.executable, "-m", "evals.sweep", "--out", str(out), "--population", "2", "--batch", "2",
-            "--problems", "6", "--seeds", "0", "--iterations", "1", "--eval-every", "1", "--held-out", "2",
-            "--max-new-tokens", "8", "--engine", "hf", "--quorum", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "evals.sweep",
+        "--out",
+        str(out),
+        "--population",
+        "2",
+        "--batch",
+        "2",
+        "--problems",
+        "6",
+        "--seeds",
+        "0",
+        "--iterations",
+        "1",
+        "--eval-every",
+        "1",
+        "--held-out",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--engine",
+        "hf",
+        "--quorum",
+        "1",
+    ]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=840)
     logs = "".join(p.read_text()[-3000:] for p in out.glob("cells/*/trainer.log"))
     assert done.returncode == 0, done.stderr[-3000:] + logs

@@ -27,24 +27,30 @@ def _tree(tmp_path: Path, sources: str = "", lists: str = "") -> Path:
 
 
 def test_the_suites_own_stanza_wins_over_security_and_disabled_ones(tmp_path):
-    etc = _tree(tmp_path, sources=(
-        "Types: deb\nURIs: http://security.invalid/debian-security\nSuites: bookworm-security\n\n"
-        "Enabled: no\nTypes: deb\nURIs: http://off.invalid/debian\nSuites: bookworm\n\n"
-        "Types: deb-src\nURIs: http://src.invalid/debian\nSuites: bookworm\n\n"
-        "# a comment\nTypes: deb\nURIs: http://main.invalid/debian\nSuites: bookworm bookworm-updates\n"
-        "Components: main\n"
-    ))  # fmt: skip
+    etc = _tree(
+        tmp_path,
+        sources=(
+            "Types: deb\nURIs: http://security.invalid/debian-security\nSuites: bookworm-security\n\n"
+            "Enabled: no\nTypes: deb\nURIs: http://off.invalid/debian\nSuites: bookworm\n\n"
+            "Types: deb-src\nURIs: http://src.invalid/debian\nSuites: bookworm\n\n"
+            "# a comment\nTypes: deb\nURIs: http://main.invalid/debian\nSuites: bookworm bookworm-updates\n"
+            "Components: main\n"
+        ),
+    )
     done = _mirror(etc)
     assert done.returncode == 0 and done.stdout.strip() == "http://main.invalid/debian", done.stderr
     assert _mirror(etc, SUITE="bookworm-security").stdout.strip() == "http://security.invalid/debian-security"
 
 
 def test_one_line_entries_with_options_and_an_explicit_mirror(tmp_path):
-    etc = _tree(tmp_path, lists=(
-        "# deb http://commented.invalid/debian bookworm main\n"
-        "deb-src http://src.invalid/debian bookworm main\n"
-        "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://line.invalid/debian bookworm main\n"
-    ))  # fmt: skip
+    etc = _tree(
+        tmp_path,
+        lists=(
+            "# deb http://commented.invalid/debian bookworm main\n"
+            "deb-src http://src.invalid/debian bookworm main\n"
+            "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://line.invalid/debian bookworm main\n"
+        ),
+    )
     assert _mirror(etc).stdout.strip() == "http://line.invalid/debian"
     assert _mirror(etc, DEBIAN_MIRROR="http://given.invalid/debian").stdout.strip() == "http://given.invalid/debian"
 

@@ -19,8 +19,14 @@ pytestmark = pytest.mark.timeout(300)
 def test_the_bench_steps_both_precisions_and_writes_its_json(tmp_path):
     out = tmp_path / "grpo.json"
     argv = ["--groups", "1", "--group-size", "2", "--completion-tokens", "3", "--rounds", "1", "--out", str(out)]
-    done = subprocess.run([sys.executable, "-m", "ops", "bench", "grpo", *argv, "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=280, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ops", "bench", "grpo", *argv, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == result

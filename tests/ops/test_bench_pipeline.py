@@ -22,8 +22,19 @@ from ops.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--gen-ms", "10", "--verify-ms", "8", "--population", "4", "--batch", "6", "--warmup", "2"]
-FIELDS = {"iteration_s", "ideal_s", "sequential_s", "efficiency", "bottleneck", "stage_s", "efficiency_factors",
-          "utilization", "attempts_per_version", "members_per_version", "latency_ms_measured"}  # fmt: skip
+FIELDS = {
+    "iteration_s",
+    "ideal_s",
+    "sequential_s",
+    "efficiency",
+    "bottleneck",
+    "stage_s",
+    "efficiency_factors",
+    "utilization",
+    "attempts_per_version",
+    "members_per_version",
+    "latency_ms_measured",
+}
 
 
 @pytest.fixture
@@ -34,9 +45,14 @@ def run_bench():
 
     def start(*argv: str) -> subprocess.Popen:
         # SIGINT at its default: a shell that runs the suite in the background would leave it ignored.
-        bench = subprocess.Popen([sys.executable, "-m", "ops", "bench", "pipeline", *argv, "--json"], cwd=ROOT,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "ops", "bench", "pipeline", *argv, "--json"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         started.append(bench)
         return bench
 
@@ -126,18 +142,42 @@ def test_a_role_that_dies_mid_run_stops_the_bench_with_its_status(run_bench, one
     assert not any(_alive(p) for p in roles)
 
 
-ARGS = dict(warmup=1, versions=2, generators=1, verifier_slots=1, gen_ms=10, verify_ms=5, train_ms=0,
-            population=4, batch=2, quorum=0.75, max_staleness=1)  # fmt: skip
+ARGS = dict(
+    warmup=1,
+    versions=2,
+    generators=1,
+    verifier_slots=1,
+    gen_ms=10,
+    verify_ms=5,
+    train_ms=0,
+    population=4,
+    batch=2,
+    quorum=0.75,
+    max_staleness=1,
+)
 
 
 def _recorded(update_busy_s: float) -> tuple[list[dict], list[dict]]:
     """Three updates a second apart (window [0, 2], two versions of 8 attempts used each), one generator
     that generated 16 attempts a version at 12.5 ms each (its last call cut by the window's end) and one
     verifier slot that checked 8 a version at 6.25 ms each."""
-    updates = [{"at": float(t), "busy_s": update_busy_s, "attempts": 8, "members": 4, "staleness": {"1": 4},
-                "stale_dropped": 0} for t in range(3)]  # fmt: skip
-    generator = {"role": "generator", "lanes": [[[0.1, 0.3, 16], [1.1, 1.3, 16], [1.9, 2.1, 16]]],
-                 "counts": {"stale_skipped": 0}, "held_for_room_s": 0.0}  # fmt: skip
+    updates = [
+        {
+            "at": float(t),
+            "busy_s": update_busy_s,
+            "attempts": 8,
+            "members": 4,
+            "staleness": {"1": 4},
+            "stale_dropped": 0,
+        }
+        for t in range(3)
+    ]
+    generator = {
+        "role": "generator",
+        "lanes": [[[0.1, 0.3, 16], [1.1, 1.3, 16], [1.9, 2.1, 16]]],
+        "counts": {"stale_skipped": 0},
+        "held_for_room_s": 0.0,
+    }
     verifier = {"role": "verifier", "lanes": [[[0.5, 0.55, 8], [1.5, 1.55, 8]]]}
     return updates, [generator, verifier]
 

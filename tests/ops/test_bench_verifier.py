@@ -27,8 +27,20 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--sandboxes", "2", "--attempts", "200", "--cache-hits", "400", "--hangs", "3"]
-KEYS = {"proofs_per_s", "utilization", "utilization_from_rewards", "restart_ms_p50", "restart_ms_p90", "restart_ms",
-        "cache_hits_per_s", "cache_hits", "verdicts", "window_s", "window_rewards", "load_avg_1m_before"}  # fmt: skip
+KEYS = {
+    "proofs_per_s",
+    "utilization",
+    "utilization_from_rewards",
+    "restart_ms_p50",
+    "restart_ms_p90",
+    "restart_ms",
+    "cache_hits_per_s",
+    "cache_hits",
+    "verdicts",
+    "window_s",
+    "window_rewards",
+    "load_avg_1m_before",
+}
 
 _NO_DOCKER = docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)
 BACKENDS = [
@@ -40,8 +52,21 @@ BACKENDS = [
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_short_run_reports_sane_figures_and_leaves_nothing_behind(backend, one_redis_url, tmp_path):
     out = tmp_path / "bench.json"
-    argv = [sys.executable, "-m", "ops", "bench", "verifier", "--backend", backend, *SHORT,
-            "--redis-url", one_redis_url, "--out", str(out), "--json"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "ops",
+        "bench",
+        "verifier",
+        "--backend",
+        backend,
+        *SHORT,
+        "--redis-url",
+        one_redis_url,
+        "--out",
+        str(out),
+        "--json",
+    ]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     line = done.stdout.strip().splitlines()[-1]
@@ -98,8 +123,22 @@ def _descendants(pid: int) -> list[int]:
 @pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")
 def test_sigterm_mid_run_stops_the_pool_and_leaves_no_process_behind():
     """As Ctrl-C in a terminal: the pool drains, its sandboxes are killed, the private Redis stops."""
-    argv = [sys.executable, "-m", "ops", "bench", "verifier", "--backend", "process", "--sandboxes", "2",
-            "--attempts", "20000", "--log-level", "info", "--json"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "ops",
+        "bench",
+        "verifier",
+        "--backend",
+        "process",
+        "--sandboxes",
+        "2",
+        "--attempts",
+        "20000",
+        "--log-level",
+        "info",
+        "--json",
+    ]
     bench = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in bench.stderr:  # the pool is up and checking once its first verdict is logged
@@ -134,9 +173,26 @@ def _run(args) -> int:
 
 
 def _bench_args(one_redis_url: str, *extra: str):
-    return build_parser().parse_args(["bench", "verifier", "--backend", "process", "--sandboxes", "1",
-                                      "--attempts", "40", "--cache-hits", "40", "--hangs", "1",
-                                      "--redis-url", one_redis_url, "--json", *extra])  # fmt: skip
+    return build_parser().parse_args(
+        [
+            "bench",
+            "verifier",
+            "--backend",
+            "process",
+            "--sandboxes",
+            "1",
+            "--attempts",
+            "40",
+            "--cache-hits",
+            "40",
+            "--hangs",
+            "1",
+            "--redis-url",
+            one_redis_url,
+            "--json",
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")

@@ -24,8 +24,14 @@ SETTINGS = ConsumerSettings(batch_size=10, block_ms=50)
 
 
 def attempt(i: int) -> Attempt:
-    return Attempt(attempt_id=f"a{i}", work_id="w", theorem_id=f"t{i}", policy_version=0, sample_index=i,
-                   proof="theorem t : 1 + 1 = 2 := by\n  norm_num")  # fmt: skip
+    return Attempt(
+        attempt_id=f"a{i}",
+        work_id="w",
+        theorem_id=f"t{i}",
+        policy_version=0,
+        sample_index=i,
+        proof="theorem t : 1 + 1 = 2 := by\n  norm_num",
+    )
 
 
 def handler(poison: set[str] = frozenset()):
@@ -33,15 +39,24 @@ def handler(poison: set[str] = frozenset()):
         a = d.message
         if a.attempt_id in poison:
             raise Poison("statement missing")
-        return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=0, verdict="proved",
-                       reward=1.0)]  # fmt: skip
+        return [
+            Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=0, verdict="proved", reward=1.0)
+        ]
 
     return handle
 
 
 async def consume_once(redis, keys, name: str, poison: set[str] = frozenset()) -> Consumer:
-    c = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name=name, handler=handler(poison),
-                 output=Reward, settings=SETTINGS)  # fmt: skip
+    c = Consumer(
+        redis,
+        keys,
+        message_type=Attempt,
+        group=VERIFIERS,
+        name=name,
+        handler=handler(poison),
+        output=Reward,
+        settings=SETTINGS,
+    )
     await c.ensure_group()
     await c.run_once()
     return c
@@ -103,8 +118,10 @@ async def test_flags_before_the_command_and_from_a_config_file(redis, redis_url,
     await Publisher(redis, Keys("other")).publish([attempt(0)])
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'run = "other"\nredis_url = "{redis_url}"\n[ops]\ntimeout_s = 3\n')
-    for argv in (["--config", str(cfg), "streams", "--json"], ["--run", "other", "--redis-url", redis_url, "--json",
-                                                                "streams"]):  # fmt: skip
+    for argv in (
+        ["--config", str(cfg), "streams", "--json"],
+        ["--run", "other", "--redis-url", redis_url, "--json", "streams"],
+    ):
         assert await asyncio.to_thread(main, argv) == 0
         report = orjson.loads(capsys.readouterr().out)
         assert (report["run"], report["streams"]["attempts"]["length"]) == ("other", 1)
@@ -124,7 +141,13 @@ async def test_dead_letter_listed_shown_requeued_byte_identical_then_consumed(re
     assert listed["length"] == 1
     [row] = listed["dead_letters"]
     assert (row["id"], row["source"], row["group"], row["original_id"], row["deliveries"], row["reason"]) == (
-        letter_id, keys.attempts, VERIFIERS, poison_id, 1, "poison: statement missing")  # fmt: skip
+        letter_id,
+        keys.attempts,
+        VERIFIERS,
+        poison_id,
+        1,
+        "poison: statement missing",
+    )
     code, out, _ = await ops(capsys, redis_url, "dlq", "list")
     assert code == 0 and letter_id in out and "poison: statement missing" in out
 
@@ -200,7 +223,9 @@ async def test_tail_decodes_the_last_entries(redis, redis_url, keys, capsys):
     data = await ops_json(capsys, redis_url, "tail", "attempts", "--count", "2")
     assert [e["id"] for e in data["entries"]] == [i.decode() for i in ids[1:]]
     assert [(e["type"], e["fields"]["attempt_id"], e["error"]) for e in data["entries"]] == [
-        ("Attempt", "a1", None), ("Attempt", "a2", None)]  # fmt: skip
+        ("Attempt", "a1", None),
+        ("Attempt", "a2", None),
+    ]
     assert data["entries"][0]["fields"]["policy_version"] == 0
 
     code, out, _ = await ops(capsys, redis_url, "tail", "attempts", "-n", "2")
@@ -222,10 +247,23 @@ async def test_tail_follow_prints_new_entries_and_ends_on_ctrl_c(system_redis_se
     redis = connect(system_redis_server.url)
     await Publisher(redis, keys).publish([attempt(0)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops", "tail", "attempts", "--follow", "--run", "follow",
-         "--redis-url", system_redis_server.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_clean_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "tail",
+            "attempts",
+            "--follow",
+            "--run",
+            "follow",
+            "--redis-url",
+            system_redis_server.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+    )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
         assert "attempt_id=a0" in line
@@ -250,8 +288,9 @@ def _clean_env() -> dict[str, str]:
 
 
 def test_no_redis_url_exits_2_with_what_to_do():
-    proc = subprocess.run([sys.executable, "-m", "ops", "streams"], capture_output=True, text=True,
-                          env=_clean_env(), timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ops", "streams"], capture_output=True, text=True, env=_clean_env(), timeout=30
+    )
     assert proc.returncode == 2
     assert proc.stderr == f"ops: {NO_REDIS}\n"
     assert "--redis-url" in NO_REDIS and "PROOFSTREAM_REDIS_URL" in NO_REDIS
@@ -281,8 +320,9 @@ def test_bench_subcommands_come_from_bench_wire(capsys):
 # -- a run's health -----------------------------------------------------------------------------------
 
 
-async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_groups(redis, redis_url, keys, capsys,
-                                                                                  tmp_path):  # fmt: skip
+async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_groups(
+    redis, redis_url, keys, capsys, tmp_path
+):
     """`python -m ops run` on a run a real ES trainer issued members for, with a dead letter made by a real
     consumer and a generator's figures: every figure is the one Redis holds."""
     from trainer.config import TrainerSettings
@@ -310,8 +350,13 @@ async def test_run_shows_the_trainer_in_flight_generators_dead_letters_and_group
     assert t["oldest_in_flight_ms"] >= 0 and t["counts"]["members_issued"] == 4
     assert t["counts"]["cut_dead_letter"] == 1
     assert report["lease"]["pid"] == 42
-    assert report["generators"]["g1"] == {"orders": 5, "attempts": 10, "stale_skipped": 2, "settled_skipped": 0,
-                                          "policy_errors": 0}  # fmt: skip
+    assert report["generators"]["g1"] == {
+        "orders": 5,
+        "attempts": 10,
+        "stale_skipped": 2,
+        "settled_skipped": 0,
+        "policy_errors": 0,
+    }
     assert report["dead_letters"] == {"total": 1, "by_reason": {"attempts: poison": 1}, "counted_of_newest": 1}
     assert report["groups"]["work/generators"]["lag"] == 4  # nobody took the members' orders yet
     assert report["groups"]["attempts/verifiers"]["pending"] == 0

@@ -54,26 +54,58 @@ HOSTILE = "<img src=x onerror=\"document.title = 'pwned'\">"  # a model's text i
 async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
     """`count` judged attempts (and their rewards) from index `first`, a trainer state and a version's metrics."""
     for i in range(first, first + count):
-        a = Attempt(attempt_id=f"es-v1-m{i}:0:0", work_id=f"es-v1-m{i}", theorem_id=f"cd-{i}", policy_version=1,
-                    sample_index=0, proof="<answer>(2 + 3) * 4</answer>",
-                    text={0: THINKING, 1: HOSTILE}.get(i, f"try {i}"),
-                    task="countdown", member=Member(1000 + i, 1))  # fmt: skip
+        a = Attempt(
+            attempt_id=f"es-v1-m{i}:0:0",
+            work_id=f"es-v1-m{i}",
+            theorem_id=f"cd-{i}",
+            policy_version=1,
+            sample_index=0,
+            proof="<answer>(2 + 3) * 4</answer>",
+            text={0: THINKING, 1: HOSTILE}.get(i, f"try {i}"),
+            task="countdown",
+            member=Member(1000 + i, 1),
+        )
         entry = await redis.xadd(keys.attempts, encode(a))
-        r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=1,
-                   verdict="proved" if i == 0 else "rejected", reward=1.0 if i == 0 else 0.1, member=a.member,
-                   reason="" if i == 0 else "wrong_answer",
-                   work_id=a.work_id, detail="ok" if i == 0 else "value 3 != 20",
-                   attempt_entry=entry.decode())  # fmt: skip
+        r = Reward(
+            attempt_id=a.attempt_id,
+            theorem_id=a.theorem_id,
+            policy_version=1,
+            verdict="proved" if i == 0 else "rejected",
+            reward=1.0 if i == 0 else 0.1,
+            member=a.member,
+            reason="" if i == 0 else "wrong_answer",
+            work_id=a.work_id,
+            detail="ok" if i == 0 else "value 3 != 20",
+            attempt_entry=entry.decode(),
+        )
         await redis.xadd(keys.rewards, encode(r))
-        await redis.hset(keys.theorems, a.theorem_id, Theorem(a.theorem_id, "countdown", numbers=[2, 3, i + 4],
-                                                              target=20).encode())  # fmt: skip
-    state = {"algo": "es", "version": 1, "members": [], "evals": [], "counts": {"samples": first + count},
-             "eval_results": {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8},
-                              "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8}}}  # fmt: skip
+        await redis.hset(
+            keys.theorems, a.theorem_id, Theorem(a.theorem_id, "countdown", numbers=[2, 3, i + 4], target=20).encode()
+        )
+    state = {
+        "algo": "es",
+        "version": 1,
+        "members": [],
+        "evals": [],
+        "counts": {"samples": first + count},
+        "eval_results": {
+            "0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8},
+            "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8},
+        },
+    }
     await redis.hset(keys.trainer_state, "state", orjson.dumps(state))
-    metrics = {"version": 1, "attempts": 32, "samples": 32, "reward_mean": 0.2, "pass_rate": 0.1, "staleness": {"0": 4},
-               "verdicts": {"proved": 1}, "time": STARTED + 90, "rewards_per_s": 2.5,
-               "generator_tokens_per_s": 48.0}  # fmt: skip
+    metrics = {
+        "version": 1,
+        "attempts": 32,
+        "samples": 32,
+        "reward_mean": 0.2,
+        "pass_rate": 0.1,
+        "staleness": {"0": 4},
+        "verdicts": {"proved": 1},
+        "time": STARTED + 90,
+        "rewards_per_s": 2.5,
+        "generator_tokens_per_s": 48.0,
+    }
     await redis.xadd(keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
     info = {
         "run": RUN,
@@ -111,10 +143,28 @@ def _browser():
 
 
 def _dashboard(url: str, *argv: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "ops", "dashboard", "--redis-url", url, "--run", RUN, "--port",
-                             "0", "--refresh-s", "0.3", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")})  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "dashboard",
+            "--redis-url",
+            url,
+            "--run",
+            RUN,
+            "--port",
+            "0",
+            "--refresh-s",
+            "0.3",
+            *argv,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")},
+    )
     line = proc.stdout.readline()  # "dashboard of run 'dash' at http://127.0.0.1:PORT/ (Ctrl-C to stop)"
     assert " at http" in line, proc.stderr.read() if proc.poll() is not None else line
     return proc, line.split(" at ", 1)[1].split(" ", 1)[0].split("?", 1)[0]  # the page's address, no token
@@ -128,17 +178,21 @@ class Page:
         self.driver = driver
 
     def text(self, element_id: str) -> str | None:
-        return self.driver.execute_script("const e = document.getElementById(arguments[0]); return e && e.innerText",
-                                          element_id)  # fmt: skip
+        return self.driver.execute_script(
+            "const e = document.getElementById(arguments[0]); return e && e.innerText", element_id
+        )
 
     def inner(self, selector: str) -> str | None:
         """The text of the first element `selector` finds (textContent: SVG text has no innerText)."""
-        return self.driver.execute_script("const e = document.querySelector(arguments[0]); return e && e.textContent",
-                                          selector)  # fmt: skip
+        return self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e && e.textContent", selector
+        )
 
     def shown(self, selector: str) -> bool:
-        return self.driver.execute_script("const e = document.querySelector(arguments[0]); return !!e && "
-                                          "getComputedStyle(e).display !== 'none'", selector)  # fmt: skip
+        return self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return !!e && getComputedStyle(e).display !== 'none'",
+            selector,
+        )
 
     def click(self, selector: str) -> bool:
         try:
@@ -152,9 +206,12 @@ class Page:
 
     def set(self, element_id: str, value: str) -> None:
         """What a user does to a filter or selector: set its value, and the page hears it change."""
-        self.driver.execute_script("const e = document.getElementById(arguments[0]); e.value = arguments[1]; "
-                                   "e.dispatchEvent(new Event(e.tagName === 'INPUT' ? 'input' : 'change'))",
-                                   element_id, value)  # fmt: skip
+        self.driver.execute_script(
+            "const e = document.getElementById(arguments[0]); e.value = arguments[1]; "
+            "e.dispatchEvent(new Event(e.tagName === 'INPUT' ? 'input' : 'change'))",
+            element_id,
+            value,
+        )
 
     def lines(self, selector: str = "#chart polyline") -> list[dict]:
         return self.driver.execute_script(
@@ -170,8 +227,10 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
     keys = Keys(RUN)
     await _write_run(one_redis, keys, 0, 5)
     await one_redis.set(keys.trainer_lease, orjson.dumps({"host": "h", "pid": 1, "token": "t"}))  # a live trainer
-    await one_redis.xadd(keys.dlq, encode(DeadLetter(keys.attempts, "verifiers", "1-0", 5, "poison: unparseable",
-                                                     "ver-1", 1, {b"v": b"1"})))  # fmt: skip
+    await one_redis.xadd(
+        keys.dlq,
+        encode(DeadLetter(keys.attempts, "verifiers", "1-0", 5, "poison: unparseable", "ver-1", 1, {b"v": b"1"})),
+    )
     worker = {"slots": 2, "processed": 10, "utilization": 0.5, "sandbox_starts": 2, "updated_ms": 1_000}
     await one_redis.hset(keys.verifier_stats, "vm-1", orjson.dumps(worker))
     _other_run(tmp_path / "runs")
@@ -190,8 +249,9 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         assert page.text("status").startswith("live · updated")
         assert page.text("refused-wrong_answer") == "4"  # ops verdicts reasons: rewards 1..4 were refused so
         # "did it learn": the result, then the curves in the PNGs' colours, on axes with values, with tooltips
-        assert page.text("result-held-out") == ("held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 "
-                                                "training samples")  # fmt: skip
+        assert page.text("result-held-out") == (
+            "held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 training samples"
+        )
         wait.until(lambda d: len(page.lines()) == 4)
         drawn = {line["series"]: line["stroke"] for line in page.lines()}
         assert drawn == {k: COLORS[k] for k in ("reward_mean", "pass_rate", "held_out_reward", "held_out_exact")}
@@ -200,8 +260,10 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         assert ticks == ["0", "1"]  # whole versions
         assert driver.execute_script("return document.querySelectorAll('#chart .ytick').length") >= 3
         assert page.inner("#chart .xlabel") == "policy version"
-        tips = driver.execute_script("return [...document.querySelectorAll('#chart circle[data-series=held_out_exact]"
-                                     " title')].map(t => t.textContent)")  # fmt: skip
+        tips = driver.execute_script(
+            "return [...document.querySelectorAll('#chart circle[data-series=held_out_exact]"
+            " title')].map(t => t.textContent)"
+        )
         assert tips == [
             "held-out exact success (greedy)\npolicy version 0: 0\nversion 0: 0/8 solved",
             "held-out exact success (greedy)\npolicy version 1: 0.125\nversion 1: 1/8 solved",
@@ -295,10 +357,16 @@ async def test_a_finished_run_says_when_it_finished_instead_of_a_live_clock(one_
     try:
         driver.get(url)
         WebDriverWait(driver, 30).until(lambda d: (page.text("status") or "").startswith("finished"))
-        at = driver.execute_script("return new Date(arguments[0] * 1000).toLocaleTimeString([], {hour: '2-digit', "
-                                   "minute: '2-digit', hourCycle: 'h23'})", STARTED + 397)  # fmt: skip
-        assert page.text("status") == f"finished at {at}, 6 min 37 s · version 1 of 4 · Redis " + \
-            _redis_cli(one_redis_url, "INFO", "server").split("redis_version:")[1].split()[0]  # fmt: skip
+        at = driver.execute_script(
+            "return new Date(arguments[0] * 1000).toLocaleTimeString([], {hour: '2-digit', "
+            "minute: '2-digit', hourCycle: 'h23'})",
+            STARTED + 397,
+        )
+        assert (
+            page.text("status")
+            == f"finished at {at}, 6 min 37 s · version 1 of 4 · Redis "
+            + _redis_cli(one_redis_url, "INFO", "server").split("redis_version:")[1].split()[0]
+        )
         assert "live" not in page.text("status") and "updated" not in page.text("status")
     finally:
         driver.quit()
@@ -307,8 +375,13 @@ async def test_a_finished_run_says_when_it_finished_instead_of_a_live_clock(one_
 
 
 def test_another_host_needs_a_token_and_requests_without_it_are_refused(one_redis_url):
-    refused = subprocess.run([sys.executable, "-m", "ops", "dashboard", "--redis-url", one_redis_url, "--host",
-                              "0.0.0.0"], cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-m", "ops", "dashboard", "--redis-url", one_redis_url, "--host", "0.0.0.0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and "--token" in refused.stderr
     proc, url = _dashboard(one_redis_url, "--token", "s3cret")
     try:

@@ -66,13 +66,22 @@ def test_a_finished_run_is_read_from_its_directory_which_stays_as_it_was(tmp_pat
 
 def test_open_serves_the_copy_for_redis_cli_until_sigterm(tmp_path):
     _finished_run(tmp_path, "exp-8", rewards=3)
-    proc = subprocess.Popen([sys.executable, "-m", "ops", "open", "--json", "--run-dir", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops", "open", "--json", "--run-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         shown = json.loads(proc.stdout.readline())
         assert shown["run"] == "exp-8"
-        cli = subprocess.run(["redis-cli", "-u", shown["redis_url"], "XLEN", "{ps:exp-8}:rewards"],
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        cli = subprocess.run(
+            ["redis-cli", "-u", shown["redis_url"], "XLEN", "{ps:exp-8}:rewards"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         assert cli.stdout.strip() == "3"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -105,8 +114,13 @@ def test_the_run_id_comes_from_report_json_when_there_is_one(tmp_path):
 
 def test_a_copy_left_by_an_open_killed_with_sigkill_is_removed_by_the_next(tmp_path):
     _finished_run(tmp_path, "exp-9", rewards=2)
-    proc = subprocess.Popen([sys.executable, "-m", "ops", "open", "--json", "--run-dir", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops", "open", "--json", "--run-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert json.loads(proc.stdout.readline())["run"] == "exp-9"
         copies = list(Path(tempfile.gettempdir()).glob(f"{COPY_PREFIX}{proc.pid}-*"))

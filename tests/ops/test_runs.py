@@ -25,32 +25,67 @@ NOW = time.time()
 
 def _ops(*argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-    return subprocess.run([sys.executable, "-m", "ops", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "ops", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def _settings(run: str, **changes) -> dict:
-    return {"run": run, "algo": "es", "task": "countdown", "model": None, "iterations": 4, "preset": "cpu",
-            "population": None, "sigma": None, "alpha": None, "batch": 16, "antithetic": True, "es_temperature": 0.0,
-            "seed": 0, "held_out": 8, "max_new_tokens": 64, "eval_every": 2, "quorum": 1.0, "max_staleness": 2,
-            **changes}  # fmt: skip
+    return {
+        "run": run,
+        "algo": "es",
+        "task": "countdown",
+        "model": None,
+        "iterations": 4,
+        "preset": "cpu",
+        "population": None,
+        "sigma": None,
+        "alpha": None,
+        "batch": 16,
+        "antithetic": True,
+        "es_temperature": 0.0,
+        "seed": 0,
+        "held_out": 8,
+        "max_new_tokens": 64,
+        "eval_every": 2,
+        "quorum": 1.0,
+        "max_staleness": 2,
+        **changes,
+    }
 
 
 def _evaluation(version: int, reward: float, solved: int, at: float) -> dict:
-    return {"eval": True, "version": version, "held_out_reward": reward, "held_out_exact": solved / 8, "problems": 8,
-            "time": at}  # fmt: skip
+    return {
+        "eval": True,
+        "version": version,
+        "held_out_reward": reward,
+        "held_out_exact": solved / 8,
+        "problems": 8,
+        "time": at,
+    }
 
 
-def _write_run(run_dir: Path, run: str, *, started: float, pid: int, updates: int, evals: list[dict],
-               report: dict | None = None, **changes) -> None:  # fmt: skip
+def _write_run(
+    run_dir: Path,
+    run: str,
+    *,
+    started: float,
+    pid: int,
+    updates: int,
+    evals: list[dict],
+    report: dict | None = None,
+    **changes,
+) -> None:
     """A run directory as the trainer leaves it: run.json, metrics.jsonl (updates of 128 attempts a minute
     apart), and report.json when it ended."""
     run_dir.mkdir(parents=True)
     settings = _settings(run, **changes)
     info = {"run": run, "settings": settings, "started": started, "pid": pid, "host": socket.gethostname()}
     (run_dir / "run.json").write_text(json.dumps(info))
-    records = [{"version": v, "algo": "es", "attempts": 128, "samples": 128 * v, "reward_mean": 0.1,
-                "time": started + 60 * v} for v in range(1, updates + 1)] + evals  # fmt: skip
+    records = [
+        {"version": v, "algo": "es", "attempts": 128, "samples": 128 * v, "reward_mean": 0.1, "time": started + 60 * v}
+        for v in range(1, updates + 1)
+    ] + evals
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if report is not None:
         (run_dir / "report.json").write_text(json.dumps({"settings": settings, **report}))
@@ -61,15 +96,34 @@ def folder(tmp_path):
     """Three runs: `a` finished, `b` live (its trainer process runs), `c` killed (its process is gone)."""
     t0 = NOW - 3600
     evals = [_evaluation(0, 0.09, 0, t0 + 10), _evaluation(2, 0.3, 2, t0 + 130), _evaluation(4, 0.25, 1, t0 + 250)]
-    _write_run(tmp_path / "a", "a", started=t0, pid=1, updates=4, evals=evals,
-               report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 280.0,
-                       "evals": {str(e["version"]): e for e in evals}})  # fmt: skip
+    _write_run(
+        tmp_path / "a",
+        "a",
+        started=t0,
+        pid=1,
+        updates=4,
+        evals=evals,
+        report={
+            "version": 4,
+            "counts": {"samples": 512},
+            "interrupted": False,
+            "wall_s": 280.0,
+            "evals": {str(e["version"]): e for e in evals},
+        },
+    )
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "python -m trainer"])
     gone = subprocess.Popen([sys.executable, "-c", "pass", "trainer"])
     gone.wait()
     now = time.time()  # not NOW, the module's import time: the whole suite may run between the two (seen in CI)
-    _write_run(tmp_path / "b", "b", started=now - 150, pid=live.pid, updates=2, evals=[_evaluation(0, 0.1, 0, now)],
-               alpha=0.004)  # fmt: skip
+    _write_run(
+        tmp_path / "b",
+        "b",
+        started=now - 150,
+        pid=live.pid,
+        updates=2,
+        evals=[_evaluation(0, 0.1, 0, now)],
+        alpha=0.004,
+    )
     _write_run(tmp_path / "nested" / "c", "c", started=t0 + 600, pid=gone.pid, updates=1, evals=[])
     (tmp_path / "a" / "samples").mkdir()  # a run's own folders are not runs
     (tmp_path / "a" / "samples" / "metrics.jsonl").write_text("")
@@ -86,7 +140,10 @@ def test_runs_lists_each_run_with_its_status_and_result(folder):
     a, b, c = rows["a"], rows["b"], rows["nested/c"]
     assert (a["status"], a["version"], a["iterations"], a["samples"], a["wall_s"]) == ("finished", 4, 4, 512, 280.0)
     assert (a["held_out"]["first"]["reward"], a["held_out"]["last"]["solved"], a["held_out"]["best"]["version"]) == (
-        0.09, 1, 2)  # fmt: skip
+        0.09,
+        1,
+        2,
+    )
     assert (b["status"], b["version"], b["samples"]) == ("live", 2, 256)  # two updates of 128 attempts
     assert 140 < b["wall_s"] < 300 and b["eta_s"] is not None
     assert (c["status"], c["version"], c["samples"], c["wall_s"]) == ("interrupted", 1, 128, 60.0)
@@ -132,17 +189,32 @@ def test_compare_says_where_mlflow_holds_the_runs(folder, tmp_path_factory):
 
 def _finished_with_redis(run_dir: Path) -> None:
     """A finished local run: its Redis data written by a real server (state, run info, a theorem), files."""
-    evals = {"0": {"version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 8},
-             "4": {"version": 4, "held_out_reward": 0.2, "held_out_exact": 0.125, "problems": 8}}  # fmt: skip
-    _write_run(run_dir, "fin", started=NOW - 900, pid=1, updates=4, evals=[],
-               report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 397.0,
-                       "evals": evals})  # fmt: skip
+    evals = {
+        "0": {"version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 8},
+        "4": {"version": 4, "held_out_reward": 0.2, "held_out_exact": 0.125, "problems": 8},
+    }
+    _write_run(
+        run_dir,
+        "fin",
+        started=NOW - 900,
+        pid=1,
+        updates=4,
+        evals=[],
+        report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 397.0, "evals": evals},
+    )
     (run_dir / "redis").mkdir()
     server = EmbeddedRedis(data_dir=run_dir / "redis").start()
     try:
         client, keys = redis_sync.Redis.from_url(server.url), Keys("fin")
-        state = {"algo": "es", "version": 4, "finished": True, "members": [], "evals": [], "eval_results": evals,
-                 "counts": {"samples": 512}}  # fmt: skip
+        state = {
+            "algo": "es",
+            "version": 4,
+            "finished": True,
+            "members": [],
+            "evals": [],
+            "eval_results": evals,
+            "counts": {"samples": 512},
+        }
         client.hset(keys.trainer_state, "state", json.dumps(state))
         client.set(keys.run_info, (run_dir / "run.json").read_text())
         client.hset(keys.theorems, "cd-7", Theorem("cd-7", "countdown", numbers=[3, 8, 1], target=24).encode())
@@ -160,8 +232,9 @@ def test_run_on_a_finished_run_leads_with_its_result_and_blanks_idle(tmp_path):
     lines = done.stdout.splitlines()
     assert lines[0] == f"run fin: finished version 4 of 4 at {ended} after 6 min 37 s"
     assert lines[1] == "  ES on countdown, SmolLM2-135M-Instruct (default)"
-    assert lines[2] == ("  held-out reward 0.100 (v0) -> 0.200 (v4); exact 0/8 -> 1/8 (8 held-out problems, greedy; "
-                        "2 evaluations)")  # fmt: skip
+    assert lines[2] == (
+        "  held-out reward 0.100 (v0) -> 0.200 (v4); exact 0/8 -> 1/8 (8 held-out problems, greedy; 2 evaluations)"
+    )
     assert lines[3] == "  training: 512 samples"
     assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[4]
     assert lines[5].startswith("  reading: Countdown's reward is shaped credit: <answer> tags 0.1, plus 0.1")

@@ -18,19 +18,38 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ops(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops", "samples", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "samples", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def _pair(i: int, version: int, verdict: str) -> tuple[Attempt, Reward]:
     work = f"eval-v{version}" if i == 5 else f"es-v{version}-m{i}"
-    a = Attempt(attempt_id=f"{work}:0:0", work_id=work, theorem_id=f"cd-{i % 2}", policy_version=version,
-                sample_index=0, proof=f"<answer>{i} * 4</answer>", text=f"<think>step one\nstep {i}</think>\n"
-                f"<answer>{i} * 4</answer>", task="countdown", member=Member(100 + i, 1), num_tokens=20)  # fmt: skip
-    r = Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=version, verdict=verdict,
-               reward=1.0 if verdict == "proved" else 0.1, reason="" if verdict == "proved" else "wrong_answer",
-               member=a.member, work_id=work, detail="ok" if verdict == "proved" else f"value {4 * i} != 24",
-               sandbox_id="process-0", verify_ms=0.5)  # fmt: skip
+    a = Attempt(
+        attempt_id=f"{work}:0:0",
+        work_id=work,
+        theorem_id=f"cd-{i % 2}",
+        policy_version=version,
+        sample_index=0,
+        proof=f"<answer>{i} * 4</answer>",
+        text=f"<think>step one\nstep {i}</think>\n<answer>{i} * 4</answer>",
+        task="countdown",
+        member=Member(100 + i, 1),
+        num_tokens=20,
+    )
+    r = Reward(
+        attempt_id=a.attempt_id,
+        theorem_id=a.theorem_id,
+        policy_version=version,
+        verdict=verdict,
+        reward=1.0 if verdict == "proved" else 0.1,
+        reason="" if verdict == "proved" else "wrong_answer",
+        member=a.member,
+        work_id=work,
+        detail="ok" if verdict == "proved" else f"value {4 * i} != 24",
+        sandbox_id="process-0",
+        verify_ms=0.5,
+    )
     return a, r
 
 
@@ -43,8 +62,7 @@ def test_samples_from_a_run_directory_are_filtered_and_shown_with_their_text(tmp
     shown = _ops("--run-dir", str(tmp_path), "--verdict", "rejected", "--kind", "train", "--json")
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
-    assert [s["attempt_id"] for s in doc["samples"]] == ["es-v0-m0:0:0", "es-v0-m1:0:0", "es-v0-m2:0:0",
-                                                          "es-v1-m3:0:0"]  # fmt: skip
+    assert [s["attempt_id"] for s in doc["samples"]] == ["es-v0-m0:0:0", "es-v0-m1:0:0", "es-v0-m2:0:0", "es-v1-m3:0:0"]
     assert doc["matched"] == 4 and doc["source"].startswith("traces in")
     one = json.loads(_ops("--run-dir", str(tmp_path), "--version", "1", "--theorem", "cd-0", "--json").stdout)
     assert [s["attempt_id"] for s in one["samples"]] == ["es-v1-m4:0:0"]
@@ -78,8 +96,14 @@ async def test_samples_show_their_problem_and_a_text_filter_finds_them(one_redis
     from streams.theorems import Theorem, register
 
     keys = Keys("samples-problems")
-    await register(one_redis, keys, [Theorem("cd-0", "countdown", numbers=[2, 12], target=24),
-                                     Theorem("cd-1", "countdown", numbers=[5, 7, 3], target=38)])  # fmt: skip
+    await register(
+        one_redis,
+        keys,
+        [
+            Theorem("cd-0", "countdown", numbers=[2, 12], target=24),
+            Theorem("cd-1", "countdown", numbers=[5, 7, 3], target=38),
+        ],
+    )
     for a, r in PAIRS:
         entry = await one_redis.xadd(keys.attempts, encode(a))
         await one_redis.xadd(keys.rewards, encode(dataclasses.replace(r, attempt_entry=entry.decode())))
@@ -88,8 +112,9 @@ async def test_samples_show_their_problem_and_a_text_filter_finds_them(one_redis
     doc = json.loads(found.stdout)
     assert [s["attempt_id"] for s in doc["samples"]] == ["es-v1-m3:0:0", "es-v1-m4:0:0"] and doc["matched"] == 2
     assert [s["problem"]["target"] for s in doc["samples"]] == [38, 24]  # cd-1 and cd-0
-    by_detail = json.loads(_ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "^value 8 !=",
-                                "--json").stdout)  # fmt: skip
+    by_detail = json.loads(
+        _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "^value 8 !=", "--json").stdout
+    )
     assert [s["attempt_id"] for s in by_detail["samples"]] == ["es-v0-m2:0:0"]  # the checker's "value 8 != 24"
     text = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--theorem", "cd-1", "-n", "1").stdout
     assert "   problem: reach 38 from 5, 7, 3, each number once" in text

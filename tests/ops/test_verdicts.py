@@ -73,7 +73,7 @@ async def test_reasons_count_the_newest_verdicts_and_the_refusals_by_reason_and_
             "rejected",
             "statement_mismatch",
             "the statement of `t` differs from the dataset's at line 3 of the attempt: `13` where the dataset has `12`",
-        ),  # fmt: skip
+        ),
         reward(2, "rejected", "integrity", "helper `h`: forbidden: native_decide"),
         reward(3, "rejected", "integrity", "helper `other_name`: forbidden: native_decide"),
         reward(4, "rejected", "sorry", "forbidden: sorry"),
@@ -86,7 +86,9 @@ async def test_reasons_count_the_newest_verdicts_and_the_refusals_by_reason_and_
     code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url, "--json")
     assert code == 0
     assert orjson.loads(out) == {
-        "run": "counted", "counted": 7, "by_verdict": {"rejected": 4, "proved": 2, "timeout": 1},
+        "run": "counted",
+        "counted": 7,
+        "by_verdict": {"rejected": 4, "proved": 2, "timeout": 1},
         "refused_by_reason": {"integrity": 2, "statement_mismatch": 1, "sorry": 1},
         "refused_by_rule": {
             "integrity: helper: forbidden: native_decide": 2,
@@ -94,10 +96,11 @@ async def test_reasons_count_the_newest_verdicts_and_the_refusals_by_reason_and_
             "dataset has …": 1,
             "sorry: forbidden: sorry": 1,
         },
-    }  # fmt: skip
+    }
     code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url, "-n", "2")
     assert code == 2  # `-n` is no option of reasons: argparse refuses it
-    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url,
-                             "--newest", "3")  # fmt: skip
+    code, out, _ = await ops(
+        capsys, "verdicts", "reasons", "--run", "counted", "--redis-url", redis_url, "--newest", "3"
+    )
     # the three newest entries: the foreign one, then rewards 6 and 5
     assert (code, out.splitlines()[0]) == (0, "run counted: the newest 2 verdicts: proved 1, timeout 1")

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(*argv: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "ops", "bench", *argv, "--json"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ops", "bench", *argv, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -59,7 +60,12 @@ def test_every_model_bench_refuses_cuda_where_torch_sees_no_gpu_instead_of_measu
     if torch.cuda.is_available():
         return  # a GPU box: `make gpu-check` runs the benches there
     for bench in ("es", "es-throughput", "generator", "grpo"):
-        done = subprocess.run([sys.executable, "-m", "ops", "bench", bench, "--device", "cuda", "--json"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "ops", "bench", bench, "--device", "cuda", "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2 and done.stdout == "", (bench, done.stdout, done.stderr[-500:])
         assert done.stderr.startswith("ops: --device cuda, but torch") and "no CUDA device" in done.stderr, bench

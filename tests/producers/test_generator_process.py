@@ -28,8 +28,23 @@ KEYS = Keys(RUN)
 
 def _generator(url: str, name: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PROOFSTREAM_LOG_LEVEL": "warning"}
-    argv = [sys.executable, "-m", "producers", "--redis-url", url, "--run", RUN, "--engine", "hf", "--name", name,
-            "--claim-idle-ms", "2000", "--threads", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "producers",
+        "--redis-url",
+        url,
+        "--run",
+        RUN,
+        "--engine",
+        "hf",
+        "--name",
+        name,
+        "--claim-idle-ms",
+        "2000",
+        "--threads",
+        "1",
+    ]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -48,8 +63,16 @@ def _until(predicate, timeout_s: float, what: str, procs=()):
 def test_an_order_of_a_killed_generator_completes_once_elsewhere(one_redis_url, model_path):
     r = redis_sync.Redis.from_url(one_redis_url)
     r.hset(KEYS.theorems, "cd", Theorem("cd", "countdown", numbers=[3, 5], target=8).encode())
-    order = WorkOrder("w-kill", 0, "grpo", "countdown", ["cd"], samples_per_theorem=4,
-                      sampling={"max_new_tokens": 160, "temperature": 1.0}, timeout_s=1)  # fmt: skip
+    order = WorkOrder(
+        "w-kill",
+        0,
+        "grpo",
+        "countdown",
+        ["cd"],
+        samples_per_theorem=4,
+        sampling={"max_new_tokens": 160, "temperature": 1.0},
+        timeout_s=1,
+    )
 
     async def publish():
         client = connect(one_redis_url)
@@ -89,21 +112,38 @@ def test_an_order_of_a_killed_generator_completes_once_elsewhere(one_redis_url, 
 def test_without_redis_a_model_or_a_gpu_it_says_what_to_do(one_redis_url, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("PROOFSTREAM_REDIS_URL", None)
-    no_redis = subprocess.run([sys.executable, "-m", "producers", "--run", RUN], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    no_redis = subprocess.run(
+        [sys.executable, "-m", "producers", "--run", RUN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert no_redis.returncode == 2 and "--redis-url" in no_redis.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "producers", "--redis-url", one_redis_url, "--model", str(tmp_path / "nowhere")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
-    bad_flag = subprocess.run([sys.executable, "-m", "producers", "--engine", "tgi"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad_flag = subprocess.run(
+        [sys.executable, "-m", "producers", "--engine", "tgi"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad_flag.returncode == 2 and "engine" in bad_flag.stderr
     import torch
 
     if not torch.cuda.is_available():  # asking for a GPU that is not there: a sentence, not a traceback
-        no_gpu = subprocess.run([sys.executable, "-m", "producers", "--redis-url", one_redis_url, "--device", "cuda"],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        no_gpu = subprocess.run(
+            [sys.executable, "-m", "producers", "--redis-url", one_redis_url, "--device", "cuda"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert no_gpu.returncode == 2 and "--device cuda, but torch" in no_gpu.stderr, no_gpu.stderr
         assert "Traceback" not in no_gpu.stderr

@@ -76,8 +76,20 @@ BATCH = (50, 250)  # attempts per published batch
 MAX_OUTSTANDING = 1_000  # producer backpressure bound (lag + pending of the group)
 CHAOS_DEADLINE_S = 60  # producer and chaos must be over by then
 DRAIN_DEADLINE_S = 30  # then everything must be settled within this
-WORKER_ARGS = ["--batch-size", "32", "--claim-idle-ms", "1500", "--claim-every-ms", "200",
-               "--retry-delay-ms", "300", "--max-deliveries", "20", "--max-delay-ms", "8"]  # fmt: skip
+WORKER_ARGS = [
+    "--batch-size",
+    "32",
+    "--claim-idle-ms",
+    "1500",
+    "--claim-every-ms",
+    "200",
+    "--retry-delay-ms",
+    "300",
+    "--max-deliveries",
+    "20",
+    "--max-delay-ms",
+    "8",
+]
 
 RETRYABLE = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError)
 
@@ -99,11 +111,15 @@ def _binaries() -> list:
 def make_attempts(n: int, rng: random.Random) -> list[Attempt]:
     return [
         Attempt(
-            attempt_id=f"a{i:05d}", work_id=f"w{i // 16}", theorem_id=f"t{i % 97}", policy_version=i // 1000,
-            sample_index=i % 16, proof=POISON if rng.random() < POISON_RATE else f"proof {i}",
+            attempt_id=f"a{i:05d}",
+            work_id=f"w{i // 16}",
+            theorem_id=f"t{i % 97}",
+            policy_version=i // 1000,
+            sample_index=i % 16,
+            proof=POISON if rng.random() < POISON_RATE else f"proof {i}",
         )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @dataclass
@@ -131,9 +147,22 @@ class Chaos:
         self.spawned += 1
         name = f"chaos-{self.spawned}"
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it; closed below
-        cmd = [sys.executable, "-m", "tests.streams.chaos_worker", "--redis-url", self.redis_url,
-               "--run", self.run, "--name", name, "--seed", str(self.rng.randrange(2**32)),
-               "--ready-file", str(self.log_dir / f"{name}.ready"), *WORKER_ARGS]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.streams.chaos_worker",
+            "--redis-url",
+            self.redis_url,
+            "--run",
+            self.run,
+            "--name",
+            name,
+            "--seed",
+            str(self.rng.randrange(2**32)),
+            "--ready-file",
+            str(self.log_dir / f"{name}.ready"),
+            *WORKER_ARGS,
+        ]
         self.workers[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
@@ -234,9 +263,11 @@ async def inject(chaos: Chaos, server: EmbeddedRedis, n: int, deadline: float, *
 
     def enough() -> bool:
         return (
-            chaos.producer_done and chaos.redis_kills == 1 and chaos.consumer_kills >= chaos.min_consumer_kills
+            chaos.producer_done
+            and chaos.redis_kills == 1
+            and chaos.consumer_kills >= chaos.min_consumer_kills
             and (not pauses or chaos.consumer_pauses >= MIN_CONSUMER_PAUSES)
-        )  # fmt: skip
+        )
 
     while not enough():
         assert time.monotonic() < deadline, f"chaos phase over its deadline: published {chaos.published_unique}/{n}"

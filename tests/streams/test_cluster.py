@@ -100,10 +100,17 @@ def test_every_key_of_a_run_is_on_the_run_slot(redis_cluster):
     # the abort set as workers.py names it on a cluster).
     names = [getattr(keys, n) for n, v in vars(Keys).items() if isinstance(v, property) and n != "prefix"]
     assert keys.trainer_lease in names and keys.verdicts in names
-    names += [*keys.streams().values(), keys.done("a1:0"), f"{keys.prefix}:arq", f"{keys.prefix}:arq:health-check",
-              f"arq:job:{keys.prefix}:sweep:1700000000000", f"arq:in-progress:{keys.prefix}:report:1",
-              f"arq:retry:{keys.prefix}:sweep:1", f"arq:result:{keys.prefix}:sweep:1",
-              f"{keys.prefix}:arq:abort"]  # fmt: skip
+    names += [
+        *keys.streams().values(),
+        keys.done("a1:0"),
+        f"{keys.prefix}:arq",
+        f"{keys.prefix}:arq:health-check",
+        f"arq:job:{keys.prefix}:sweep:1700000000000",
+        f"arq:in-progress:{keys.prefix}:report:1",
+        f"arq:retry:{keys.prefix}:sweep:1",
+        f"arq:result:{keys.prefix}:sweep:1",
+        f"{keys.prefix}:arq:abort",
+    ]
     assert {redis_cluster.keyslot(n) for n in names} == {redis_cluster.keyslot(keys.prefix)}
     assert redis_cluster.keyslot("arq:abort") != redis_cluster.keyslot(keys.prefix)  # why workers.py moves it
 
@@ -141,8 +148,17 @@ async def test_server_commands_reach_the_run_master(redis_cluster, cluster_clien
 async def test_publish_consume_settle_and_claim_scripts_on_the_cluster(redis_cluster, cluster_client):
     keys = Keys(run_on(redis_cluster, redis_cluster.ports[-1], stem="wire-"))
     await ensure_group(cluster_client, keys.attempts, VERIFIERS)
-    attempts = [Attempt(attempt_id=f"a{i}", work_id="w", theorem_id="t", policy_version=0, sample_index=i,
-                        proof="POISON" if i % 10 == 3 else f"p{i}") for i in range(60)]  # fmt: skip
+    attempts = [
+        Attempt(
+            attempt_id=f"a{i}",
+            work_id="w",
+            theorem_id="t",
+            policy_version=0,
+            sample_index=i,
+            proof="POISON" if i % 10 == 3 else f"p{i}",
+        )
+        for i in range(60)
+    ]
     # Publisher's pipeline stages with pipeline_execute_command: the cluster pipeline must take it.
     ids = await Publisher(cluster_client, keys).publish(attempts)
     assert len(ids) == 60
@@ -154,8 +170,18 @@ async def test_publish_consume_settle_and_claim_scripts_on_the_cluster(redis_clu
 
             raise Poison("poison")
         await asyncio.sleep(0.001)
-        return [Reward(attempt_id=d.message.attempt_id, theorem_id="t", policy_version=0, verdict="proved",
-                       reward=1.0, work_id="w", sample_index=d.message.sample_index, sandbox_id="x")]  # fmt: skip
+        return [
+            Reward(
+                attempt_id=d.message.attempt_id,
+                theorem_id="t",
+                policy_version=0,
+                verdict="proved",
+                reward=1.0,
+                work_id="w",
+                sample_index=d.message.sample_index,
+                sandbox_id="x",
+            )
+        ]
 
     settings = ConsumerSettings(batch_size=8, block_ms=100, claim_idle_ms=600, claim_refresh_ms=100, retry_delay_ms=300)
     consumers = [
@@ -168,7 +194,7 @@ async def test_publish_consume_settle_and_claim_scripts_on_the_cluster(redis_clu
             handler=handle,
             output=Reward,
             settings=settings,
-        )  # fmt: skip
+        )
         for i in range(2)
     ]
     stop = asyncio.Event()
@@ -312,8 +338,9 @@ def test_a_synchronous_client_and_the_health_check_on_a_cluster(redis_cluster):
         worker = f"{socket.gethostname()}-1"  # ops.health looks for this container's workers
         client.hset(keys.verifier_stats, worker, orjson.dumps({"worker": worker, "updated_ms": time.time() * 1000}))
     env = {**os.environ, "PROOFSTREAM_REDIS_URL": redis_cluster.url, "PROOFSTREAM_RUN": keys.run}
-    out = subprocess.run([sys.executable, "-m", "ops.health", "verifier"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.health", "verifier"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "healthy"
 

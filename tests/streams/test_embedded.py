@@ -32,8 +32,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_the_server_gets_sigterm_when_its_owner_is_killed(tmp_path):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     pid = 0
     try:
         pid = int(owner.stdout.readline())

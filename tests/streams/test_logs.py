@@ -77,5 +77,7 @@ def test_a_warning_repeated_on_every_call_is_said_once_then_counted():
         "logged]",
         "something else 1",
     ]
-    assert said.seen == {"test_logs.chatty: Attempted to load weight %s with dtype %s": 1000,
-                         "test_logs.chatty: something else %d": 1}  # fmt: skip
+    assert said.seen == {
+        "test_logs.chatty: Attempted to load weight %s with dtype %s": 1000,
+        "test_logs.chatty: something else %d": 1,
+    }

@@ -26,8 +26,16 @@ async def test_fast_producer_is_held_at_the_bound_until_the_group_catches_up(red
 
     # A slow consumer drains; a producer of 200 more never has more than bound + one batch outstanding.
     stop = asyncio.Event()
-    c = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="slow", handler=_slowly,
-                 output=Reward, settings=ConsumerSettings(batch_size=5, block_ms=20))  # fmt: skip
+    c = Consumer(
+        redis,
+        keys,
+        message_type=Attempt,
+        group=VERIFIERS,
+        name="slow",
+        handler=_slowly,
+        output=Reward,
+        settings=ConsumerSettings(batch_size=5, block_ms=20),
+    )
     consumer_task = asyncio.create_task(c.run(stop))
     worst = 0
     for b in range(20):

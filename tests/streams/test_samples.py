@@ -13,16 +13,37 @@ from streams.schema import Attempt, Member, Reward
 
 
 def _attempt(i: int, text: str = "") -> Attempt:
-    return Attempt(attempt_id=f"a{i}", work_id="es-v2-m1", theorem_id=f"t{i}", policy_version=2, sample_index=i,
-                   proof=f"<answer>{i} + 1</answer>", text=text, task="countdown", member=Member(7, -1),
-                   num_tokens=30 + i, gen_ms=12.5)  # fmt: skip
+    return Attempt(
+        attempt_id=f"a{i}",
+        work_id="es-v2-m1",
+        theorem_id=f"t{i}",
+        policy_version=2,
+        sample_index=i,
+        proof=f"<answer>{i} + 1</answer>",
+        text=text,
+        task="countdown",
+        member=Member(7, -1),
+        num_tokens=30 + i,
+        gen_ms=12.5,
+    )
 
 
 def _reward(a: Attempt, entry: bytes | str) -> Reward:
-    return Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, policy_version=a.policy_version,
-                  verdict="rejected", reward=0.1, reason="wrong_answer", member=a.member, work_id=a.work_id,
-                  sample_index=a.sample_index, verify_ms=0.4, sandbox_id="process-1", detail="value 3 != 24",
-                  attempt_entry=entry.decode() if isinstance(entry, bytes) else entry)  # fmt: skip
+    return Reward(
+        attempt_id=a.attempt_id,
+        theorem_id=a.theorem_id,
+        policy_version=a.policy_version,
+        verdict="rejected",
+        reward=0.1,
+        reason="wrong_answer",
+        member=a.member,
+        work_id=a.work_id,
+        sample_index=a.sample_index,
+        verify_ms=0.4,
+        sandbox_id="process-1",
+        detail="value 3 != 24",
+        attempt_entry=entry.decode() if isinstance(entry, bytes) else entry,
+    )
 
 
 async def test_rewards_are_joined_with_their_attempts_text_while_it_is_in_the_stream(redis, keys):
@@ -40,20 +61,42 @@ async def test_rewards_are_joined_with_their_attempts_text_while_it_is_in_the_st
     assert first["text"] == thinking and first["proof"] == "<answer>0 + 1</answer>"
     assert second["text"] == second["proof"] == "<answer>1 + 1</answer>"  # no separate text: the proof was all
     assert first | {"text": None} == {
-        "attempt_id": "a0", "work_id": "es-v2-m1", "eval": False, "theorem_id": "t0", "policy_version": 2,
-        "member": [7, -1], "sample_index": 0, "verdict": "rejected", "reason": "wrong_answer", "reward": 0.1,
-        "detail": "value 3 != 24", "verify_ms": 0.4, "sandbox_id": "process-1", "cached": False,
-        "judged_ms": first["judged_ms"], "task": "countdown", "text": None, "proof": "<answer>0 + 1</answer>",
-        "num_tokens": 30, "gen_ms": 12.5,
-    }  # fmt: skip
+        "attempt_id": "a0",
+        "work_id": "es-v2-m1",
+        "eval": False,
+        "theorem_id": "t0",
+        "policy_version": 2,
+        "member": [7, -1],
+        "sample_index": 0,
+        "verdict": "rejected",
+        "reason": "wrong_answer",
+        "reward": 0.1,
+        "detail": "value 3 != 24",
+        "verify_ms": 0.4,
+        "sandbox_id": "process-1",
+        "cached": False,
+        "judged_ms": first["judged_ms"],
+        "task": "countdown",
+        "text": None,
+        "proof": "<answer>0 + 1</answer>",
+        "num_tokens": 30,
+        "gen_ms": 12.5,
+    }
     assert found[2]["text_missing"] and "text" not in found[2]
     assert found[3]["text_missing"]  # never another attempt's text
     assert first["judged_ms"] > 1_700_000_000_000  # the reward entry's time, from its id
 
 
 def test_a_sample_of_megabytes_keeps_a_bounded_part_and_says_how_long_it_was():
-    huge = Attempt(attempt_id="a", work_id="w", theorem_id="t", policy_version=0, sample_index=0,
-                   proof="<answer>1</answer>", text="x" * (10 << 20))  # fmt: skip
+    huge = Attempt(
+        attempt_id="a",
+        work_id="w",
+        theorem_id="t",
+        policy_version=0,
+        sample_index=0,
+        proof="<answer>1</answer>",
+        text="x" * (10 << 20),
+    )
     s = samples.sample(_reward(huge, "1-0"), "1-0", huge)
     assert len(s["text"]) == samples.MAX_TEXT_CHARS and s["cut_chars"] == {"text": 10 << 20, "proof": 18}
     assert "cut_chars" not in samples.sample(_reward(huge, "1-0"), "1-0", _attempt(1))

@@ -262,8 +262,16 @@ async def _proving_consumer(client) -> Consumer:
         a = delivery.message
         return [Reward(a.attempt_id, a.theorem_id, 0, "proved", 1.0)]
 
-    return Consumer(client, KEYS, message_type=Attempt, group=VERIFIERS, name="c1", handler=handler, output=Reward,
-                    settings=ConsumerSettings(batch_size=10, block_ms=50, settle_wait_ms=300))  # fmt: skip
+    return Consumer(
+        client,
+        KEYS,
+        message_type=Attempt,
+        group=VERIFIERS,
+        name="c1",
+        handler=handler,
+        output=Reward,
+        settings=ConsumerSettings(batch_size=10, block_ms=50, settle_wait_ms=300),
+    )
 
 
 @pytest.mark.slow  # a failover: ~3 s

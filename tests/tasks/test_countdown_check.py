@@ -196,8 +196,14 @@ def test_checker_program_answers_a_10_mb_attempt_within_seconds():
     ]
     stdin = "".join(json.dumps(r) + "\n\n" for r in requests)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tasks.countdown_check"], input=stdin, capture_output=True,
-                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.countdown_check"],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stderr
     replies = [json.loads(chunk) for chunk in done.stdout.split("\n\n") if chunk.strip()]
@@ -224,8 +230,14 @@ def test_the_checker_runs_from_its_two_files_alone(tmp_path):
     for name in ("__init__.py", "countdown_check.py"):
         (tmp_path / "tasks" / name).write_bytes((root / "tasks" / name).read_bytes())
     stdin = json.dumps({"countdown": {"numbers": [3, 4], "target": 12, "answer": "<answer>3 * 4</answer>"}}) + "\n\n"
-    done = subprocess.run([sys.executable, "-S", "-s", "-B", "-m", "tasks.countdown_check"], input=stdin,
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-S", "-s", "-B", "-m", "tasks.countdown_check"],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True

@@ -19,8 +19,11 @@ def test_nested_and_doc_comments_are_comments():
     assert kinds("/- a /- b -/ sorry -/ simp") == [("comment", "/- a /- b -/ sorry -/"), ("ident", "simp")]
     assert kinds("/-- doc sorry -/ x") == [("comment", "/-- doc sorry -/"), ("ident", "x")]
     assert kinds("/-! mod -/ x -- sorry\ny") == [
-        ("comment", "/-! mod -/"), ("ident", "x"), ("comment", "-- sorry"), ("ident", "y"),
-    ]  # fmt: skip
+        ("comment", "/-! mod -/"),
+        ("ident", "x"),
+        ("comment", "-- sorry"),
+        ("ident", "y"),
+    ]
 
 
 def test_doc_comment_body_starts_after_its_third_character():
@@ -40,8 +43,12 @@ def test_comment_markers_inside_comments_follow_lean():
 
 def test_char_literals_and_primes():
     assert kinds("h' x'' 'a' '\\n' '\\x41'") == [
-        ("ident", "h'"), ("ident", "x''"), ("char", "'a'"), ("char", "'\\n'"), ("char", "'\\x41'"),
-    ]  # fmt: skip
+        ("ident", "h'"),
+        ("ident", "x''"),
+        ("char", "'a'"),
+        ("char", "'\\n'"),
+        ("char", "'\\x41'"),
+    ]
     # Preimage and image notation: the quote belongs to a symbol, nothing is swallowed.
     assert [t.text for t in code_tokens("f ⁻¹' {7}")] == ["f", "⁻¹'", "{", "7", "}"]
     assert [t.text for t in code_tokens("xs[i]'h' + ∑' n, f n")][3:7] == ["]'", "h'", "+", "∑'"]
@@ -52,10 +59,18 @@ def test_char_literals_and_primes():
 
 def test_identifiers_dotted_guillemets_unicode_and_bang_question():
     assert kinds("Nat.succ_le_iff h₀ hₙ «my thm».x ℝ α exact? s! x.1") == [
-        ("ident", "Nat.succ_le_iff"), ("ident", "h₀"), ("ident", "hₙ"), ("ident", "«my thm».x"),
-        ("ident", "ℝ"), ("ident", "α"), ("ident", "exact?"), ("ident", "s!"),
-        ("ident", "x"), ("symbol", "."), ("number", "1"),
-    ]  # fmt: skip
+        ("ident", "Nat.succ_le_iff"),
+        ("ident", "h₀"),
+        ("ident", "hₙ"),
+        ("ident", "«my thm».x"),
+        ("ident", "ℝ"),
+        ("ident", "α"),
+        ("ident", "exact?"),
+        ("ident", "s!"),
+        ("ident", "x"),
+        ("symbol", "."),
+        ("number", "1"),
+    ]
 
 
 def test_attributes_hash_commands_and_positions():

@@ -67,8 +67,9 @@ async def checker(server):
 
 @pytest.fixture
 async def any_checker(any_server):
-    c = KiminaChecker(any_server.url, timeout_s=60, client=KiminaClient(any_server.url, timeout_s=60),
-                      second_line=TRUST)  # fmt: skip
+    c = KiminaChecker(
+        any_server.url, timeout_s=60, client=KiminaClient(any_server.url, timeout_s=60), second_line=TRUST
+    )
     yield c
     await c.kill()
 
@@ -331,8 +332,9 @@ def test_judge_result_reads_the_report_only_at_the_command_line_of_the_answers_c
 
 
 def test_make_checkers_builds_kimina_checkers_that_share_a_client():
-    settings = VerifierSettings(sandbox="kimina", kimina_url="http://kimina.invalid:8000", tasks=["lean", "countdown"],
-                                lean_toolchain="v4.19.0")  # fmt: skip
+    settings = VerifierSettings(
+        sandbox="kimina", kimina_url="http://kimina.invalid:8000", tasks=["lean", "countdown"], lean_toolchain="v4.19.0"
+    )
     first, second = make_checkers(settings, 0), make_checkers(settings, 1)
     assert isinstance(first["lean"], KiminaChecker) and first["lean"].client is second["lean"].client
     assert first["lean"].sandbox.sandbox_id != second["lean"].sandbox.sandbox_id
@@ -347,13 +349,30 @@ async def test_the_verifier_service_runs_on_kimina(redis, redis_url, keys, serve
     """End to end: attempts in Redis -> VerifierService with sandbox = 'kimina' -> rewards."""
     await register(redis, keys, [THEOREM])
     tactics = ["norm_num", "norm_num -- FIXTURE:sorry", "norm_num -- FIXTURE:timeout", "sorry", "norm_num"]
-    await Publisher(redis, keys).publish([
-        Attempt(attempt_id=f"a{i}", work_id="w", theorem_id=THEOREM.theorem_id, policy_version=0, sample_index=i,
-                proof=attempt(t)) for i, t in enumerate(tactics)
-    ])  # fmt: skip
-    settings = VerifierSettings.load(env={}, flags={"run": keys.run, "concurrency": 3, "tasks": ["lean"],
-                                                    "sandbox": "kimina", "kimina_url": server.url,
-                                                    "lean_second_line": "trust_repl"})  # fmt: skip
+    await Publisher(redis, keys).publish(
+        [
+            Attempt(
+                attempt_id=f"a{i}",
+                work_id="w",
+                theorem_id=THEOREM.theorem_id,
+                policy_version=0,
+                sample_index=i,
+                proof=attempt(t),
+            )
+            for i, t in enumerate(tactics)
+        ]
+    )
+    settings = VerifierSettings.load(
+        env={},
+        flags={
+            "run": keys.run,
+            "concurrency": 3,
+            "tasks": ["lean"],
+            "sandbox": "kimina",
+            "kimina_url": server.url,
+            "lean_second_line": "trust_repl",
+        },
+    )
     service = VerifierService(settings, redis_url)
     await service.start()
     try:
@@ -394,8 +413,9 @@ async def test_without_trust_repl_a_proof_kimina_accepts_is_an_error_never_a_rew
 
 def test_make_checkers_passes_the_operators_choice_to_kimina():
     for choice, trusted in (("audit", False), ("trust_repl", True)):
-        settings = VerifierSettings(tasks=["lean"], sandbox="kimina", kimina_url="http://k:8000",
-                                    lean_second_line=choice)  # fmt: skip
+        settings = VerifierSettings(
+            tasks=["lean"], sandbox="kimina", kimina_url="http://k:8000", lean_second_line=choice
+        )
         assert make_checkers(settings, 0)["lean"].second_line.trust_repl is trusted
 
 
@@ -413,8 +433,12 @@ def _logged(capsys) -> tuple[str, list[dict]]:
 @pytest.mark.parametrize(("client_key", "why"), [(None, "none is set"), ("sk-wrong-5d1a", "does not accept")])
 async def test_a_server_with_a_key_refuses_a_missing_or_wrong_one_as_an_infrastructure_error(client_key, why, capsys):
     with FakeKimina(api_key=KEY) as server:
-        checker = KiminaChecker(server.url, timeout_s=60, second_line=TRUST,
-                                client=KiminaClient(server.url, timeout_s=60, api_key=client_key))  # fmt: skip
+        checker = KiminaChecker(
+            server.url,
+            timeout_s=60,
+            second_line=TRUST,
+            client=KiminaClient(server.url, timeout_s=60, api_key=client_key),
+        )
         try:
             await checker.start()  # /health needs no key
             judgement = await checker.check(THEOREM, attempt())
@@ -446,8 +470,13 @@ async def test_the_right_key_is_sent_as_bearer_and_accepted(capsys):
 
 
 def test_the_key_setting_comes_from_the_environment_and_never_shows():
-    settings = VerifierSettings.load(env={"PROOFSTREAM_KIMINA_API_KEY": KEY, "PROOFSTREAM_SANDBOX": "kimina",
-                                          "PROOFSTREAM_KIMINA_URL": "http://kimina:8000"})  # fmt: skip
+    settings = VerifierSettings.load(
+        env={
+            "PROOFSTREAM_KIMINA_API_KEY": KEY,
+            "PROOFSTREAM_SANDBOX": "kimina",
+            "PROOFSTREAM_KIMINA_URL": "http://kimina:8000",
+        }
+    )
     assert settings.kimina_api_key is not None and settings.kimina_api_key.get_secret_value() == KEY
     assert KEY not in repr(settings) and KEY not in str(settings) and KEY not in str(settings.model_dump())
     assert VerifierSettings.load(env={}).kimina_api_key is None
@@ -456,9 +485,15 @@ def test_the_key_setting_comes_from_the_environment_and_never_shows():
 async def test_the_pool_builds_its_kimina_checker_with_the_key_from_the_environment():
     """The key set in the worker's environment reaches the server through the checkers the pool builds."""
     with FakeKimina(api_key=KEY) as server:
-        settings = VerifierSettings.load(env={"PROOFSTREAM_KIMINA_API_KEY": KEY, "PROOFSTREAM_SANDBOX": "kimina",
-                                              "PROOFSTREAM_KIMINA_URL": server.url, "PROOFSTREAM_TASKS": '["lean"]',
-                                              "PROOFSTREAM_LEAN_SECOND_LINE": "trust_repl"})  # fmt: skip
+        settings = VerifierSettings.load(
+            env={
+                "PROOFSTREAM_KIMINA_API_KEY": KEY,
+                "PROOFSTREAM_SANDBOX": "kimina",
+                "PROOFSTREAM_KIMINA_URL": server.url,
+                "PROOFSTREAM_TASKS": '["lean"]',
+                "PROOFSTREAM_LEAN_SECOND_LINE": "trust_repl",
+            }
+        )
         checker = make_checkers(settings, 0)["lean"]
         try:
             assert (await checker.check(THEOREM, attempt())).verdict == "proved"

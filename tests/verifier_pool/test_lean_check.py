@@ -361,8 +361,13 @@ def test_lemma_for_theorem_and_back_is_the_same_statement():
     assert prepare(GCD.replace("theorem", "lemma") + "  norm_num\n", GCD) == GCD + "  norm_num\n"
     as_lemma = GCD.replace("theorem", "lemma")
     assert prepare(GCD + "  norm_num\n", as_lemma) == as_lemma + "  norm_num\n"
-    assert prepare("```lean4\nimport Mathlib\n\nlemma mathd_numbertheory_188 :\n  Nat.gcd 180 168 = 12 := by\n"
-                   "  decide\n```", GCD) == GCD + "  decide\n"  # fmt: skip
+    assert (
+        prepare(
+            "```lean4\nimport Mathlib\n\nlemma mathd_numbertheory_188 :\n  Nat.gcd 180 168 = 12 := by\n  decide\n```",
+            GCD,
+        )
+        == GCD + "  decide\n"
+    )
     assert prepare(GCD.replace("theorem mathd", "lemma xmathd") + "  norm_num\n", GCD).reason == "statement_mismatch"
 
 
@@ -541,8 +546,12 @@ def test_two_axioms_reports_or_a_report_off_line_one_are_integrity():
 
 
 def test_unknown_constant_is_integrity():
-    error = {"severity": "error", "pos": {"line": 1, "column": 14}, "endPos": {"line": 1, "column": 36},
-             "data": f"unknown constant '{NAME}'"}  # fmt: skip
+    error = {
+        "severity": "error",
+        "pos": {"line": 1, "column": 14},
+        "endPos": {"line": 1, "column": 36},
+        "data": f"unknown constant '{NAME}'",
+    }
     judgement = judge_axioms({"env": 2, "messages": [error]}, NAME)
     assert (judgement.verdict, judgement.reason) == ("rejected", "integrity") and "unknown constant" in judgement.detail
 
@@ -590,8 +599,11 @@ def test_sorry_warning_without_sorries_field(quoting):
 
 
 def test_info_and_ordinary_warnings_never_fail():
-    messages = [msg("info", "Goals accomplished!"), msg("warning", "unused variable `h` [linter.unusedVariables]"),
-                msg("trace", "[Meta.debug] x")]  # fmt: skip
+    messages = [
+        msg("info", "Goals accomplished!"),
+        msg("warning", "unused variable `h` [linter.unusedVariables]"),
+        msg("trace", "[Meta.debug] x"),
+    ]
     assert judge_command({"env": 1, "messages": messages}) == Judgement("proved")
 
 
@@ -625,15 +637,96 @@ def test_non_answers_are_infrastructure_errors(response):
 # --- the per-character reading (tests/verifier_pool/reference_lean.py) against production, on random text ----
 
 LEAN_PIECES = [
-    "sorry", "theorem", "by", ":=", ":", "=", " ", "  ", "\n", "\t", "\r", "--", "-", "/", "/-", "-/", "/--", "/-!",
-    '"', "\\", "{", "}", "'", "''", "a", "h'", "x.y", "x.", ".«", "«", "»", "r", 'r"', 'r#"', '"#', "#", "#eval",
-    "1", "1e5", "0x1F", "(", ")", "[", "]'", "⁻¹'", "+", "open", "native_decide", "α", "ℝ", "s!", ".", "_root_",
-    "Lean.ofReduceBool", "debug.x", "«sorryAx»", "exact?", "x₁", "@[", "λ", "\u00a0", "\u2003",
-    "×'", "∑'", "℃", "≤", "@", "⟨", "·",
+    "sorry",
+    "theorem",
+    "by",
+    ":=",
+    ":",
+    "=",
+    " ",
+    "  ",
+    "\n",
+    "\t",
+    "\r",
+    "--",
+    "-",
+    "/",
+    "/-",
+    "-/",
+    "/--",
+    "/-!",
+    '"',
+    "\\",
+    "{",
+    "}",
+    "'",
+    "''",
+    "a",
+    "h'",
+    "x.y",
+    "x.",
+    ".«",
+    "«",
+    "»",
+    "r",
+    'r"',
+    'r#"',
+    '"#',
+    "#",
+    "#eval",
+    "1",
+    "1e5",
+    "0x1F",
+    "(",
+    ")",
+    "[",
+    "]'",
+    "⁻¹'",
+    "+",
+    "open",
+    "native_decide",
+    "α",
+    "ℝ",
+    "s!",
+    ".",
+    "_root_",
+    "Lean.ofReduceBool",
+    "debug.x",
+    "«sorryAx»",
+    "exact?",
+    "x₁",
+    "@[",
+    "λ",
+    "\u00a0",
+    "\u2003",
+    "×'",
+    "∑'",
+    "℃",
+    "≤",
+    "@",
+    "⟨",
+    "·",
     # configuration items, attributes, eval%
-    "(config := ", "(maxSteps := ", "(disch := ", "(x:=", " := ", "true", ".c", ",", "[", ")", "%", "eval",
-    "eval%", "@[", "@[simp]", "warn.sorry", "{ k := 1, ", "⟨true, true⟩", "lemma",
-]  # fmt: skip
+    "(config := ",
+    "(maxSteps := ",
+    "(disch := ",
+    "(x:=",
+    " := ",
+    "true",
+    ".c",
+    ",",
+    "[",
+    ")",
+    "%",
+    "eval",
+    "eval%",
+    "@[",
+    "@[simp]",
+    "warn.sorry",
+    "{ k := 1, ",
+    "⟨true, true⟩",
+    "lemma",
+]
 
 
 def _soup(rng: random.Random, pieces: list[str], n: int) -> str:
@@ -671,12 +764,55 @@ def test_lexer_agrees_with_the_per_character_reference_on_random_text():
 
 # Commands: helpers, options, prefixes, trailing commands, columns, tactic/term positions.
 COMMAND_PIECES = [
-    "lemma h : 1 = 1 := by\n", "theorem k (n : ℕ) : n = n := by", "\n  rfl\n", "set_option maxRecDepth 100",
-    "set_option pp.all true in\n", "open Real in\n", "open Nat\n", "import Mathlib\n", "\n#print axioms ",
-    "mathd_numbertheory_188", "amc12a_2008_p8", "\n", "\n ", "\n   ", "\n    ", "where\n", "exact ", "foo ",
-    "(x := ", "(config := ", "<;> ", "=> ", "|> ", " | ", "; ", "· ", "by ", "all_goals ", "[", "]", "(", ")", "⟨",
-    "⟩", "{", "}", ":= ", "dbg", "1", "s!\"{", "\"", "@[", "def ", "Nat.gcd ", "sorry", "-- c\n", "/-", "-/",
-]  # fmt: skip
+    "lemma h : 1 = 1 := by\n",
+    "theorem k (n : ℕ) : n = n := by",
+    "\n  rfl\n",
+    "set_option maxRecDepth 100",
+    "set_option pp.all true in\n",
+    "open Real in\n",
+    "open Nat\n",
+    "import Mathlib\n",
+    "\n#print axioms ",
+    "mathd_numbertheory_188",
+    "amc12a_2008_p8",
+    "\n",
+    "\n ",
+    "\n   ",
+    "\n    ",
+    "where\n",
+    "exact ",
+    "foo ",
+    "(x := ",
+    "(config := ",
+    "<;> ",
+    "=> ",
+    "|> ",
+    " | ",
+    "; ",
+    "· ",
+    "by ",
+    "all_goals ",
+    "[",
+    "]",
+    "(",
+    ")",
+    "⟨",
+    "⟩",
+    "{",
+    "}",
+    ":= ",
+    "dbg",
+    "1",
+    's!"{',
+    '"',
+    "@[",
+    "def ",
+    "Nat.gcd ",
+    "sorry",
+    "-- c\n",
+    "/-",
+    "-/",
+]
 
 
 NAMES = frozenset({"theorem", "mathd_numbertheory_188", "Nat.gcd", "gcd", "by"})  # statement_names(GCD), by hand
@@ -864,13 +1000,13 @@ def _adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
         "interpolation never closed": (
             GCD + '  exact s!"{sorry' + " " * size,
             Judgement("rejected", "sorry", "forbidden: sorry"),
-        ),  # fmt: skip
+        ),
         "line comments": (GCD + "  simp\n" + "-- sorry\n" * (size // 9), GCD + "  simp\n" + "-- sorry\n" * (size // 9)),
         "long identifier": (GCD + "  exact " + "a" * size, GCD + "  exact " + "a" * size),
         "long identifier ending in sorryAx": (
             GCD + "  exact " + "a." * k + "sorryAx",
             Judgement("rejected", "sorry", "forbidden: sorryAx"),
-        ),  # fmt: skip
+        ),
         "whitespace then a tactic": (GCD + " \n" * k + "  simp", GCD + " \n" * k + "  simp"),
         "only whitespace": (" \n\t" * (size // 3), empty),
         "many theorem keywords": (
@@ -886,8 +1022,11 @@ def _adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
     }  # are helpers of the theorem's own name
 
 
-REDECLARED = Judgement("rejected", "integrity", "helper `mathd_numbertheory_188`: forbidden: redeclares "
-                       "`mathd_numbertheory_188`, a name the statement uses")  # fmt: skip
+REDECLARED = Judgement(
+    "rejected",
+    "integrity",
+    "helper `mathd_numbertheory_188`: forbidden: redeclares `mathd_numbertheory_188`, a name the statement uses",
+)
 
 
 @pytest.mark.parametrize("name", list(_adversarial(100)))

@@ -171,23 +171,48 @@ def test_seed_provers_options_and_print_axioms():
 @pytest.mark.parametrize(
     ("path", "helpers", "options"),
     [
-        ("seed-prover/aime_1991_p6.lean",
-         ["round3_sum_val_at_7_43", "round3_sum_val_at_7_44", "round4_r_lt_7_44", "round4_r_ge_7_43"],
-         ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"]),
-        ("seed-prover/mathd_algebra_282.lean", ["round1_h22", "round1_h23", "round1_h24"],
-         ["pp.numericTypes true", "pp.funBinderTypes true", "maxHeartbeats 0", "maxRecDepth 1000",
-          "tactic.hygienic false"]),
-        ("seed-prover/amc12a_2020_p25.lean",
-         ["round1_case_a_eq_zero_contradiction", "round3_a_ne_zero", "round1_ha_pos_badccc04",
-          "round1_ha_lt_1_4_badccdb2", "round1_h_main_badcd226", "round3_N_exists", "round4_image_is_injective",
-          "round4_sum_expression", "round4_N_ge_28", "round4_N_le_28", "round4_sum_S_is_sum_formula",
-          "round1_h7_ce987acc", "round4_S_equiv_Icc", "round5_k_value", "round5_a_real_value",
-          "round5_a_eq_of_a_real_eq", "round5_final_calculation"],
-         ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"]),
-        ("kimina-prover-72b/numbertheory_fxeq4powxp6powxp9powx_f2powmdvdf2pown.lean", ["lemma_1"],
-         ["maxHeartbeats 0"]),
+        (
+            "seed-prover/aime_1991_p6.lean",
+            ["round3_sum_val_at_7_43", "round3_sum_val_at_7_44", "round4_r_lt_7_44", "round4_r_ge_7_43"],
+            ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"],
+        ),
+        (
+            "seed-prover/mathd_algebra_282.lean",
+            ["round1_h22", "round1_h23", "round1_h24"],
+            [
+                "pp.numericTypes true",
+                "pp.funBinderTypes true",
+                "maxHeartbeats 0",
+                "maxRecDepth 1000",
+                "tactic.hygienic false",
+            ],
+        ),
+        (
+            "seed-prover/amc12a_2020_p25.lean",
+            [
+                "round1_case_a_eq_zero_contradiction",
+                "round3_a_ne_zero",
+                "round1_ha_pos_badccc04",
+                "round1_ha_lt_1_4_badccdb2",
+                "round1_h_main_badcd226",
+                "round3_N_exists",
+                "round4_image_is_injective",
+                "round4_sum_expression",
+                "round4_N_ge_28",
+                "round4_N_le_28",
+                "round4_sum_S_is_sum_formula",
+                "round1_h7_ce987acc",
+                "round4_S_equiv_Icc",
+                "round5_k_value",
+                "round5_a_real_value",
+                "round5_a_eq_of_a_real_eq",
+                "round5_final_calculation",
+            ],
+            ["maxHeartbeats 0", "maxRecDepth 1000", "tactic.hygienic false"],
+        ),
+        ("kimina-prover-72b/numbertheory_fxeq4powxp6powxp9powx_f2powmdvdf2pown.lean", ["lemma_1"], ["maxHeartbeats 0"]),
     ],
-)  # fmt: skip
+)
 def test_published_proofs_with_helpers_go_to_lean_whole(path, helpers, options):
     """Each helper the file declares (read off the file), in its order, in a section with the file's opens and
     options; the options set on the theorem too; the theorem's own body; no `#print axioms`."""
@@ -223,9 +248,14 @@ def test_published_proofs_that_use_native_decide_are_refused_by_policy(path, det
 
 @pytest.mark.parametrize(
     "after",
-    [f"\n#print axioms {NAME}\n", f"\n  #print axioms {NAME}", f"\n#print axioms _root_.{NAME}\n",
-     f"\n#print axioms {NAME}\n#print axioms {NAME}\n", f"\n\n-- check\n#print axioms {NAME} -- the axioms\n"],
-)  # fmt: skip
+    [
+        f"\n#print axioms {NAME}\n",
+        f"\n  #print axioms {NAME}",
+        f"\n#print axioms _root_.{NAME}\n",
+        f"\n#print axioms {NAME}\n#print axioms {NAME}\n",
+        f"\n\n-- check\n#print axioms {NAME} -- the axioms\n",
+    ],
+)
 def test_print_axioms_of_the_target_after_the_proof_is_dropped(after):
     assert prepare(f"{GCD}  norm_num{after}", GCD) == f"{GCD}  norm_num\n"
 
@@ -327,21 +357,36 @@ def test_a_named_arguments_value_is_scanned_like_any_code(body, reason):
     ("body", "expected"),
     [
         # a tactic left of the block's column ends the proof; Lean reads it as a command, and it is none
-        ("    simp\n  linarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's column 4: "
-         "Lean ends the proof there and reads a command, which this is not"),
-        (" norm_num\nlinarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's column 1: "
-         "Lean ends the proof there and reads a command, which this is not"),
+        (
+            "    simp\n  linarith\n",
+            "after the proof: forbidden: `linarith` at line 2, left of the proof's column 4: "
+            "Lean ends the proof there and reads a command, which this is not",
+        ),
+        (
+            " norm_num\nlinarith\n",
+            "after the proof: forbidden: `linarith` at line 2, left of the proof's column 1: "
+            "Lean ends the proof there and reads a command, which this is not",
+        ),
         # the same inside a run of symbols (lean_text merges `<;>\n (` into one token)
-        ("  simp <;>\n (norm_num)\n", "after the proof: forbidden: `(` at line 2, left of the proof's column 2: Lean "
-         "ends the proof there and reads a command, which this is not"),
+        (
+            "  simp <;>\n (norm_num)\n",
+            "after the proof: forbidden: `(` at line 2, left of the proof's column 2: Lean "
+            "ends the proof there and reads a command, which this is not",
+        ),
         # a first tactic on the `by` line sets the column (extract_proof_body keeps it)
-        (" " * 62 + "norm_num\n  linarith\n", "after the proof: forbidden: `linarith` at line 2, left of the proof's "
-         "column 62: Lean ends the proof there and reads a command, which this is not"),
+        (
+            " " * 62 + "norm_num\n  linarith\n",
+            "after the proof: forbidden: `linarith` at line 2, left of the proof's "
+            "column 62: Lean ends the proof there and reads a command, which this is not",
+        ),
         # a command one column left: `open` ends the proof and is refused after it
-        ("  norm_num\n open Nat\n", "after the proof: forbidden: open (a new command: after the proof it could "
-         "change how `#print axioms` reads the theorem's name, or prints it)"),
+        (
+            "  norm_num\n open Nat\n",
+            "after the proof: forbidden: open (a new command: after the proof it could "
+            "change how `#print axioms` reads the theorem's name, or prints it)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_line_left_of_the_proofs_column_ends_it(body, expected):
     assert prepare(GCD + body, GCD) == refused(expected)
 
@@ -376,15 +421,24 @@ def test_a_declaration_after_the_proof_is_judged_as_a_helper_and_kept(after, kep
     ("after", "detail", "reason"),
     [
         ("theorem extra : True := by\n  sorry\n", "helper `extra` after the proof: forbidden: sorry", "sorry"),
-        (f"theorem {NAME}' : True := by\n  native_decide\n",
-         f"helper `{NAME}'` after the proof: forbidden: native_decide", "integrity"),
-        (f"theorem Foo.{NAME} : True := trivial\nopen Foo\n",
-         f"helper `Foo.{NAME}` after the proof: forbidden: redeclares `{NAME}`, {SHADOWS}", "integrity"),
+        (
+            f"theorem {NAME}' : True := by\n  native_decide\n",
+            f"helper `{NAME}'` after the proof: forbidden: native_decide",
+            "integrity",
+        ),
+        (
+            f"theorem Foo.{NAME} : True := trivial\nopen Foo\n",
+            f"helper `Foo.{NAME}` after the proof: forbidden: redeclares `{NAME}`, {SHADOWS}",
+            "integrity",
+        ),
         ("def cheat : ℕ := 1\n", "after the proof: forbidden: def (a new command)", "integrity"),
-        ("instance : Decidable True := isTrue trivial\n", "after the proof: forbidden: instance (a new command)",
-         "integrity"),
+        (
+            "instance : Decidable True := isTrue trivial\n",
+            "after the proof: forbidden: instance (a new command)",
+            "integrity",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_command_after_the_proof_follows_the_helper_rules(after, detail, reason):
     assert prepare(f"{GCD}  norm_num\n{after}", GCD) == refused(detail, reason)
 
@@ -397,8 +451,27 @@ def test_library_search_goes_to_lean_and_a_goal_it_admits_is_a_sorry(tactic):
     assert prepare(f"{GCD}  {tactic}\n", GCD) == f"{GCD}  {tactic}\n"
     # What Lean answers when `apply?` admits the goal for want of a complete proof: its `sorry`, as any other
     # (the REPL transcript of ../shared/LEAN_REPL.md; `#print axioms` then lists sorryAx, as does the audit).
-    warning = {"severity": "warning", "pos": {"line": 2, "column": 2}, "endPos": None,
-               "data": "declaration uses 'sorry'"}  # fmt: skip
+    warning = {
+        "severity": "warning",
+        "pos": {"line": 2, "column": 2},
+        "endPos": None,
+        "data": "declaration uses 'sorry'",
+    }
     assert judge_command({"env": 1, "messages": [warning]}).reason == "sorry"
-    assert judge_axioms({"env": 2, "messages": [{"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": None,
-                         "data": f"'{NAME}' depends on axioms: [sorryAx]"}]}, NAME).reason == "sorry"  # fmt: skip
+    assert (
+        judge_axioms(
+            {
+                "env": 2,
+                "messages": [
+                    {
+                        "severity": "info",
+                        "pos": {"line": 1, "column": 0},
+                        "endPos": None,
+                        "data": f"'{NAME}' depends on axioms: [sorryAx]",
+                    }
+                ],
+            },
+            NAME,
+        ).reason
+        == "sorry"
+    )

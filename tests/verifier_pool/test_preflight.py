@@ -59,16 +59,26 @@ def test_without_a_repl_or_a_server_the_image_must_be_in_a_docker_daemon():
 
 def _preflight(**env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-    return subprocess.run([sys.executable, "-m", "verifier_pool.preflight"], cwd=ROOT, env={**clean, **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "verifier_pool.preflight"],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_command_says_one_line_and_exits_1_or_nothing_and_0():
     lean = {"PROOFSTREAM_TASKS": '["lean"]'}
     missing = _preflight(**lean, PROOFSTREAM_SANDBOX="docker", PROOFSTREAM_LEAN_IMAGE=MISSING_IMAGE)
     assert missing.returncode == 1 and missing.stdout.count("\n") == 1 and "no Lean backend found" in missing.stdout
-    ready = _preflight(**lean, PROOFSTREAM_SANDBOX="process", PROOFSTREAM_LEAN_SECOND_LINE="trust_repl",
-                       PROOFSTREAM_LEAN_REPL_CMD=f'["{sys.executable}"]')  # fmt: skip
+    ready = _preflight(
+        **lean,
+        PROOFSTREAM_SANDBOX="process",
+        PROOFSTREAM_LEAN_SECOND_LINE="trust_repl",
+        PROOFSTREAM_LEAN_REPL_CMD=f'["{sys.executable}"]',
+    )
     assert (ready.returncode, ready.stdout, ready.stderr) == (0, "", "")
     kimina = _preflight(**lean, PROOFSTREAM_SANDBOX="kimina")  # a worker would refuse these settings; this says why
     assert (kimina.returncode, kimina.stdout) == (1, "sandbox = 'kimina' needs kimina_url. " + NO_LEAN + "\n")

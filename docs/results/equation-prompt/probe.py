@@ -63,21 +63,33 @@ def main() -> None:
         answers = [prefill[0] + row[0].text for row in engine.generate(list(ids), sampling)]
         wall = time.monotonic() - started
         rewards = [reward(p.numbers, p.target, extract_countdown(a)) for p, a in zip(problems, answers, strict=True)]
-        res = {"mean": round(statistics.fmean(rewards), 4), "exact": rewards.count(1.0),
-               "closed_tags": sum("</answer>" in a.lower() for a in answers),
-               "copies_1_plus_2": sum(a.removeprefix(prefill[0]).lstrip().startswith("1 + 2") for a in answers),
-               "distinct": len(set(answers)), "wall_s": round(wall, 1), "first": answers[:3]}  # fmt: skip
+        res = {
+            "mean": round(statistics.fmean(rewards), 4),
+            "exact": rewards.count(1.0),
+            "closed_tags": sum("</answer>" in a.lower() for a in answers),
+            "copies_1_plus_2": sum(a.removeprefix(prefill[0]).lstrip().startswith("1 + 2") for a in answers),
+            "distinct": len(set(answers)),
+            "wall_s": round(wall, 1),
+            "first": answers[:3],
+        }
         for sigma in sigmas:  # 8 low-rank members (4 antithetic pairs), rank 4, in one engine call
             members = [(seed, sign) for _i, seed, sign in members_for("probe", 0, 0, 8, True)]
             got = engine.es_members(0, members, sigma, 4, list(ids), sampling)
-            scores = [[reward(p.numbers, p.target, extract_countdown(prefill[0] + row[0].text))
-                       for p, row in zip(problems, m, strict=True)] for m in got]  # fmt: skip
+            scores = [
+                [
+                    reward(p.numbers, p.target, extract_countdown(prefill[0] + row[0].text))
+                    for p, row in zip(problems, m, strict=True)
+                ]
+                for m in got
+            ]
             means = [statistics.fmean(r) for r in scores]
             res[f"sigma {sigma}"] = {
-                "member_means": [round(x, 3) for x in means], "member_std": round(statistics.pstdev(means), 4),
+                "member_means": [round(x, 3) for x in means],
+                "member_std": round(statistics.pstdev(means), 4),
                 "distinct_share": round(sum(len({m[i][0].text for m in got}) > 1 for i in range(n)) / n, 3),
-                "exact": sum(r.count(1.0) for r in scores), "answers": n * len(members),
-            }  # fmt: skip
+                "exact": sum(r.count(1.0) for r in scores),
+                "answers": n * len(members),
+            }
         out[v] = res
         print(v, json.dumps(res), file=sys.stderr)
     print(json.dumps(out))
