@@ -108,8 +108,15 @@ def redis_cluster(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of long system tests (marked `slow`) run first. `make test` hands out whole files to its
-    workers in collection order (`--dist loadfile --no-loadscope-reorder`): a worker that takes a many-minute
-    file last holds the whole suite's end while the other idles. The order within a file is kept."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    """The files of long system tests (marked `slow`) run first, the longest first. `make test` hands out whole
+    files to its workers in collection order (`--dist loadfile --no-loadscope-reorder`): a worker that takes a
+    many-minute file last holds the whole suite's end while the other idles. A file's length is read from the
+    largest `timeout` mark of its slow tests (the bound each states for itself). The order within a file is
+    kept."""
+    cost: dict[Path, float] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            timeout = item.get_closest_marker("timeout")
+            bound = float(timeout.args[0]) if timeout and timeout.args else 0.0
+            cost[item.path] = max(cost.get(item.path, 0.0), bound)
+    items.sort(key=lambda item: (item.path not in cost, -cost.get(item.path, 0.0)))

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow  # minutes of real-model work: its file is handed out first (tests/conftest.py)
 def test_the_bench_steps_both_precisions_and_writes_its_json(tmp_path):
     out = tmp_path / "grpo.json"
     argv = ["--groups", "1", "--group-size", "2", "--completion-tokens", "3", "--rounds", "1", "--out", str(out)]

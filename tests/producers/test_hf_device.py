@@ -73,6 +73,7 @@ def on_the_cpu(model_path):
     return expected
 
 
+@pytest.mark.slow  # minutes of real-model work: its file is handed out first (tests/conftest.py)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_sampled_and_logprob_paths_on_the_device_answer_as_on_the_cpu(model_path, on_the_cpu, dtype):
     """fp32: the same tokens and logprobs as the CPU engine. bf16: the same shapes (its kernels round otherwise

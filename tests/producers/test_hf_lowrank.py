@@ -15,6 +15,7 @@ from weights.es import ESWeights, digest, load_master  # noqa: E402
 from weights.step import ESStep  # noqa: E402
 
 
+@pytest.mark.slow  # minutes of real-model work: its file is handed out first (tests/conftest.py)
 @needs_model
 def test_batched_low_rank_members_answer_as_the_same_members_written_into_the_weights(hf_engine):
     ids = cases.prompt_ids(hf_engine.tokenizer)

@@ -117,6 +117,7 @@ def greedy(engine, prompts):
     return engine.generate(prompts, Sampling(n=1, temperature=0.0, max_new_tokens=MAX_NEW, logprobs=True))
 
 
+@pytest.mark.slow  # minutes of real-model work: its file is handed out first (tests/conftest.py)
 def test_generate_n_samples_with_logprobs_matching_a_forward_pass(engine, hf, prompts):
     hf.es_use(0, None)
     out = engine.generate(

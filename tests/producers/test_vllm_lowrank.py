@@ -57,6 +57,7 @@ def ids(engine) -> list[list[int]]:
     return cases.prompt_ids(engine.tokenizer)
 
 
+@pytest.mark.slow  # minutes of real-model work: its file is handed out first (tests/conftest.py)
 def test_lora_members_answer_as_the_same_members_written_into_the_weights(engine, ids):
     try:
         started = time.monotonic()
