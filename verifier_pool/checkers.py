@@ -81,16 +81,17 @@ class _SandboxChecker:
         except SandboxTimeout:
             return Judgement("timeout", "", f"no answer within {timeout_s:g} s")
         except SandboxUnavailable as e:  # its (re)start failed: the infrastructure's, whatever the input
-            self.unavailable = str(e)
-            log.error(
-                "sandbox_unavailable",
-                sandbox_id=self.sandbox.sandbox_id,
-                backend=self.sandbox.backend,
-                error=str(e)[:1000],
-            )
-            return Judgement("error", "", f"sandbox unavailable: {e}")
+            return self._unavailable(e)
         self.unavailable = None
         return reply
+
+    def _unavailable(self, e: SandboxUnavailable) -> Judgement:
+        """The sandbox could not (re)start: remembered for `environment`, logged, and an `error` verdict."""
+        self.unavailable = str(e)
+        log.error(
+            "sandbox_unavailable", sandbox_id=self.sandbox.sandbox_id, backend=self.sandbox.backend, error=str(e)[:1000]
+        )
+        return Judgement("error", "", f"sandbox unavailable: {e}")
 
 
 async def _twice(sandbox: Sandbox, check) -> Judgement:
@@ -134,14 +135,7 @@ class CountdownChecker(_SandboxChecker):
             )
             reply = None
         except SandboxUnavailable as e:
-            self.unavailable = str(e)
-            log.error(
-                "sandbox_unavailable",
-                sandbox_id=self.sandbox.sandbox_id,
-                backend=self.sandbox.backend,
-                error=str(e)[:1000],
-            )
-            return [Judgement("error", "", f"sandbox unavailable: {e}")] * len(jobs)
+            return [self._unavailable(e)] * len(jobs)
         else:
             self.unavailable = None
         results = reply.get("results") if isinstance(reply, dict) else None
