@@ -41,10 +41,9 @@ from typing import Any
 import structlog
 import torch
 
-from streams import files
+from weights.io import Weights, digest, load_master, save_weights, snapshot_metadata
 from weights.step import ESStep, history_digest
 
-Weights = dict[str, torch.Tensor]
 Writer = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 
 _NOISE_KEY = b"proofstream-es-noise/1"  # part of the noise definition: changing it changes every run
@@ -115,47 +114,6 @@ def apply_step(master: Weights, step: ESStep) -> None:
                 eps = noise(seed, name, tensor.shape, tensor.device)
             acc.add_(eps, alpha=z * sign)
         tensor.add_(acc, alpha=scale)
-
-
-def digest(weights: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over names, shapes, dtypes and raw bytes, in name order: equal digests, equal bits."""
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        t = weights[name].detach().contiguous().cpu()
-        h.update(f"{name}\x00{tuple(t.shape)}\x00{t.dtype}\x00".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def load_master(source: str | os.PathLike, device: str = "cpu") -> Weights:
-    """The fp32 master copy of a safetensors model folder (all shards) or one file, by checkpoint names."""
-    from safetensors.torch import load_file
-
-    source = Path(source)
-    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{source} holds no .safetensors file")
-    master: Weights = {}
-    for file in files:
-        for name, tensor in load_file(str(file), device=device).items():
-            master[name] = tensor.to(torch.float32).contiguous()
-    return master
-
-
-def snapshot_metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return dict(handle.metadata() or {})
-
-
-def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file atomically (streams.files)."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with files.replacing(path) as tmp:
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
 
 
 TAG = 16  # hex digits of the history digest in a snapshot's file name

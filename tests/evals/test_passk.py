@@ -115,7 +115,7 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
 def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_redis_url, tmp_path, capsys, model_path):
     import torch
 
-    from weights.es import digest, load_master, save_weights
+    from weights.io import digest, load_master, save_weights
     from weights.model import weights_digest
 
     settings = TrainerSettings(run="evalgrpo", algo="grpo", run_dir=str(tmp_path), problems=8, held_out=2)
@@ -148,7 +148,8 @@ def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_r
 
 @needs_model
 def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replayed_weights(tmp_path, model_path):
-    from weights.es import ESWeights, digest, load_master
+    from weights.es import ESWeights
+    from weights.io import digest, load_master
 
     run_dir = tmp_path / "run"
     settings = TrainerSettings(run="evalcli", run_dir=str(run_dir), problems=8, held_out=4, max_new_tokens=16,

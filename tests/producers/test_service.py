@@ -26,7 +26,8 @@ from streams.runtime import ensure_group  # noqa: E402
 from streams.schema import Attempt, DeadLetter, Member, PolicyUpdate, WorkOrder  # noqa: E402
 from streams.theorems import Theorem, register  # noqa: E402
 from tasks import prompts  # noqa: E402
-from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.es import ESWeights  # noqa: E402
+from weights.io import digest, load_master  # noqa: E402
 from weights.model import weights_digest  # noqa: E402
 from weights.step import ESStep  # noqa: E402
 
@@ -336,7 +337,7 @@ async def test_grpo_weights_load_only_with_their_digest(one_redis, engine, tmp_p
     weights = load_master(folder)
     name = "model.layers.0.mlp.up_proj.weight"
     weights[name] = weights[name] + 0.01
-    from weights.es import save_weights
+    from weights.io import save_weights
 
     (file,) = folder.glob("*.safetensors")
     save_weights(weights, file)

@@ -296,7 +296,7 @@ def _default_tokenizer_folder():
 
 
 def test_save_writes_a_loadable_folder_with_its_digest(tmp_path):
-    from weights.es import load_master
+    from weights.io import load_master
     from weights.model import weights_digest
 
     base = tmp_path / "base"

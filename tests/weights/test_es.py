@@ -9,15 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="ES weights need torch (make test installs torch==2.13.0)")
 
-from weights.es import (  # noqa: E402
-    ESWeights,
-    apply_step,
-    digest,
-    load_master,
-    noise,
-    noise_seed,
-    snapshot_metadata,
-)
+from weights.es import ESWeights, apply_step, noise, noise_seed  # noqa: E402
+from weights.io import digest, load_master, snapshot_metadata  # noqa: E402
 from weights.step import ESStep  # noqa: E402
 
 

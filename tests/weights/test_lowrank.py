@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch", reason="ES weights need torch (make test in
 from weights.es import (  # noqa: E402
     ESWeights,
     apply_step,
-    digest,
     factors,
     lowrank_noise,
     lowrank_target,
@@ -23,6 +22,7 @@ from weights.es import (  # noqa: E402
     noise,
     perturbed,
 )
+from weights.io import digest  # noqa: E402
 from weights.step import ESStep, history_digest  # noqa: E402
 
 RANK = 3
