@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import sys
 import threading
 import time
@@ -262,14 +261,8 @@ class Leader:
             self.trainer.write_sharded(tmp)
         files.fsync_dir(tmp)
         faults.point("grpo.sharded_checkpoint_written")  # every shard on disk, not yet in place
-        if final.exists():  # a resumed trainer redoing the step of a checkpoint its state never named
-            old = final.parent / f".old-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        files.fsync_dir(final.parent)
+        # `final` exists where a resumed trainer redoes the step of a checkpoint its state never named
+        files.replace_folder(tmp, final)
         return final
 
     def resume(self, path: str | os.PathLike) -> None:
