@@ -60,8 +60,8 @@ class TrainerSettings(RoleSettings):
                 "batch", "eval_every"),
         "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise", "es_rank",
                "members_per_order"),
-        "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "train_precision",
-                 "dist_timeout_s"),
+        "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "grpo_epochs", "train_device",
+                 "train_precision", "dist_timeout_s"),
         "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "stall_timeout_s", "lease_s"),
         "generation": ("engine", "model", "temperature", "max_new_tokens", "prompt_format"),
         "verifiers": ("verifiers", "verifier_concurrency", "sandbox"),
@@ -155,6 +155,11 @@ class TrainerSettings(RoleSettings):
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: std-normalized; dr_grpo: mean only")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model; 0: off")
     grad_accum: int = Field(1, ge=1, description="micro-batches per step (at least: passes of 8 sequences)")
+    grpo_epochs: int = Field(
+        1, ge=1, description="optimizer steps on each batch (PPO's epochs, DeepSeekMath's mu); past the first, the "
+        "clip-higher bounds of the ratio to the step's starting weights bind (trainer/grpo_loss.py); 1: the "
+        "truncated-IS policy gradient, clipping never binds",
+    )  # fmt: skip
     train_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="the GRPO trainer's; auto: cuda when available"
     )

@@ -71,7 +71,7 @@ class GRPOConfig:
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
     grad_accum: int = 1  # micro-batches per optimizer step (the batch is split into this many forward passes)
-    epochs: int = 1  # optimizer steps per batch (PPO epochs, DeepSeekMath's mu); clipping binds only when > 1
+    epochs: int = 1  # optimizer steps per batch (PPO epochs, DeepSeekMath's mu; --grpo-epochs); clips only when > 1
     clip_low: float = 0.2  # eps_low: ratio floor 1 - clip_low
     clip_high: float = 0.28  # eps_high: ratio ceiling 1 + clip_high (DAPO clip-higher)
     is_cap: float = 2.0  # truncation C of the behaviour importance weight min(pi_prox / pi_beh, C)
