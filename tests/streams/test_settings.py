@@ -122,6 +122,30 @@ def test_every_roles_every_setting_says_what_it_is():
         assert [n for n, info in cls.model_fields.items() if not (info.description or "").strip()] == [], cls
 
 
+def test_a_setting_two_roles_take_is_declared_once_below_both():
+    """The trainer hands the model, the engine, the prompt format and the sandbox's settings to the generators and
+    verifiers of its local pipeline: each comes from one declaration, never written again in a role's class."""
+    from producers.config import GeneratorSettings
+    from streams.role_settings import SandboxSettings
+    from tasks.prompts import PromptSettings
+    from trainer.config import TrainerSettings
+    from verifier_pool.config import VerifierSettings
+    from weights.settings import ModelSettings
+
+    takers = {
+        SandboxSettings: (VerifierSettings, TrainerSettings),
+        ModelSettings: (GeneratorSettings, TrainerSettings),
+        PromptSettings: (GeneratorSettings, TrainerSettings),
+    }
+    for declared, roles in takers.items():
+        names = set(declared.model_fields) - set(RoleSettings.model_fields)
+        assert names
+        for role in roles:
+            assert issubclass(role, declared) and not names & set(role.__annotations__), (declared, role)
+    for role in (GeneratorSettings, TrainerSettings):  # the formats the tasks define, in the one help text
+        assert "Lean kimina, deepseek; Countdown tinyzero, equation" in role.model_fields["prompt_format"].description
+
+
 @pytest.mark.parametrize(
     "toml, message",
     [
