@@ -6,8 +6,9 @@ sigma, alpha) per policy version, ~200 bytes each. Everything here is a pure fun
 - `noise(seed, name, shape)`: the noise of one parameter tensor, drawn in fp32 from a generator seeded by a
   hash of (seed, tensor name). Any process on the same device type draws the same bits.
 - `ESWeights` keeps the fp32 master copy of the center. A member's weights are `master + sigma*sign*eps`,
-  computed in fp32 and only then cast into the engine's dtype by its `write` function; restore writes the
-  master again. Nothing is ever added and subtracted back in bf16 (that drifts and loses the update).
+  computed in fp32 and only then cast into the engine's dtype by its `write` function; restoring the center
+  (`use(version)`) writes the master again. Nothing is ever added and subtracted back in bf16 (that drifts
+  and loses the update).
 - An update is `theta += alpha/N * sum_n z_n * sign_n * eps_n`, accumulated in fp32 in member order, so
   replaying the same history from the same base gives bit-identical weights.
 - Low-rank noise (`noise="lowrank"`, EGGROLL, Sarkar et al. 2025): member n's noise of a weight matrix W
@@ -263,11 +264,6 @@ class ESWeights:
             self._write(perturbed(master, seed, sign, sigma, rank))
         self.current = want
         return True
-
-    def restore(self) -> None:
-        """Write the center of the current version back (exact: the master is never modified by a member)."""
-        version = self.current[0] if self.current else self.latest
-        self.use(version)
 
 
 def perturbed(
