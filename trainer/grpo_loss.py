@@ -52,7 +52,7 @@ is exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -95,14 +95,6 @@ class GRPOConfig:
             raise ValueError("grad_accum, epochs and max_tokens must be >= 1")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0 and self.is_cap > 0 and self.kl_coef >= 0):
             raise ValueError(f"bad GRPO config: {self}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown GRPO settings {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**values)
 
 
 class GRPOSample(NamedTuple):
