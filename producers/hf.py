@@ -121,8 +121,15 @@ class HFEngine:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.stats = EngineStats(extra={"engine": self.name, "device": device, "dtype": dtype, "kv_cache": kv_cache,
-                                        "load_s": round(time.monotonic() - started, 2)})  # fmt: skip
+        self.stats = EngineStats(
+            extra={
+                "engine": self.name,
+                "device": device,
+                "dtype": dtype,
+                "kv_cache": kv_cache,
+                "load_s": round(time.monotonic() - started, 2),
+            }
+        )
         self.es = ESWeights(
             lambda: load_master(self.model_path, device),
             self._write,

@@ -69,8 +69,17 @@ from trainer.grpo_loss import GRPOConfig, sequence_logprobs
 from trainer.grpo_trainer import GRPOTrainer
 
 # the statistics grpo_loss returns, summed across ranks in this order
-STAT_KEYS = ("tokens", "clip_low_tokens", "clip_high_tokens", "is_truncated_tokens", "is_weight_sum", "ratio_sum",
-             "kl_sum", "pg_loss", "kl_loss")  # fmt: skip
+STAT_KEYS = (
+    "tokens",
+    "clip_low_tokens",
+    "clip_high_tokens",
+    "is_truncated_tokens",
+    "is_weight_sum",
+    "ratio_sum",
+    "kl_sum",
+    "pg_loss",
+    "kl_loss",
+)
 CHECKPOINT_SUFFIX = ".dcp"
 
 
@@ -193,8 +202,10 @@ class ShardedGRPOTrainer(GRPOTrainer):
 
     def resume(self, path: str | os.PathLike) -> None:
         if not Path(path).is_dir():
-            raise ValueError(f"{path} is a single-process checkpoint: resume this run without torchrun (one "
-                             "process), or in a new run; a sharded trainer resumes from .dcp folders")  # fmt: skip
+            raise ValueError(
+                f"{path} is a single-process checkpoint: resume this run without torchrun (one "
+                "process), or in a new run; a sharded trainer resumes from .dcp folders"
+            )
         self.read_sharded(path)
 
 

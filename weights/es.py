@@ -234,8 +234,12 @@ class ESWeights:
                 log.warning("es_snapshot_unreadable", path=str(path), error=str(e))
                 continue
             if metadata.get("history") != history or metadata.get("digest") != digest(weights):
-                log.warning("es_snapshot_refused", path=str(path), version=v,
-                            reason="its history or its bytes are not the ones it was written with")  # fmt: skip
+                log.warning(
+                    "es_snapshot_refused",
+                    path=str(path),
+                    version=v,
+                    reason="its history or its bytes are not the ones it was written with",
+                )
                 continue
             return v, weights
         return None

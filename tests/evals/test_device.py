@@ -24,8 +24,9 @@ from weights.model import resolve_model  # noqa: E402
 
 
 async def test_an_es_version_rebuilt_and_sampled_on_the_device(tmp_path):
-    settings = TrainerSettings(run="evaldev", run_dir=str(tmp_path), problems=8, held_out=2, max_new_tokens=12,
-                               sandbox="process")  # fmt: skip
+    settings = TrainerSettings(
+        run="evaldev", run_dir=str(tmp_path), problems=8, held_out=2, max_new_tokens=12, sandbox="process"
+    )
     steps = es_steps("evaldev", 2)
     held = load_theorems(settings)[1]
     view = RunView("es", held, [PolicyUpdate(v, "es", es_step=s) for v, s in enumerate(steps, 1)], 2, [0, 1, 2], [])
@@ -44,8 +45,9 @@ async def test_an_es_version_rebuilt_and_sampled_on_the_device(tmp_path):
             # The eval's dtype is "auto", bf16 on a device: the digest is of the fp32 master it replayed.
             assert await in_engine_thread(engine.es_digest, 2) == expected
             assert len(await in_engine_thread(weights_digest_of, engine)) == 64
-            results = await sample_and_verify(engine, [checker], held, settings, Timing(), samples=2,
-                                              temperature=1.0, seed=7)  # fmt: skip
+            results = await sample_and_verify(
+                engine, [checker], held, settings, Timing(), samples=2, temperature=1.0, seed=7
+            )
         finally:
             await in_engine_thread(engine.close)
             await checker.sandbox.kill()

@@ -48,8 +48,10 @@ def es_steps(run: str, versions: int) -> list[dict]:
     """Real ES steps as the trainer makes them: two members per version, one rewarded, one not."""
     steps = []
     for v in range(1, versions + 1):
-        members = [Order(f"es-v{v - 1}-m{i}", v - 1, member_seed(run, v - 1, i), 1, ["x"], rewards={"a": r})
-                   for i, r in enumerate((1.0, 0.0))]  # fmt: skip
+        members = [
+            Order(f"es-v{v - 1}-m{i}", v - 1, member_seed(run, v - 1, i), 1, ["x"], rewards={"a": r})
+            for i, r in enumerate((1.0, 0.0))
+        ]
         steps.append(policy_entry(make_step(members, ESConfig(population=2)), members))
     return steps
 
@@ -89,8 +91,8 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
     populate(one_redis_url, settings, policy)
     lean = TrainerSettings(run="evallean", task="lean", held_out=4)
     populate(one_redis_url, lean, [])
-    base = ["--redis-url", one_redis_url, "--run", "evalbad", "--run-dir", str(tmp_path), "--problems", "8",
-            "--held-out", "4"]  # fmt: skip
+    base = ["--redis-url", one_redis_url, "--run", "evalbad", "--run-dir", str(tmp_path)]
+    base += ["--problems", "8", "--held-out", "4"]
 
     def fails(*argv: str) -> str:
         assert passk.main([*argv]) == 2
@@ -102,12 +104,13 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
     err = fails(*base, "--run", "nosuch", "--version", "0")
     assert "run 'nosuch' has no trainer checkpoint" in err and "'evalbad'" in err and "'evallean'" in err
     assert "these settings give 6 problems" in fails(*base[:-1], "6", "--run", "evalbad", "--version", "0")
-    assert f"no run 'default': {tmp_path / 'nope'} does not exist" in fails("--run-dir", str(tmp_path / "nope"),
-                                                                              "--version", "0")  # fmt: skip
+    assert f"no run 'default': {tmp_path / 'nope'} does not exist" in fails(
+        "--run-dir", str(tmp_path / "nope"), "--version", "0"
+    )
     (tmp_path / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump()}))
     assert "held_out = 5 (the run has 4)" in fails(*base[:-1], "5", "--version", "0")
-    err = fails("--redis-url", one_redis_url, "--run", "evallean", "--task", "lean", "--held-out", "4",
-                "--sandbox", "process", "--version", "0")  # fmt: skip
+    lean_argv = ["--redis-url", one_redis_url, "--run", "evallean", "--task", "lean", "--held-out", "4"]
+    err = fails(*lean_argv, "--sandbox", "process", "--version", "0")
     assert "no Lean backend found" in err and "kimina" in err
 
 
@@ -128,9 +131,8 @@ def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_r
     gone = PolicyUpdate(3, "grpo", weights_path=str(tmp_path / "policy" / "v000003"), digest="sha256:00")
     populate(one_redis_url, settings, [*policy, gone])
     save_weights({"model.norm.weight": base["model.norm.weight"] * 2}, folders[1] / "model.safetensors")
-    argv = ["--redis-url", one_redis_url, "--run", "evalgrpo", "--run-dir", str(tmp_path), "--problems", "8",
-            "--held-out", "2", "--samples", "1", "--limit", "1", "--max-new-tokens", "4",
-            "--sandbox", "process"]  # fmt: skip
+    argv = ["--redis-url", one_redis_url, "--run", "evalgrpo", "--run-dir", str(tmp_path), "--problems", "8"]
+    argv += ["--held-out", "2", "--samples", "1", "--limit", "1", "--max-new-tokens", "4", "--sandbox", "process"]
 
     assert passk.main([*argv, "--version", "2"]) == 2
     err = capsys.readouterr().err
@@ -152,8 +154,9 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     from weights.io import digest, load_master
 
     run_dir = tmp_path / "run"
-    settings = TrainerSettings(run="evalcli", run_dir=str(run_dir), problems=8, held_out=4, max_new_tokens=16,
-                               sandbox="process")  # fmt: skip
+    settings = TrainerSettings(
+        run="evalcli", run_dir=str(run_dir), problems=8, held_out=4, max_new_tokens=16, sandbox="process"
+    )
     steps = es_steps("evalcli", 2)
     (run_dir / "redis").mkdir(parents=True)
     server = EmbeddedRedis(data_dir=run_dir / "redis").start()  # the run's Redis, as LocalPipeline keeps it
@@ -165,8 +168,8 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     data_before = {p: p.read_bytes() for p in sorted((run_dir / "redis").rglob("*")) if p.is_file()}
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-    argv = [sys.executable, "-m", "evals.passk", "--run-dir", str(run_dir), "--version", "2", "--samples", "2",
-            "--k", "1,2"]  # fmt: skip
+    argv = [sys.executable, "-m", "evals.passk", "--run-dir", str(run_dir), "--version", "2", "--samples", "2"]
+    argv += ["--k", "1,2"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     replay = ESWeights(lambda: load_master(model_path), lambda named: None)  # meanwhile: the steps, replayed here
     for v, step in enumerate(steps, 1):

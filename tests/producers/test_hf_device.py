@@ -27,8 +27,13 @@ THEOREMS = [
     Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),
     Theorem("cd-2", "countdown", numbers=[10, 4], target=6),
 ]
-STEP = {"seeds": [11, 12, 13, 14], "signs": [1, -1, 1, -1], "rewards": [1.0, -1.0, 0.5, -0.5], "sigma": 0.01,
-        "alpha": 0.01}  # fmt: skip
+STEP = {
+    "seeds": [11, 12, 13, 14],
+    "signs": [1, -1, 1, -1],
+    "rewards": [1.0, -1.0, 0.5, -0.5],
+    "sigma": 0.01,
+    "alpha": 0.01,
+}
 GREEDY = Sampling(n=1, temperature=0.0, max_new_tokens=10)
 GRPO = Sampling(n=3, temperature=0.7, max_new_tokens=10, seed=5, logprobs=True)  # what a GRPO order asks
 PASSK = Sampling(n=2, temperature=1.0, max_new_tokens=10, seed=9)  # evals.passk: sampled, no logprobs

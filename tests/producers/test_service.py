@@ -117,8 +117,9 @@ async def test_a_dead_engine_stops_the_generator_and_leaves_the_order_pending(on
 
     monkeypatch.setattr(engine, "generate", dead)
     await register(one_redis, KEYS, THEOREMS)
-    await publish(one_redis, WorkOrder("w-dead", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1,
-                                       sampling=SHORT))  # fmt: skip
+    await publish(
+        one_redis, WorkOrder("w-dead", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT)
+    )
     settings = GeneratorSettings(run=RUN, name="g-dead", policy_wait_s=2.0, report_every_s=0.2)
     service = GeneratorService(settings, one_redis, engine)
     await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
@@ -142,8 +143,10 @@ async def test_an_order_the_engine_fails_on_every_delivery_is_an_infrastructure_
     await register(one_redis, KEYS, THEOREMS)
     bad = prompts.tokenize(engine.tokenizer, prompts.messages(THEOREMS[1]))
     monkeypatch.setattr(engine, "generate", fails_on_cd_b)
-    orders = [WorkOrder("w-bad", 0, "grpo", "countdown", ["cd-b"], samples_per_theorem=1, sampling=SHORT),
-              WorkOrder("w-ok", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT)]  # fmt: skip
+    orders = [
+        WorkOrder("w-bad", 0, "grpo", "countdown", ["cd-b"], samples_per_theorem=1, sampling=SHORT),
+        WorkOrder("w-ok", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT),
+    ]
     await publish(one_redis, *orders)
     async with serving(one_redis, engine, name="g-one", max_deliveries=2, claim_idle_ms=1000) as service:
         await until(lambda: _n(one_redis, 1))
@@ -151,8 +154,8 @@ async def test_an_order_the_engine_fails_on_every_delivery_is_an_infrastructure_
         await until(lambda: settled(one_redis))
     [(_, fields)] = await one_redis.xrange(KEYS.dlq)
     letter = decode(DeadLetter, fields)
-    assert letter.reason == ("infrastructure: generator g-one: RuntimeError: CUDA error: an illegal memory access "
-                             "was encountered") and letter.deliveries == 2  # fmt: skip
+    reason = "infrastructure: generator g-one: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert letter.reason == reason and letter.deliveries == 2
     assert not service.fatal and service.counts["engine_errors"] == 2 and service.counts["orders"] == 1
 
 
@@ -166,13 +169,17 @@ async def test_the_same_engine_error_on_three_orders_stops_the_generator_with_it
 
     monkeypatch.setattr(engine, "generate", mixed_devices)
     await register(one_redis, KEYS, THEOREMS)
-    await publish(one_redis, *[WorkOrder(f"w-{i}", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1,
-                                         sampling=SHORT) for i in range(4)])  # fmt: skip
+    orders = [
+        WorkOrder(f"w-{i}", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT) for i in range(4)
+    ]
+    await publish(one_redis, *orders)
     settings = GeneratorSettings(run=RUN, name="g-mix", policy_wait_s=2.0, report_every_s=0.2)
     service = GeneratorService(settings, one_redis, engine)
     await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
-    assert service.fatal == ("the hf engine failed 3 orders in a row with the same error: RuntimeError: Expected "
-                             "all tensors to be on the same device, but got index is on cpu")  # fmt: skip
+    assert service.fatal == (
+        "the hf engine failed 3 orders in a row with the same error: RuntimeError: Expected "
+        "all tensors to be on the same device, but got index is on cpu"
+    )
     assert service.counts["engine_errors"] == 3 and await one_redis.xlen(KEYS.dlq) == 0
     report = (await role_stats.generators(one_redis, KEYS))["g-mix"]
     assert report["fatal"] == service.fatal  # what the trainer's progress watch names
@@ -200,8 +207,9 @@ async def test_a_low_rank_bundle_is_one_engine_call_and_each_member_answers_unde
     await register(one_redis, KEYS, THEOREMS)
     greedy = {"max_new_tokens": 8, "temperature": 0.0}
     members = [{"work_id": f"es-v0-m{i}", "seed": 40 + i // 2, "sign": (1, -1)[i % 2]} for i in range(3)]
-    order = WorkOrder("es-v0-m0+2-abc", 0, "es", "countdown", ["cd-a", "cd-b"], members=members, sigma=0.01,
-                      rank=4, sampling=greedy)  # fmt: skip
+    order = WorkOrder(
+        "es-v0-m0+2-abc", 0, "es", "countdown", ["cd-a", "cd-b"], members=members, sigma=0.01, rank=4, sampling=greedy
+    )
     await one_redis.set(KEYS.done(WorkOrder.dedup_for("es-v0-m1")), b"cancelled")  # the trainer cut member 1
     calls = []
     real = engine.generate
@@ -236,8 +244,9 @@ async def test_a_generator_on_another_noise_device_stops_and_leaves_the_es_order
     order stays pending for a generator of the run's device type: not answered, not dead-lettered."""
     await register(one_redis, KEYS, THEOREMS)
     await one_redis.set(KEYS.es_noise, "cuda")
-    await publish(one_redis, WorkOrder("w-cuda", 0, "es", "countdown", ["cd-a"], member=Member(7, 1), sigma=0.001,
-                                       sampling=SHORT))  # fmt: skip
+    await publish(
+        one_redis, WorkOrder("w-cuda", 0, "es", "countdown", ["cd-a"], member=Member(7, 1), sigma=0.001, sampling=SHORT)
+    )
     settings = GeneratorSettings(run=RUN, name="g-cpu", policy_wait_s=2.0, report_every_s=0.2)
     service = GeneratorService(settings, one_redis, engine)
     await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself: nobody set the stop event

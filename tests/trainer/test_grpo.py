@@ -420,9 +420,8 @@ def test_auto_precision_is_bf16_mixed_only_where_the_cpu_computes_in_bf16():
     from trainer.grpo import step_precision
     from weights.device import cpu_has_bf16
 
-    assert [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")] == [
-        True, False, True, True, False, False,
-    ]  # fmt: skip
+    found = [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")]
+    assert found == [True, False, True, True, False, False]
     assert step_precision("fp32", "cuda") == "fp32" and step_precision("bf16-mixed", "cpu") == "bf16-mixed"
     if not torch.cuda.is_available():
         assert step_precision("auto", "cuda") == "fp32"
