@@ -38,5 +38,5 @@ class SandboxSettings(RoleSettings):
     )
     lean_audit_cmd: list[str] = Field(
         default_factory=list,
-        description="the audit program of a Lean verdict's second line (process sandbox), e.g. [\"lean-audit\"]",
+        description='the audit program of a Lean verdict\'s second line (process sandbox), e.g. ["lean-audit"]',
     )

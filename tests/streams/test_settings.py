@@ -86,10 +86,13 @@ def test_help_names_each_flags_default_choices_variable_and_toml_key():
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert "--algo {es,grpo} the algorithm: Evolution Strategies or GRPO; default es [PROOFSTREAM_ALGO, TOML " \
-        "[trainer] algo]" in text  # fmt: skip
-    assert "--deadline-s X an update goes ahead without its quorum after this long (ES: with at least two " \
-        "members); default 900.0 [PROOFSTREAM_DEADLINE_S, TOML [trainer] deadline_s]" in text  # fmt: skip
+    algo = "the algorithm: Evolution Strategies or GRPO; default es [PROOFSTREAM_ALGO, TOML [trainer] algo]"
+    assert f"--algo {{es,grpo}} {algo}" in text
+    deadline = (
+        "an update goes ahead without its quorum after this long (ES: with at least two members); default 900.0 "
+        "[PROOFSTREAM_DEADLINE_S, TOML [trainer] deadline_s]"
+    )
+    assert f"--deadline-s X {deadline}" in text
     assert "default ES: the preset's (paper 200, cpu 16); GRPO: 8 [PROOFSTREAM_BATCH" in text
     assert "--run TEXT, --run-id TEXT the run id" in text and "[PROOFSTREAM_RUN, TOML run (top level)]" in text
 
@@ -102,8 +105,8 @@ def test_flags_are_grouped_under_headings_and_every_trainer_field_has_one():
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     headings = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
-    assert headings["ES"] == ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise",
-                              "es_rank", "members_per_order"]  # fmt: skip
+    es = ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise", "es_rank"]
+    assert headings["ES"] == [*es, "members_per_order"]
     assert "--config" in parser.format_help().split("Redis:")[0]  # with the run's own flags, first
     assert "other settings" not in headings  # nothing fell through
 
