@@ -94,11 +94,11 @@ async def apply_policy(engine, redis: Redis, settings: TrainerSettings, view: Ru
 
 
 def weights_digest_of(engine) -> str:
-    """`weights.es.digest` of the weights the engine samples with, under the checkpoint's tensor names:
+    """`weights.io.digest` of the weights the engine samples with, under the checkpoint's tensor names:
     equal digests, equal bits (the test replays ES steps itself and compares)."""
     from safetensors import safe_open
 
-    from weights.es import digest
+    from weights.io import digest
 
     names: set[str] = set()
     for file in sorted(Path(engine.model_path).glob("*.safetensors")):

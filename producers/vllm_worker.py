@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from streams import logs
-from weights.es import ESWeights, digest, load_master, member_factors, save_weights
+from weights.es import ESWeights, member_factors
+from weights.io import digest, load_master, save_weights
 
 # The logger of vLLM's "Attempted to load weight %s with dtype %s into parameter with dtype %s" (its
 # model_executor/models/utils.py): said once, then counted (streams.logs.SaidOnce).

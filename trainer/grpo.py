@@ -71,7 +71,7 @@ def grpo_config(settings: TrainerSettings) -> GRPOConfig:
     precision = step_precision(settings.train_precision, training_device(settings.train_device))
     return GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
                       advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum,
-                      precision=precision)  # fmt: skip
+                      precision=precision, epochs=settings.grpo_epochs)  # fmt: skip
 
 
 def step_precision(setting: str, device: str) -> str:

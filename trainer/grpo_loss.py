@@ -52,7 +52,7 @@ is exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -71,7 +71,7 @@ class GRPOConfig:
     weight_decay: float = 0.0
     adam_eps: float = 1e-8
     grad_accum: int = 1  # micro-batches per optimizer step (the batch is split into this many forward passes)
-    epochs: int = 1  # optimizer steps per batch (PPO epochs, DeepSeekMath's mu); clipping binds only when > 1
+    epochs: int = 1  # optimizer steps per batch (PPO epochs, DeepSeekMath's mu; --grpo-epochs); clips only when > 1
     clip_low: float = 0.2  # eps_low: ratio floor 1 - clip_low
     clip_high: float = 0.28  # eps_high: ratio ceiling 1 + clip_high (DAPO clip-higher)
     is_cap: float = 2.0  # truncation C of the behaviour importance weight min(pi_prox / pi_beh, C)
@@ -95,14 +95,6 @@ class GRPOConfig:
             raise ValueError("grad_accum, epochs and max_tokens must be >= 1")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0 and self.is_cap > 0 and self.kl_coef >= 0):
             raise ValueError(f"bad GRPO config: {self}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown GRPO settings {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**values)
 
 
 class GRPOSample(NamedTuple):

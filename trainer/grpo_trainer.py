@@ -252,16 +252,9 @@ class GRPOTrainer:
                 with open(file, "rb") as handle:
                     os.fsync(handle.fileno())
             digest = weights_digest(tmp)
-            if final.exists():
-                if weights_digest(final) == digest:
-                    return final, digest
-                old = policy / f".old-v{version:06d}-{os.getpid()}-{time.monotonic_ns()}"
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
-            files.fsync_dir(policy)
+            if final.exists() and weights_digest(final) == digest:
+                return final, digest
+            files.replace_folder(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import sys
 import threading
 import time
@@ -70,8 +69,17 @@ from trainer.grpo_loss import GRPOConfig, sequence_logprobs
 from trainer.grpo_trainer import GRPOTrainer
 
 # the statistics grpo_loss returns, summed across ranks in this order
-STAT_KEYS = ("tokens", "clip_low_tokens", "clip_high_tokens", "is_truncated_tokens", "is_weight_sum", "ratio_sum",
-             "kl_sum", "pg_loss", "kl_loss")  # fmt: skip
+STAT_KEYS = (
+    "tokens",
+    "clip_low_tokens",
+    "clip_high_tokens",
+    "is_truncated_tokens",
+    "is_weight_sum",
+    "ratio_sum",
+    "kl_sum",
+    "pg_loss",
+    "kl_loss",
+)
 CHECKPOINT_SUFFIX = ".dcp"
 
 
@@ -194,8 +202,10 @@ class ShardedGRPOTrainer(GRPOTrainer):
 
     def resume(self, path: str | os.PathLike) -> None:
         if not Path(path).is_dir():
-            raise ValueError(f"{path} is a single-process checkpoint: resume this run without torchrun (one "
-                             "process), or in a new run; a sharded trainer resumes from .dcp folders")  # fmt: skip
+            raise ValueError(
+                f"{path} is a single-process checkpoint: resume this run without torchrun (one "
+                "process), or in a new run; a sharded trainer resumes from .dcp folders"
+            )
         self.read_sharded(path)
 
 
@@ -262,14 +272,8 @@ class Leader:
             self.trainer.write_sharded(tmp)
         files.fsync_dir(tmp)
         faults.point("grpo.sharded_checkpoint_written")  # every shard on disk, not yet in place
-        if final.exists():  # a resumed trainer redoing the step of a checkpoint its state never named
-            old = final.parent / f".old-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        files.fsync_dir(final.parent)
+        # `final` exists where a resumed trainer redoes the step of a checkpoint its state never named
+        files.replace_folder(tmp, final)
         return final
 
     def resume(self, path: str | os.PathLike) -> None:

@@ -7,39 +7,25 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from streams.settings import RoleSettings
+from streams.role_settings import SandboxSettings
 
 # Consumer tasks per slot of sandboxes: one checks while the other settles and reads (consumers.service).
 TASKS_PER_SLOT = 2
 
 
-class VerifierSettings(RoleSettings):
+class VerifierSettings(SandboxSettings):
     section = "verifier"
 
     concurrency: int = Field(0, ge=0, description="checks at once (slots of warm sandboxes); 0: the CPU count")
-    sandbox: Literal["auto", "docker", "process", "kimina"] = Field(
-        "auto", description="auto: docker if a daemon answers and the image exists, else process"
-    )
     tasks: list[Literal["lean", "countdown"]] = Field(
         default_factory=lambda: ["countdown"], description="checkers to keep warm; lean needs a Lean backend"
     )
-    # Lean backends: a Docker image, a local toolchain command, or a kimina-lean-server.
-    lean_image: str = Field("proofstream-lean:latest", description="the Lean REPL image (docker sandbox)")
-    lean_repl_cmd: list[str] = Field(default_factory=list, description="e.g. ['lake', 'env', 'repl']")
-    lean_workdir: str = Field("", description="the Mathlib project the REPL runs in (process backend)")
+    # The sandbox and its Lean backend: streams.role_settings.SandboxSettings.
     lean_toolchain_dir: str = Field("", description="elan's home (e.g. /opt/elan): bound read-only, bin/ on PATH")
     lean_toolchain: str = Field("unknown", description="part of the verdict cache key, e.g. v4.19.0+mathlib")
-    kimina_url: str = Field("", description="a kimina-lean-server (sandbox kimina), e.g. http://kimina:8000")
     # Sent as `Authorization: Bearer <key>` to a server started with LEAN_SERVER_API_KEY. SecretStr: shown as
     # '**********' wherever settings are printed or dumped. Give it by env, not a flag (argv is world-readable).
     kimina_api_key: SecretStr | None = Field(None, description="kimina-lean-server's API key (env only)")
-    # Who decides a Lean `proved` (verifier_pool.lean_audit): "audit", the trusted lean-audit program in a fresh
-    # sandbox (docker: from lean_image; process: lean_audit_cmd); where none can run, every such proof is
-    # `error`. "trust_repl": the Lean server's own answers, which code run from the proof can forge.
-    lean_second_line: Literal["audit", "trust_repl"] = Field(
-        "audit", description="audit: a fresh sandbox re-checks what was proved; trust_repl: the Lean server's word"
-    )
-    lean_audit_cmd: list[str] = Field(default_factory=list, description="process sandbox, e.g. ['lean-audit']")
     checker_image: str = Field("proofstream-checker:latest", description="the Countdown checker (docker sandbox)")
 
     proof_timeout_s: float = Field(60.0, gt=0, description="a Lean proof's time limit: past it, verdict timeout")

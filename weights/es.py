@@ -6,8 +6,9 @@ sigma, alpha) per policy version, ~200 bytes each. Everything here is a pure fun
 - `noise(seed, name, shape)`: the noise of one parameter tensor, drawn in fp32 from a generator seeded by a
   hash of (seed, tensor name). Any process on the same device type draws the same bits.
 - `ESWeights` keeps the fp32 master copy of the center. A member's weights are `master + sigma*sign*eps`,
-  computed in fp32 and only then cast into the engine's dtype by its `write` function; restore writes the
-  master again. Nothing is ever added and subtracted back in bf16 (that drifts and loses the update).
+  computed in fp32 and only then cast into the engine's dtype by its `write` function; restoring the center
+  (`use(version)`) writes the master again. Nothing is ever added and subtracted back in bf16 (that drifts
+  and loses the update).
 - An update is `theta += alpha/N * sum_n z_n * sign_n * eps_n`, accumulated in fp32 in member order, so
   replaying the same history from the same base gives bit-identical weights.
 - Low-rank noise (`noise="lowrank"`, EGGROLL, Sarkar et al. 2025): member n's noise of a weight matrix W
@@ -41,10 +42,9 @@ from typing import Any
 import structlog
 import torch
 
-from streams import files
+from weights.io import Weights, digest, load_master, save_weights, snapshot_metadata
 from weights.step import ESStep, history_digest
 
-Weights = dict[str, torch.Tensor]
 Writer = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 
 _NOISE_KEY = b"proofstream-es-noise/1"  # part of the noise definition: changing it changes every run
@@ -115,47 +115,6 @@ def apply_step(master: Weights, step: ESStep) -> None:
                 eps = noise(seed, name, tensor.shape, tensor.device)
             acc.add_(eps, alpha=z * sign)
         tensor.add_(acc, alpha=scale)
-
-
-def digest(weights: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 over names, shapes, dtypes and raw bytes, in name order: equal digests, equal bits."""
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        t = weights[name].detach().contiguous().cpu()
-        h.update(f"{name}\x00{tuple(t.shape)}\x00{t.dtype}\x00".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def load_master(source: str | os.PathLike, device: str = "cpu") -> Weights:
-    """The fp32 master copy of a safetensors model folder (all shards) or one file, by checkpoint names."""
-    from safetensors.torch import load_file
-
-    source = Path(source)
-    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{source} holds no .safetensors file")
-    master: Weights = {}
-    for file in files:
-        for name, tensor in load_file(str(file), device=device).items():
-            master[name] = tensor.to(torch.float32).contiguous()
-    return master
-
-
-def snapshot_metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return dict(handle.metadata() or {})
-
-
-def save_weights(weights: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file atomically (streams.files)."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with files.replacing(path) as tmp:
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata=metadata)
 
 
 TAG = 16  # hex digits of the history digest in a snapshot's file name
@@ -275,8 +234,12 @@ class ESWeights:
                 log.warning("es_snapshot_unreadable", path=str(path), error=str(e))
                 continue
             if metadata.get("history") != history or metadata.get("digest") != digest(weights):
-                log.warning("es_snapshot_refused", path=str(path), version=v,
-                            reason="its history or its bytes are not the ones it was written with")  # fmt: skip
+                log.warning(
+                    "es_snapshot_refused",
+                    path=str(path),
+                    version=v,
+                    reason="its history or its bytes are not the ones it was written with",
+                )
                 continue
             return v, weights
         return None
@@ -305,11 +268,6 @@ class ESWeights:
             self._write(perturbed(master, seed, sign, sigma, rank))
         self.current = want
         return True
-
-    def restore(self) -> None:
-        """Write the center of the current version back (exact: the master is never modified by a member)."""
-        version = self.current[0] if self.current else self.latest
-        self.use(version)
 
 
 def perturbed(

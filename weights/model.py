@@ -334,15 +334,6 @@ def _make_readable(folder: Path) -> None:
         os.chmod(path, (0o755 if path.is_dir() else 0o644) & ~umask)
 
 
-def load(path: str | os.PathLike, dtype: str = "float32"):
-    """(model, tokenizer) from a resolved folder, model in eval mode on CPU. A convenience for engines and tests."""
-    torch, transformers = _import_torch_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    model.eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    return model, tokenizer
-
-
 def weights_digest(folder: str | os.PathLike) -> str:
     """``sha256:<hex>`` over the names and bytes of a folder's safetensors files, in name order.
 

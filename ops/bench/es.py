@@ -26,7 +26,8 @@ def bench(args: argparse.Namespace) -> dict:
 
     from producers.engines import choose, make_engine
     from weights import device as devices
-    from weights.es import ESWeights, digest, load_master, noise
+    from weights.es import ESWeights, noise
+    from weights.io import digest, load_master
     from weights.model import resolve_model
 
     device = devices.resolve(args.device)

@@ -18,7 +18,8 @@ from tests.fixtures.accelerator import DEVICE, OnDevice, simulated_accelerator  
 from trainer.config import TrainerSettings  # noqa: E402
 from trainer.data import load_theorems  # noqa: E402
 from verifier_pool.pool import make_checkers  # noqa: E402
-from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.es import ESWeights  # noqa: E402
+from weights.io import digest, load_master  # noqa: E402
 from weights.model import resolve_model  # noqa: E402
 
 

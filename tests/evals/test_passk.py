@@ -91,18 +91,8 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
     populate(one_redis_url, settings, policy)
     lean = TrainerSettings(run="evallean", task="lean", held_out=4)
     populate(one_redis_url, lean, [])
-    base = [
-        "--redis-url",
-        one_redis_url,
-        "--run",
-        "evalbad",
-        "--run-dir",
-        str(tmp_path),
-        "--problems",
-        "8",
-        "--held-out",
-        "4",
-    ]
+    base = ["--redis-url", one_redis_url, "--run", "evalbad", "--run-dir", str(tmp_path)]
+    base += ["--problems", "8", "--held-out", "4"]
 
     def fails(*argv: str) -> str:
         assert passk.main([*argv]) == 2
@@ -119,20 +109,8 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
     )
     (tmp_path / "report.json").write_bytes(orjson.dumps({"settings": settings.model_dump()}))
     assert "held_out = 5 (the run has 4)" in fails(*base[:-1], "5", "--version", "0")
-    err = fails(
-        "--redis-url",
-        one_redis_url,
-        "--run",
-        "evallean",
-        "--task",
-        "lean",
-        "--held-out",
-        "4",
-        "--sandbox",
-        "process",
-        "--version",
-        "0",
-    )
+    lean_argv = ["--redis-url", one_redis_url, "--run", "evallean", "--task", "lean", "--held-out", "4"]
+    err = fails(*lean_argv, "--sandbox", "process", "--version", "0")
     assert "no Lean backend found" in err and "kimina" in err
 
 
@@ -140,7 +118,7 @@ def test_bad_input_exits_2_with_a_message_that_says_what_is_wrong(one_redis_url,
 def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_redis_url, tmp_path, capsys, model_path):
     import torch
 
-    from weights.es import digest, load_master, save_weights
+    from weights.io import digest, load_master, save_weights
     from weights.model import weights_digest
 
     settings = TrainerSettings(run="evalgrpo", algo="grpo", run_dir=str(tmp_path), problems=8, held_out=2)
@@ -153,26 +131,8 @@ def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_r
     gone = PolicyUpdate(3, "grpo", weights_path=str(tmp_path / "policy" / "v000003"), digest="sha256:00")
     populate(one_redis_url, settings, [*policy, gone])
     save_weights({"model.norm.weight": base["model.norm.weight"] * 2}, folders[1] / "model.safetensors")
-    argv = [
-        "--redis-url",
-        one_redis_url,
-        "--run",
-        "evalgrpo",
-        "--run-dir",
-        str(tmp_path),
-        "--problems",
-        "8",
-        "--held-out",
-        "2",
-        "--samples",
-        "1",
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "4",
-        "--sandbox",
-        "process",
-    ]
+    argv = ["--redis-url", one_redis_url, "--run", "evalgrpo", "--run-dir", str(tmp_path), "--problems", "8"]
+    argv += ["--held-out", "2", "--samples", "1", "--limit", "1", "--max-new-tokens", "4", "--sandbox", "process"]
 
     assert passk.main([*argv, "--version", "2"]) == 2
     err = capsys.readouterr().err
@@ -190,7 +150,8 @@ def test_grpo_weights_are_loaded_by_digest_and_a_changed_folder_is_refused(one_r
 
 @needs_model
 def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replayed_weights(tmp_path, model_path):
-    from weights.es import ESWeights, digest, load_master
+    from weights.es import ESWeights
+    from weights.io import digest, load_master
 
     run_dir = tmp_path / "run"
     settings = TrainerSettings(
@@ -207,19 +168,8 @@ def test_the_cli_evaluates_an_es_version_of_a_stopped_local_run_with_the_replaye
     data_before = {p: p.read_bytes() for p in sorted((run_dir / "redis").rglob("*")) if p.is_file()}
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
-    argv = [
-        sys.executable,
-        "-m",
-        "evals.passk",
-        "--run-dir",
-        str(run_dir),
-        "--version",
-        "2",
-        "--samples",
-        "2",
-        "--k",
-        "1,2",
-    ]
+    argv = [sys.executable, "-m", "evals.passk", "--run-dir", str(run_dir), "--version", "2", "--samples", "2"]
+    argv += ["--k", "1,2"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     replay = ESWeights(lambda: load_master(model_path), lambda named: None)  # meanwhile: the steps, replayed here
     for v, step in enumerate(steps, 1):

@@ -21,7 +21,7 @@ from producers.hf import HFEngine, _RawLogprobs  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
 from tasks import prompts  # noqa: E402
 from tests.fixtures.accelerator import DEVICE, DeviceMix, OnDevice, simulated_accelerator  # noqa: E402
-from weights.es import save_weights  # noqa: E402
+from weights.io import save_weights  # noqa: E402
 
 THEOREMS = [
     Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),

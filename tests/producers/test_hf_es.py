@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="ES weights need torch (make test installs torch==2.13.0)")
 
 from tests.producers.conftest import needs_model  # noqa: E402
-from weights.es import load_master, noise  # noqa: E402
+from weights.es import noise  # noqa: E402
+from weights.io import load_master  # noqa: E402
 
 # -- the real default model --------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch", reason="the hf engine needs torch (make tes
 from tests.producers import cases  # noqa: E402
 from tests.producers.cases import GREEDY, MEMBERS, RANK, SIGMA, tokens  # noqa: E402
 from tests.producers.conftest import needs_model  # noqa: E402
-from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.es import ESWeights  # noqa: E402
+from weights.io import digest, load_master  # noqa: E402
 from weights.step import ESStep  # noqa: E402
 
 

@@ -20,7 +20,8 @@ from producers.policy import PolicyFollower  # noqa: E402
 from streams.codec import encode  # noqa: E402
 from streams.keys import Keys  # noqa: E402
 from streams.schema import PolicyUpdate  # noqa: E402
-from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.es import ESWeights  # noqa: E402
+from weights.io import digest, load_master  # noqa: E402
 
 KEYS = Keys("rewritten")
 STEP = {"seeds": [101], "signs": [1], "rewards": [1.0], "sigma": 0.001, "alpha": 0.0005}

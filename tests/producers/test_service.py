@@ -26,7 +26,8 @@ from streams.runtime import ensure_group  # noqa: E402
 from streams.schema import Attempt, DeadLetter, Member, PolicyUpdate, WorkOrder  # noqa: E402
 from streams.theorems import Theorem, register  # noqa: E402
 from tasks import prompts  # noqa: E402
-from weights.es import ESWeights, digest, load_master  # noqa: E402
+from weights.es import ESWeights  # noqa: E402
+from weights.io import digest, load_master  # noqa: E402
 from weights.model import weights_digest  # noqa: E402
 from weights.step import ESStep  # noqa: E402
 
@@ -153,11 +154,8 @@ async def test_an_order_the_engine_fails_on_every_delivery_is_an_infrastructure_
         await until(lambda: settled(one_redis))
     [(_, fields)] = await one_redis.xrange(KEYS.dlq)
     letter = decode(DeadLetter, fields)
-    assert (
-        letter.reason
-        == ("infrastructure: generator g-one: RuntimeError: CUDA error: an illegal memory access was encountered")
-        and letter.deliveries == 2
-    )
+    reason = "infrastructure: generator g-one: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert letter.reason == reason and letter.deliveries == 2
     assert not service.fatal and service.counts["engine_errors"] == 2 and service.counts["orders"] == 1
 
 
@@ -171,13 +169,10 @@ async def test_the_same_engine_error_on_three_orders_stops_the_generator_with_it
 
     monkeypatch.setattr(engine, "generate", mixed_devices)
     await register(one_redis, KEYS, THEOREMS)
-    await publish(
-        one_redis,
-        *[
-            WorkOrder(f"w-{i}", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT)
-            for i in range(4)
-        ],
-    )
+    orders = [
+        WorkOrder(f"w-{i}", 0, "grpo", "countdown", ["cd-a"], samples_per_theorem=1, sampling=SHORT) for i in range(4)
+    ]
+    await publish(one_redis, *orders)
     settings = GeneratorSettings(run=RUN, name="g-mix", policy_wait_s=2.0, report_every_s=0.2)
     service = GeneratorService(settings, one_redis, engine)
     await asyncio.wait_for(service.run(asyncio.Event()), 60)  # returns by itself
@@ -351,7 +346,7 @@ async def test_grpo_weights_load_only_with_their_digest(one_redis, engine, tmp_p
     weights = load_master(folder)
     name = "model.layers.0.mlp.up_proj.weight"
     weights[name] = weights[name] + 0.01
-    from weights.es import save_weights
+    from weights.io import save_weights
 
     (file,) = folder.glob("*.safetensors")
     save_weights(weights, file)

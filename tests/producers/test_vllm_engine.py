@@ -30,7 +30,8 @@ import torch  # noqa: E402
 
 from producers.engine import Sampling  # noqa: E402
 from tests.producers.cases import worker_state  # noqa: E402
-from weights.es import digest, load_master, perturbed, save_weights  # noqa: E402
+from weights.es import perturbed  # noqa: E402
+from weights.io import digest, load_master, save_weights  # noqa: E402
 
 # The same call twice, same weights: decode logprobs differ by up to 3.5e-6 (measured), once 1.24e-5 (a clean
 # clone on a busy machine); the tokens themselves must be equal. Far below a sampling bug's.

@@ -29,7 +29,8 @@ import torch  # noqa: E402
 from producers.engine import Sampling  # noqa: E402
 from tests.producers import cases  # noqa: E402
 from tests.producers.cases import GREEDY, MEMBERS, RANK, SIGMA, tokens, written_in_turn  # noqa: E402
-from weights.es import load_master, member_factors, perturbed  # noqa: E402
+from weights.es import member_factors, perturbed  # noqa: E402
+from weights.io import load_master  # noqa: E402
 
 SAMPLED = Sampling(n=2, temperature=1.0, max_new_tokens=12, seed=5)
 LOGPROB_TOL = 2e-4

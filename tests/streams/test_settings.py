@@ -86,10 +86,13 @@ def test_help_names_each_flags_default_choices_variable_and_toml_key():
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert "--algo {es,grpo} the algorithm: Evolution Strategies or GRPO; default es [PROOFSTREAM_ALGO, TOML " \
-        "[trainer] algo]" in text  # fmt: skip
-    assert "--deadline-s X an update goes ahead without its quorum after this long (ES: with at least two " \
-        "members); default 900.0 [PROOFSTREAM_DEADLINE_S, TOML [trainer] deadline_s]" in text  # fmt: skip
+    algo = "the algorithm: Evolution Strategies or GRPO; default es [PROOFSTREAM_ALGO, TOML [trainer] algo]"
+    assert f"--algo {{es,grpo}} {algo}" in text
+    deadline = (
+        "an update goes ahead without its quorum after this long (ES: with at least two members); default 900.0 "
+        "[PROOFSTREAM_DEADLINE_S, TOML [trainer] deadline_s]"
+    )
+    assert f"--deadline-s X {deadline}" in text
     assert "default ES: the preset's (paper 200, cpu 16); GRPO: 8 [PROOFSTREAM_BATCH" in text
     assert "--run TEXT, --run-id TEXT the run id" in text and "[PROOFSTREAM_RUN, TOML run (top level)]" in text
 
@@ -102,8 +105,8 @@ def test_flags_are_grouped_under_headings_and_every_trainer_field_has_one():
     parser = argparse.ArgumentParser()
     TrainerSettings.add_arguments(parser)
     headings = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
-    assert headings["ES"] == ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise",
-                              "es_rank", "members_per_order"]  # fmt: skip
+    es = ["preset", "population", "sigma", "alpha", "antithetic", "es_temperature", "es_noise", "es_rank"]
+    assert headings["ES"] == [*es, "members_per_order"]
     assert "--config" in parser.format_help().split("Redis:")[0]  # with the run's own flags, first
     assert "other settings" not in headings  # nothing fell through
 
@@ -120,6 +123,30 @@ def test_every_roles_every_setting_says_what_it_is():
 
     for cls in (OpsSettings, GeneratorSettings, TrainerSettings, VerifierSettings):
         assert [n for n, info in cls.model_fields.items() if not (info.description or "").strip()] == [], cls
+
+
+def test_a_setting_two_roles_take_is_declared_once_below_both():
+    """The trainer hands the model, the engine, the prompt format and the sandbox's settings to the generators and
+    verifiers of its local pipeline: each comes from one declaration, never written again in a role's class."""
+    from producers.config import GeneratorSettings
+    from streams.role_settings import SandboxSettings
+    from tasks.prompts import PromptSettings
+    from trainer.config import TrainerSettings
+    from verifier_pool.config import VerifierSettings
+    from weights.settings import ModelSettings
+
+    takers = {
+        SandboxSettings: (VerifierSettings, TrainerSettings),
+        ModelSettings: (GeneratorSettings, TrainerSettings),
+        PromptSettings: (GeneratorSettings, TrainerSettings),
+    }
+    for declared, roles in takers.items():
+        names = set(declared.model_fields) - set(RoleSettings.model_fields)
+        assert names
+        for role in roles:
+            assert issubclass(role, declared) and not names & set(role.__annotations__), (declared, role)
+    for role in (GeneratorSettings, TrainerSettings):  # the formats the tasks define, in the one help text
+        assert "Lean kimina, deepseek; Countdown tinyzero, equation" in role.model_fields["prompt_format"].description
 
 
 @pytest.mark.parametrize(

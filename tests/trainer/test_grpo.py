@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from trainer.config import TrainerSettings  # noqa: E402
+from trainer.grpo import grpo_config  # noqa: E402
 from trainer.grpo_loss import (  # noqa: E402
     GRPOConfig,
     GRPOSample,
@@ -238,6 +241,51 @@ def test_step_raises_the_logprob_of_the_rewarded_completion(tiny_path, tmp_path)
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in state.items())
 
 
+def test_extra_epochs_reuse_the_batch_and_the_clip_bounds_bind(tiny_path, tmp_path):
+    """With `grpo_epochs` > 1 the later optimizer steps of a batch see ratios to the step's starting weights far
+    from 1: the clipped-token fractions the step reports are the ones counted here, token by token with unpadded
+    forwards, from the weights each optimizer step started from."""
+    settings = TrainerSettings.load(env={}, flags={"algo": "grpo", "grpo_epochs": "3", "train_device": "cpu"})
+    cfg = replace(grpo_config(settings), group_size=4, lr=5e-2, grad_accum=2, max_grad_norm=0.0)
+    assert cfg.epochs == 3 and grpo_config(TrainerSettings.load(env={}, flags={"algo": "grpo"})).epochs == 1
+    trainer = GRPOTrainer(tiny_path, cfg, tmp_path)
+    starts = []  # the weights each epoch's forward and backward ran with
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: starts.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+    )
+    prompt, rewards = [5, 6, 7], [1.0, 0.0, 0.5, 0.0]
+    completions = [[20, 21, 22, 2], [30, 31, 32, 2], [40, 41, 2], [50, 51, 52, 53]]
+    m = trainer.step([make_group(tiny_path, prompt, completions, rewards)])
+    assert m["updated"] and trainer.updates == len(starts) == cfg.epochs
+
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    model = tiny_llama()
+    per_epoch = []
+    for weights in starts:
+        model.load_state_dict(weights)
+        with torch.no_grad():
+            per_epoch.append([unpadded_logprobs(model, prompt, c) for c in completions])
+    low = high = 0
+    for epoch in per_epoch:
+        for r, first, now in zip(rewards, per_epoch[0], epoch, strict=True):
+            adv = (r - mean) / (std + cfg.adv_eps)
+            for ratio in torch.exp(now - first).tolist():
+                low += adv < 0 and ratio < 1 - cfg.clip_low
+                high += adv > 0 and ratio > 1 + cfg.clip_high
+    counted = sum(len(c) for c in completions) * cfg.epochs
+    assert low > 0 and high > 0  # both bounds bind (7 and 5 of the 45 token-epochs)
+    assert m["clip_low_frac"] == pytest.approx(low / counted, abs=1e-12)
+    assert m["clip_high_frac"] == pytest.approx(high / counted, abs=1e-12)
+
+
+def unpadded_logprobs(model, prompt, completion):
+    """The logprob of each token of `completion` after `prompt`: one plain forward, no padding, no batch."""
+    logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    picked = torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+    return picked.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
 def _batches(path):
     prompt_a, prompt_b = [5, 6, 7], [11, 12]
     b1 = [
@@ -296,7 +344,7 @@ def _default_tokenizer_folder():
 
 
 def test_save_writes_a_loadable_folder_with_its_digest(tmp_path):
-    from weights.es import load_master
+    from weights.io import load_master
     from weights.model import weights_digest
 
     base = tmp_path / "base"
@@ -372,9 +420,8 @@ def test_auto_precision_is_bf16_mixed_only_where_the_cpu_computes_in_bf16():
     from trainer.grpo import step_precision
     from weights.device import cpu_has_bf16
 
-    assert [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")] == [
-        True, False, True, True, False, False,
-    ]  # fmt: skip
+    found = [cpu_has_bf16(c) for c in (XEON_BF16, XEON_OLD, SAPPHIRE, GRAVITON3, GRAVITON2, "")]
+    assert found == [True, False, True, True, False, False]
     assert step_precision("fp32", "cuda") == "fp32" and step_precision("bf16-mixed", "cpu") == "bf16-mixed"
     if not torch.cuda.is_available():
         assert step_precision("auto", "cuda") == "fp32"

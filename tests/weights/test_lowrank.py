@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch", reason="ES weights need torch (make test in
 from weights.es import (  # noqa: E402
     ESWeights,
     apply_step,
-    digest,
     factors,
     lowrank_noise,
     lowrank_target,
@@ -23,6 +22,7 @@ from weights.es import (  # noqa: E402
     noise,
     perturbed,
 )
+from weights.io import digest  # noqa: E402
 from weights.step import ESStep, history_digest  # noqa: E402
 
 RANK = 3
@@ -96,8 +96,13 @@ def test_a_low_rank_update_equals_the_formula_and_touches_only_the_matrices():
 
 def test_a_full_step_keeps_its_entry_and_its_history_digest_as_before_low_rank_noise():
     step = ESStep((11, 11, 12), (1, -1, 1), (1.2, -0.4, -0.8), 0.01, 0.05)
-    assert step.to_dict() == {"seeds": [11, 11, 12], "signs": [1, -1, 1], "rewards": [1.2, -0.4, -0.8],
-                              "sigma": 0.01, "alpha": 0.05}  # fmt: skip
+    assert step.to_dict() == {
+        "seeds": [11, 11, 12],
+        "signs": [1, -1, 1],
+        "rewards": [1.2, -0.4, -0.8],
+        "sigma": 0.01,
+        "alpha": 0.05,
+    }
     # the digest as the code before `noise` computed it: origin, then each step's repr
     old = hashlib.sha256(b"cpu\x00")
     old.update(b"ESStep(seeds=(11, 11, 12), signs=(1, -1, 1), rewards=(1.2, -0.4, -0.8), sigma=0.01, alpha=0.05)")
@@ -126,8 +131,8 @@ def test_low_rank_replay_is_bit_identical_whatever_the_thread_count():
         "model.layers.0.mlp.down_proj.weight": torch.randn(576, 1536, generator=g),
         "model.layers.0.mlp.up_proj.weight": torch.randn(1536, 576, generator=g),
     }
-    steps = [ESStep(tuple(range(10 * v, 10 * v + 8)), (1, -1) * 4, tuple(float(i - 3.5) for i in range(8)), 0.001,
-                    0.002, "lowrank", 16) for v in (1, 2)]  # fmt: skip
+    z = tuple(float(i - 3.5) for i in range(8))
+    steps = [ESStep(tuple(range(10 * v, 10 * v + 8)), (1, -1) * 4, z, 0.001, 0.002, "lowrank", 16) for v in (1, 2)]
     threads = torch.get_num_threads()
     digests = []
     try:
