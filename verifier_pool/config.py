@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 
 from streams.role_settings import SandboxSettings
+from verifier_pool.sandbox_config import CHECKER_IMAGE
 
 # Consumer tasks per slot of sandboxes: one checks while the other settles and reads (consumers.service).
 TASKS_PER_SLOT = 2
@@ -26,7 +27,7 @@ class VerifierSettings(SandboxSettings):
     # Sent as `Authorization: Bearer <key>` to a server started with LEAN_SERVER_API_KEY. SecretStr: shown as
     # '**********' wherever settings are printed or dumped. Give it by env, not a flag (argv is world-readable).
     kimina_api_key: SecretStr | None = Field(None, description="kimina-lean-server's API key (env only)")
-    checker_image: str = Field("proofstream-checker:latest", description="the Countdown checker (docker sandbox)")
+    checker_image: str = Field(CHECKER_IMAGE, description="the Countdown checker (docker sandbox)")
 
     proof_timeout_s: float = Field(60.0, gt=0, description="a Lean proof's time limit: past it, verdict timeout")
     header_timeout_s: float = Field(600.0, gt=0, description="elaborating the Lean header (import Mathlib) once a REPL")

@@ -44,11 +44,10 @@ from verifier_pool.docker_daemon import LABEL_OWNER, LABEL_SANDBOX, LABEL_SANDBO
 from verifier_pool.repl import ReplStream, handshake
 from verifier_pool.sandbox import SandboxUnavailable
 from verifier_pool.sandbox_base import EXIT_GRACE_S, StdioSandbox
-from verifier_pool.sandbox_config import DockerSandboxConfig
+from verifier_pool.sandbox_config import CHECKER_IMAGE, DockerSandboxConfig  # noqa: F401 - callers name it here
 
 log = structlog.get_logger("verifier_pool.docker")
 
-CHECKER_IMAGE = "proofstream-checker:latest"  # ops/deploy/images/checker/Dockerfile, by ops/deploy/docker_setup.sh
 COUNTDOWN_ARGV = ("python3", "-m", "tasks.countdown_check")  # in the checker image
 LEAN_REPL_ARGV = ("lean-repl",)  # in the Lean image: the REPL with Mathlib's search path, cwd the project
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from verifier_pool import sandbox_uids
 from verifier_pool.repl import DEFAULT_MAX_RESPONSE_BYTES, LEAN_HANDSHAKE, Handshake
 
+CHECKER_IMAGE = "proofstream-checker:latest"  # ops/deploy/images/checker/Dockerfile, by ops/deploy/docker_setup.sh
+
 NOBODY = "65534:65534"
 ISOLATION_TOOLS = ("bwrap", "unshare")  # the process backend's, in order of preference
 
