@@ -21,7 +21,6 @@ The loop itself (write-ahead orders, rewards, checkpoint, cuts, evaluations) is 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -114,11 +113,6 @@ def zscore(values: list[float], eps: float = 1e-8) -> list[float]:
     return ((r - r.mean()) / std).tolist()
 
 
-def select(complete: list[Order], version: int, cfg: ESConfig) -> tuple[list[Order], list[Order]]:
-    """(members to use for the update of `version`, members too stale to use): freshest first, at most N."""
-    return split_fresh(complete, version, cfg.max_staleness, cfg.population)
-
-
 def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     """The step these members make: their z-scored rewards, what every generator replays."""
     z = zscore([m.score for m in members])
@@ -126,18 +120,12 @@ def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     return ESStep(seeds, signs, tuple(z), cfg.sigma, cfg.alpha, cfg.noise, cfg.rank)  # type: ignore[arg-type]
 
 
-def bundle(first: WorkOrder, members: list[Order]) -> WorkOrder:
-    """One work order for several members of a center (`first` is the first member's own order): its work id
-    names the first member, how many follow and a hash of all of them, so a bundle of other members (after a
-    cut, or a resume) is another order."""
+def bundle_id(members: list[Order]) -> str:
+    """The work id of one work order for several members of a center: it names the first member, how many
+    follow and a hash of all of them, so a bundle of other members (after a cut, or a resume) is another order."""
     ids = [m.work_id for m in members]
     tag = hashlib.blake2b("\x00".join(ids).encode(), digest_size=3).hexdigest()
-    return dataclasses.replace(
-        first,
-        work_id=f"{ids[0]}+{len(ids) - 1}-{tag}",
-        member=None,
-        members=[{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in members],
-    )
+    return f"{ids[0]}+{len(ids) - 1}-{tag}"
 
 
 def policy_entry(step: ESStep, members: list[Order]) -> dict[str, Any]:
@@ -180,30 +168,25 @@ class ESRun(Run):
         k = min(self.settings.batch, len(self.train))
         return [rotation(self.train, center, k, self.settings.seed, i) for i in range(k)]
 
-    def _temperature(self) -> float:
-        """`es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
+    def work_orders(self, orders: list[Order]) -> list[WorkOrder]:
+        """Members of one center go out `members_per_order` to a work order (one engine call each); a bundle
+        names its members, whose attempts carry their own work ids. Evaluations go alone. Members decode at
+        `es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
         reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
-        return self.settings.es_temperature
-
-    def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
-        if is_eval:
-            return {"member": None, "sigma": 0.0}
-        return {"member": Member(order.seed, order.sign), "sigma": self.cfg.sigma, "rank": self.cfg.rank}
-
-    def _work_orders(self, orders: list[Order]) -> list[WorkOrder]:
-        """Members of one center go out `members_per_order` to a work order (one engine call each); the
-        bundle names its members, whose attempts carry their own work ids. Evaluations go alone."""
-        out = [self._work_order(o) for o in orders if o.is_eval]
+        out = [self.work_order(o, 0.0) for o in orders if o.is_eval]  # greedy, as every evaluation
         by_center: dict[int, list[Order]] = collections.defaultdict(list)
         for o in orders:
             if not o.is_eval:
                 by_center[o.center].append(o)
-        size = self.cfg.members_per_order
+        size, noise = self.cfg.members_per_order, {"sigma": self.cfg.sigma, "rank": self.cfg.rank}
         for group in by_center.values():
-            for start in range(0, len(group), size):
-                chunk = group[start : start + size]
-                first = self._work_order(chunk[0])
-                out.append(first if len(chunk) == 1 else bundle(first, chunk))
+            for chunk in (group[start : start + size] for start in range(0, len(group), size)):
+                first, temperature = chunk[0], self.settings.es_temperature
+                if len(chunk) == 1:
+                    out.append(self.work_order(first, temperature, member=Member(first.seed, first.sign), **noise))
+                    continue
+                members = [{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in chunk]
+                out.append(self.work_order(first, temperature, work_id=bundle_id(chunk), members=members, **noise))
         return out
 
     # -- ready: a quorum of the population, or two members at the deadline ---------------------------------
@@ -214,7 +197,7 @@ class ESRun(Run):
     # -- the update, and what it publishes ------------------------------------------------------------------
 
     async def update(self, complete: list[Order]) -> dict[str, Any] | None:
-        used, stale = select(complete, self.version, self.cfg)
+        used, stale = split_fresh(complete, self.version, self.cfg.max_staleness, self.cfg.population)
         step = make_step(used, self.cfg)
         self.counts["members_used"] += len(used)
         self.counts["members_stale_dropped"] += len(stale)

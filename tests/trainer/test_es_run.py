@@ -21,8 +21,8 @@ from streams.groups import id_order
 from streams.keys import TRAINER, Keys
 from streams.schema import PolicyUpdate, WorkOrder
 from tests.fixtures.fake_roles import fake_reward
-from trainer.es import ESConfig, ESRun, es_config, make_step, members_for, policy_entry, select, zscore
-from trainer.orders import Order
+from trainer.es import ESConfig, ESRun, es_config, make_step, members_for, policy_entry, zscore
+from trainer.orders import Order, split_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,14 +58,12 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
 
 
 def test_staleness_bound_and_population_cap():
-    cfg = ESConfig(population=3, max_staleness=1)
     complete = [_member(5, 0, 1.0), _member(4, 1, 0.5), _member(3, 2, 0.0), _member(5, 3, 0.2), _member(4, 4, 0.1)]
-    used, stale = select(complete, 5, cfg)
+    used, stale = split_fresh(complete, 5, max_staleness=1, limit=3)
     assert [m.work_id for m in used] == ["es-v5-m0", "es-v5-m3", "es-v4-m1"]  # freshest first, at most N
     assert [m.work_id for m in stale] == ["es-v3-m2"]  # 2 versions old: past the bound
     assert all(5 - m.center <= 1 for m in used)
-    sync = ESConfig(population=3, max_staleness=0)
-    assert all(m.center == 5 for m in select(complete, 5, sync)[0])
+    assert all(m.center == 5 for m in split_fresh(complete, 5, max_staleness=0, limit=3)[0])
 
 
 def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
@@ -180,7 +178,8 @@ def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_p
         run = ESRun(settings, None, train, held_out, MetricsSink(tmp_path / "run"))
         member = Order("es-v0-m0", 0, 7, 1, [train[0].theorem_id])
         evaluation = Order("eval-v0", 0, 0, 1, [held_out[0].theorem_id])
-        return run._work_order(member).sampling["temperature"], run._work_order(evaluation).sampling["temperature"]
+        by_id = {w.work_id: w.sampling["temperature"] for w in run.work_orders([member, evaluation])}
+        return by_id["es-v0-m0"], by_id["eval-v0"]
 
     assert orders() == (0.0, 0.0)
     assert orders(temperature=1.0) == (0.0, 0.0)  # GRPO's setting does not reach ES members

@@ -264,8 +264,9 @@ async def test_a_grpo_group_whose_order_or_attempt_is_dead_lettered_is_cut_and_r
     assert [r["groups"] for r in updates] == [2, 2]  # the full batch each step
     assert all("grpo-v0-g1" not in r["groups_used"] for r in updates)
     # the cut group's samples and attempt entries are let go (only groups still in flight hold any)
-    assert all(a.rsplit(":", 2)[0] in run.orders for a in run.samples)
-    assert set(run.attempt_entries) <= set(run.orders)
+    assert set(run.samples.groups) <= set(run.orders)
+    assert all(a.rsplit(":", 2)[0] == w for w, held in run.samples.groups.items() for a in held)
+    assert set(run.samples.entries) <= set(run.orders)
     pending = await one_redis.xpending_range(keys.attempts, "trainer", min="-", max="+", count=100)
-    held = {e for ids in run.attempt_entries.values() for e in ids}
+    held = {e for ids in run.samples.entries.values() for e in ids}
     assert {p["message_id"] for p in pending} <= held

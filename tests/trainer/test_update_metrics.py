@@ -70,8 +70,9 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
     for g in groups:
         run.orders[g.work_id] = g
         for k, attempt_id in enumerate(sorted(g.rewards)):
-            run.samples[attempt_id] = {"prompt_ids": [1, 2, 3], "token_ids": [5 + k, 6, 7], "logprobs": [-2.0] * 3,
-                                       "policy_version": g.center}  # fmt: skip
+            sample = {"prompt_ids": [1, 2, 3], "token_ids": [5 + k, 6, 7], "logprobs": [-2.0] * 3,
+                      "policy_version": g.center}  # fmt: skip
+            run.samples.add(g.work_id, attempt_id, sample)
     metrics = await run.update(groups)
     published = await _published(one_redis, "grpo-metrics")
     assert published == metrics and [r for r in run.sink.records() if not r.get("eval")] == [metrics]
@@ -79,4 +80,4 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
     assert metrics["staleness"] == {"0": 2, "1": 1}
     assert metrics["stale_dropped"] == 1 and metrics["groups"] == 3
     assert (metrics["attempts"], metrics["samples"]) == (6, 10) and run.counts["samples"] == 10
-    assert metrics["reward_mean"] == 0.5 and run.orders == {} and run.samples == {}
+    assert metrics["reward_mean"] == 0.5 and run.orders == {} and not run.samples.groups
