@@ -16,30 +16,24 @@ and what the update publishes. The loop, until `iterations` versions exist:
    and publishes; the policy entry, the checkpoint and the version's metrics are written in one MULTI, so a
    restart never sees one without the others.
 
-Evaluation orders (`eval-v<version>`: the center, greedy, on the held-out split) go through the same
-pipeline every `eval_every` versions and at the end.
-
-Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards; a
+Evaluation orders (trainer/held_out.py) go through the same pipeline every `eval_every` versions and at the
+end. Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards; a
 dead letter naming it (the trainer reads `{ps:R}:dlq` in its group too: a work order given up on, a stale
 order a generator skipped, an attempt or reward given up on); the staleness bound passing it (an order of a
 version more than `max_staleness` versions old can no longer be used: generators skip it by the same rule);
 or `order_timeout_s` passing with it unanswered (a generator died with it in hand and none reclaimed it). A
 lost member or group is cut, counted (`cut_<why>`), and its order cancelled (its done marker set, so a
 generator that takes it later skips it); top-up then issues a new one in its place. A lost evaluation is
-issued again under a new work id, up to `EVAL_TRIES` times.
+issued again under a new work id, up to `EVAL_TRIES` times. After each update the rewards and work orders
+every group has acked and older than `history_s` are trimmed (`streams.groups.trim_acked`): Redis holds
+what is in flight plus the last hour.
 
-After each update, and at the end, the rewards and work orders that every group has acked and that are
-older than `history_s` are trimmed from their streams (`streams.groups.trim_acked`): a long run's Redis
-holds what is in flight plus the last hour, not every attempt's reward since the start.
-
-Every reward read is also written to the run's traces, `<run dir>/samples/v<version>.jsonl.gz`, with its
-attempt's text (streams.samples; `python -m ops samples` reads them).
-
-What keeps one invariant together (no reward lost or counted twice across a SIGKILL) is here: the
-write-ahead orders, the reads, the checkpoint that acks what it holds, and the cuts. Around it, each in its
-own module: the checkpoint's format (trainer/run_state.py), evaluations (trainer/held_out.py), each
-version's metrics (trainer/version_metrics.py), the stall watch (trainer/progress.py), the traces
-(trainer/traces.py) and the metrics a kill left in Redis only (trainer/backfill.py).
+Here is what keeps one invariant (no reward lost or counted twice across a SIGKILL): the write-ahead
+orders, the reads, the checkpoint before the acks, the cuts. Around it, each in its own module: the
+checkpoint's format and writes (trainer/run_state.py), the stream read (trainer/group_reads.py),
+evaluations (trainer/held_out.py), each version's metrics (trainer/version_metrics.py), the stall watch
+(trainer/progress.py), the traces of every reward read (trainer/traces.py) and the metrics a kill left in
+Redis only (trainer/backfill.py).
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ import asyncio
 import collections
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -58,40 +52,35 @@ from redis.asyncio import Redis
 from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
-from streams.run_dir import update_records
 from streams.runtime import ensure_group
 from streams.schema import DeadLetter, PolicyUpdate, Reward, SchemaError, WorkOrder
-from streams.sentinel import MasterReplaced
-from streams.settle import Replication
 from streams.theorems import Theorem, register
-from trainer import held_out, run_state
 from trainer.backfill import backfill
 from trainer.config import TrainerSettings
+from trainer.group_reads import Entries, read_group
+from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
-from trainer.orders import Order, letter_work_ids, staleness
+from trainer.orders import Order, expired, letter_losses, staleness
 from trainer.progress import NoProgress, ProgressWatch
-from trainer.run_state import STATE_FIELD, RunState
+from trainer.run_state import (
+    FINISHED_BEFORE,
+    STATE_FIELD,
+    Checkpointer,
+    RunFinished,
+    RunMismatch,
+    RunState,
+    check_fresh,
+)
 from trainer.traces import trace
 from trainer.version_metrics import health_figures, version_metrics
 
-__all__ = ["FINISHED_BEFORE", "STATE_FIELD", "NoProgress", "Run", "RunFinished", "RunMismatch"]
+# importers of these names from here before they moved: the lease tests, evals, trainer/__main__.py
+__all__ = ["FINISHED_BEFORE", "STATE_FIELD", "Entries", "NoProgress", "Run", "RunFinished", "RunMismatch"]
 
 log = structlog.get_logger("trainer.loop")
 
-FINISHED_BEFORE = 3  # python -m trainer's exit status when the run id names a finished run
 CHECKPOINT_EVERY_S = 2.0
 CANCEL_TTL_S = 7 * 24 * 3600  # a cancelled order's done marker lives as long as the runtime's own markers
-READ_COUNT = 500  # entries a stream read takes at once
-
-Entries = list[tuple[bytes, dict[bytes, bytes]]]
-
-
-class RunMismatch(RuntimeError):
-    """The run directory and the Redis it was given do not describe the same run."""
-
-
-class RunFinished(RuntimeError):
-    """The run id names a finished run: resuming it would do nothing, silently."""
 
 
 class Run(RunState):
@@ -99,8 +88,8 @@ class Run(RunState):
 
     An algorithm subclasses it with `algo`, `top_up` (how it issues orders: `_issue` with its new orders),
     `_ready` (when an update can happen, usually `_ready_at_quorum`) and `update` (the step, published through
-    `_publish`); ES also says how its orders go out (`work_orders`), GRPO which orders are usable (`_usable`),
-    which stream it also reads (`takers`) and what it lets go of when an order is settled (`_settled`)."""
+    `_publish`). ES also says how its orders go out (`work_orders`); GRPO which orders are usable (`_usable`),
+    the stream it reads besides (`takers`) and what it lets go of when an order leaves (`_settled`)."""
 
     def __init__(
         self,
@@ -112,33 +101,23 @@ class Run(RunState):
         progress: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(settings.run)
-        self.settings = settings
-        self.redis = redis
-        self.keys = Keys(settings.run)
-        self.train = train
-        self.held_out = held_out
-        self.sink = sink
+        self.settings, self.redis, self.keys = settings, redis, Keys(settings.run)
+        self.train, self.held_out, self.sink = train, held_out, sink
         self.progress = progress or (lambda version: None)
         self.consumer = "trainer"
         self.last_update = time.monotonic()
-        # not checkpointed: the evaluations metrics.jsonl holds a line for (read back at a resume), so that
-        # one written before a kill that the checkpoint missed is not written a second time when it is redone
-        self.evals_in_jsonl: set[int] = set()
-        # what the run reads in group `trainer`, by stream, and the entries read since the last checkpoint
-        # (acked once it is written)
+        # what the run reads in group `trainer`, by stream (rewards and dead letters: acked by a checkpoint)
         self.takers: dict[str, Callable[[Entries], Awaitable[None]]] = {
             self.keys.rewards: self._take_rewards,
             self.keys.dlq: self._take_letters,
         }
-        self._unacked: dict[str, list[bytes]] = {self.keys.rewards: [], self.keys.dlq: []}
-        self._verdicts: collections.Counter[str] = collections.Counter()
-        self._last_checkpoint = 0.0
-        self._watching_since = time.time()  # an order's timeout counts from here at the earliest (see _expire)
-        self._window_started = time.monotonic()
-        self._window_rewards = 0
-        self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
-        self._replication = Replication(redis, settings.settle_replicas, settings.settle_wait_ms)
+        acked_later, replicas = [self.keys.rewards, self.keys.dlq], settings.settle_replicas
+        self.checkpointer = Checkpointer(redis, self.keys.trainer_state, acked_later, replicas, settings.settle_wait_ms)
+        self.evaluations = Evaluations(held_out, sink)
         self.watch = ProgressWatch(settings.stall_timeout_s, local=not settings.redis_url)
+        self._watching_since = time.time()  # an order's timeout counts from here at the earliest
+        self._verdicts: collections.Counter[str] = collections.Counter()  # of the rewards read since the update
+        self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
 
     # -- checkpoint ------------------------------------------------------------------------------------
 
@@ -149,32 +128,20 @@ class Run(RunState):
             await ensure_group(self.redis, stream, TRAINER)
         await ensure_group(self.redis, self.keys.work, GENERATORS)
         if raw is None:
-            done = max((int(r["version"]) for r in update_records(self.sink.records())), default=0)
-            if done:
-                raise RunMismatch(
-                    f"{self.sink.run_dir} holds run {self.settings.run!r} up to version {done} (metrics.jsonl), "
-                    "but this Redis has no state for it: the run's Redis data is gone, or this is another Redis. "
-                    "Point the trainer at that run's Redis, or start over in a new --run-dir (or delete this one)"
-                )
+            check_fresh(self.settings.run, self.sink.run_dir, self.sink.records())
             await register(self.redis, self.keys, self.train + self.held_out)
             return False
         self._load(orjson.loads(raw))
-        run, iterations = self.settings.run, self.settings.iterations
-        if self.finished and self.version >= iterations:
-            raise RunFinished(
-                f"run {run!r} finished at version {self.version} ({self.counts['samples']} training samples); "
-                f"nothing to resume. Use a new --run for a new run, or --iterations N with N > {self.version} "
-                "to continue this one"
-            )
+        self.check_resumable(self.settings.iterations)
         what = "continuing the finished" if self.finished else "resuming"
         print(
-            f"trainer: {what} run {run!r} at version {self.version} of {iterations} ({self.counts['samples']} "
-            f"training samples so far, {len(self.orders)} in flight)",
+            f"trainer: {what} run {self.settings.run!r} at version {self.version} of {self.settings.iterations} "
+            f"({self.counts['samples']} training samples so far, {len(self.orders)} in flight)",
             file=sys.stderr,
         )
         self.finished = False
         self.counts["resumes"] += 1
-        self.evals_in_jsonl = await backfill(self.redis, self.keys, self.sink, self.eval_results, self.counts)
+        self.evaluations.in_jsonl = await backfill(self.redis, self.keys, self.sink, self.eval_results, self.counts)
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.orders.values(), *self.evals.values()])
         await self._read(block_ms=None, pending=True)  # what was read before the crash, never acked
@@ -183,34 +150,9 @@ class Run(RunState):
         return True
 
     async def checkpoint(self, *extra: tuple[str, dict[bytes, bytes]]) -> None:
-        """Write the state (plus `extra` stream entries) in one MULTI, then ack the entries it holds.
-
-        With a replica (streams.settle's `Replication`: the settle's rule and settings), the MULTI is followed
-        by WAIT on the same connection, in one round trip, so that what comes after (the acks, the version's
-        line in metrics.jsonl, the next orders) comes after a checkpoint that survives a failover. A WAIT that
-        falls short is counted (`checkpoint_unreplicated`) and the run goes on: if the master then dies before
-        the replica has it, the trainer sees the outage, rebuilds from the new master's state (`fresh_run` in
-        trainer/__main__.py) and redoes the lost version, whose line metrics.jsonl may then hold twice."""
-        key, replicas = self.keys.trainer_state, await self._replication.wanted(self.keys.trainer_state)
-        state = orjson.dumps(self.state())
-        if not replicas:
-            await run_state.write(self.redis, key, state, extra)
-        else:
-            wait_ms = self._replication.wait_ms
-            acked = await run_state.write_and_wait(self.redis, key, state, extra, replicas, wait_ms)
-            if acked < replicas:
-                self._replication.fell_short()
-                self.counts["checkpoint_unreplicated"] += 1
-                log.warning("checkpoint_unreplicated", version=self.version, replicas=acked, wanted=replicas)
-        if await self._replication.deposed():
-            # Split brain: a paused old master took this checkpoint and will lose it when it is demoted. Going on
-            # would build versions (the run's end too) on it; as an outage, the run is rebuilt from the new one.
-            raise MasterReplaced(f"checkpoint of version {self.version} went to a replaced master")
-        for stream, ids in self._unacked.items():
-            if ids:
-                await self.redis.xack(stream, TRAINER, *ids)
-                ids.clear()
-        self._last_checkpoint = time.monotonic()
+        """Write the state (plus `extra` stream entries) in one MULTI, then ack the entries it holds
+        (trainer/run_state.py `Checkpointer`: with a replica, only once it has the checkpoint)."""
+        await self.checkpointer.write(self.state(), extra, self.counts)
 
     async def trim_history(self) -> None:
         """Trim the rewards and work orders every group has acked, keeping the last `history_s` seconds."""
@@ -249,14 +191,14 @@ class Run(RunState):
         return [self.work_order(o, self.settings.temperature) for o in orders]
 
     def work_order(self, order: Order, temperature: float, work_id: str = "", **fields: Any) -> WorkOrder:
-        """The one constructor of the run's work orders: the work order of `order` (or, under `work_id`, of a
-        bundle that `order` opens), with the algorithm's own `fields`. Evaluations decode greedily and have no
-        staleness bound."""
+        """The one constructor of the run's work orders: the one that asks for `order` (or, under `work_id`,
+        for a bundle that `order` opens), with the algorithm's own `fields`. Evaluations decode greedily and
+        have no staleness bound."""
         is_eval = order.is_eval
         return WorkOrder(
             work_id=work_id or order.work_id,
             policy_version=order.center,
-            algo=self.algo,
+            algo=self.algo,  # type: ignore[arg-type]
             task=self.settings.task,
             theorem_ids=order.theorem_ids,
             samples_per_theorem=order.samples,
@@ -265,6 +207,24 @@ class Run(RunState):
             max_staleness=None if is_eval else self.settings.max_staleness,
             **fields,
         )
+
+    def _room(self, size: int) -> int:
+        """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the
+        run goes in lockstep: a version gets `size` orders and no more (a cut one is replaced), and its update
+        uses all of them, so the steps do not depend on timing (issue 15's deterministic recovery). Below 1,
+        orders finished early make room for new ones at once."""
+        if self.settings.quorum >= 1:
+            return size - sum(1 for o in self.orders.values() if o.center == self.version)
+        return size - sum(1 for o in self.orders.values() if not self._usable(o))
+
+    def _usable(self, order: Order) -> bool:
+        """Complete (GRPO: with its samples): the next update decides about it."""
+        return order.complete
+
+    async def _settled(self, orders: list[Order]) -> None:
+        """`orders` left the run (used, dropped or lost): what an algorithm keeps for them can go."""
+
+    # -- the update --------------------------------------------------------------------------------------
 
     async def top_up(self) -> int:
         raise NotImplementedError
@@ -294,7 +254,7 @@ class Run(RunState):
     ) -> dict[str, Any] | None:
         """The end of every update: settle the orders it used (`used`) and dropped as too stale (`stale`), and
         write the new version (`policy`; None: the step made none) with its metrics (trainer/version_metrics.py,
-        then the algorithm's `own`, the orders' health, the pipeline's figures) and the checkpoint in one
+        then the algorithm's `own`, the orders' health and the pipeline's figures) and the checkpoint in one
         MULTI. Returns the version's metrics, None without a version."""
         self.counts["samples"] += sum(len(o.rewards) for o in used)
         for o in [*used, *stale]:
@@ -302,23 +262,11 @@ class Run(RunState):
         now = time.monotonic()
         metrics, extra = None, []
         if policy is not None:
+            v, samples, elapsed_s = policy.policy_version, self.counts["samples"], now - self.last_update
+            common = version_metrics(v, self.algo, self.version, used, stale, samples, self._verdicts, elapsed_s)
             running = [o for o in self.orders.values() if not self._usable(o)]
-            metrics = {
-                **version_metrics(
-                    version=policy.policy_version,
-                    algo=self.algo,
-                    stepped_from=self.version,
-                    used=used,
-                    stale=stale,
-                    samples=self.counts["samples"],
-                    verdicts=self._verdicts,
-                    rewards_per_s=self._window_rewards / max(now - self._window_started, 1e-9),
-                    update_s=now - self.last_update,
-                ),
-                **own,
-                **health_figures(running, len(self.evals), self.counts, time.time()),
-                "time": time.time(),
-            }
+            health = health_figures(running, len(self.evals), self.counts, time.time())
+            metrics = {**common, **own, **health, "time": time.time()}
             metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
             extra = [
                 (self.keys.policy, encode(policy)),
@@ -326,7 +274,7 @@ class Run(RunState):
             ]
             self.version = policy.policy_version
         self._verdicts.clear()
-        self._window_rewards, self._window_started, self.last_update = 0, now, now
+        self.last_update = now
         await self.checkpoint(*extra)
         await self._settled([*used, *stale])
         if metrics is not None:
@@ -341,119 +289,64 @@ class Run(RunState):
         """Read what has arrived (rewards and dead letters; GRPO also attempts)."""
         await self._read(block_ms=block_ms)
 
-    async def _read_group(
-        self, streams: list[str], *, pending: bool, block_ms: int | None = None
-    ) -> AsyncIterator[dict[str, Entries]]:
-        """Entries of `streams` read in group `trainer`, one reply at a time ({stream: entries}, every stream
-        named): new ones (one read, blocking up to `block_ms`), or with `pending` those read before and never
-        acked (paged through the pending list to its end).
-
-        The trainer's one stream read. Not streams.runtime's Consumer: that one settles each entry as its
-        handler returns, and the trainer acks an entry only once a checkpoint holds what it read from it
-        (`checkpoint`), which may be many reads later."""
-        starts: dict[str, str | bytes] = {stream: "0" if pending else ">" for stream in streams}
-        while starts:
-            block = None if pending else block_ms
-            reply = await self.redis.xreadgroup(TRAINER, self.consumer, starts, count=READ_COUNT, block=block)
-            got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}
-            batch = {stream: got.get(stream, []) for stream in starts}
-            yield batch
-            for stream, entries in batch.items():
-                if pending and entries:
-                    starts[stream] = entries[-1][0]
-                else:
-                    del starts[stream]
-
-    async def _read(self, block_ms: int | None, pending: bool = False) -> int:
+    async def _read(self, block_ms: int | None, pending: bool = False) -> None:
         """Read what the run reads (`takers`): new entries or, with `pending`, those read before and never
-        acked. Returns how many entries were read."""
-        seen = 0
-        async for batch in self._read_group(list(self.takers), pending=pending, block_ms=block_ms):
+        acked; then write the rewards read to the run's traces."""
+        streams = list(self.takers)
+        async for batch in read_group(self.redis, self.consumer, streams, pending=pending, block_ms=block_ms):
             for stream, entries in batch.items():
                 await self.takers[stream](entries)
-                seen += len(entries)
             traced, self._traced = self._traced, []
             await trace(self.redis, self.keys, self.sink.run_dir, traced, self.counts)
-        return seen
 
     async def _take_rewards(self, entries: Entries) -> None:
+        """Add each reward to its order by attempt id (a reward seen twice counts once)."""
         for entry_id, fields in entries:
-            await self._take(entry_id, fields)
+            self.checkpointer.unacked[self.keys.rewards].append(entry_id)
+            try:
+                reward = decode(Reward, fields)
+            except SchemaError as e:
+                await self._dead_letter(entry_id, fields, str(e))
+                continue
+            self._traced.append((entry_id, reward))
+            self.watch.saw_progress()
+            order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
+            if order is None:  # an order already used in an update, or dropped: its late rewards change nothing
+                self.counts["late_rewards"] += 1
+            elif reward.attempt_id in order.rewards:
+                self.counts["duplicate_rewards"] += 1
+            else:
+                order.rewards[reward.attempt_id] = reward.reward
+                order.proved += reward.verdict == "proved"
+                self._verdicts[reward.verdict] += 1
 
-    async def _take(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        self._unacked[self.keys.rewards].append(entry_id)
-        try:
-            reward = decode(Reward, fields)
-        except SchemaError as e:
-            now_ms = int(time.time() * 1000)
-            why, source = str(e), entry_id.decode()
-            letter = DeadLetter(self.keys.rewards, TRAINER, source, 1, why, self.consumer, now_ms, dict(fields))
-            await self.redis.xadd(self.keys.dlq, encode(letter))
-            self.counts["bad_rewards"] += 1
-            return
-        self._traced.append((entry_id, reward))
-        self.watch.saw_progress()
-        order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
-        if order is None:  # an order already used in an update, or dropped: its late rewards change nothing
-            self.counts["late_rewards"] += 1
-            return
-        if reward.attempt_id in order.rewards:
-            self.counts["duplicate_rewards"] += 1
-            return
-        order.rewards[reward.attempt_id] = reward.reward
-        order.proved += reward.verdict == "proved"
-        self._verdicts[reward.verdict] += 1
-        self._window_rewards += 1
+    async def _dead_letter(self, entry_id: bytes, fields: dict[bytes, bytes], why: str) -> None:
+        """A reward the trainer cannot read goes to the dead letters, counted (`bad_rewards`)."""
+        at_ms, source = int(time.time() * 1000), entry_id.decode()
+        letter = DeadLetter(self.keys.rewards, TRAINER, source, 1, why, self.consumer, at_ms, dict(fields))
+        await self.redis.xadd(self.keys.dlq, encode(letter))
+        self.counts["bad_rewards"] += 1
 
     # -- lost outcomes -----------------------------------------------------------------------------------
 
     async def _take_letters(self, entries: Entries) -> None:
-        """Dead letters: one that names an order in flight (its own fields, or an attempt's or reward's) says
-        that order will never complete."""
+        """Dead letters: one that names an order in flight says that order will never complete."""
         for entry_id, fields in entries:
-            self._unacked[self.keys.dlq].append(entry_id)
-            if not fields:  # deleted from the dead letters (`ops dlq purge`/`requeue`) after this trainer read it
-                continue
-            try:
-                letter = decode(DeadLetter, fields)
-            except SchemaError:
-                continue
-            self.watch.saw_letter(letter.reason)
-            why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
-            for work_id in letter_work_ids(letter.original):
-                order = self.orders.get(work_id) or self.evals.get(work_id)
-                if order is not None:
-                    await self._lose(order, why, letter.reason)
+            self.checkpointer.unacked[self.keys.dlq].append(entry_id)
+            why, reason, work_ids = letter_losses(fields)
+            self.watch.saw_letter(reason)
+            for work_id in work_ids:
+                if order := self.orders.get(work_id) or self.evals.get(work_id):
+                    await self._lose(order, why, reason)
 
     async def _expire(self) -> None:
-        """Cut what can no longer be used: orders of centers past the staleness bound (evaluations have
-        none), and orders unanswered `order_timeout_s` after they were issued. A restarted trainer gives the
-        orders it inherits the whole timeout again: their rewards may be waiting in the stream, unread while
-        no trainer ran."""
-        now, bound = time.time(), self.settings.max_staleness
-        for o in list(self.orders.values()):
-            if staleness(self.version, o.center) > bound and not self._usable(o):
-                await self._lose(o, "stale", f"center {o.center}, now at version {self.version}")
-        for o in [*self.orders.values(), *self.evals.values()]:
-            waited = now - max(o.issued_at, self._watching_since)
-            if waited > self.settings.order_timeout_s and not self._usable(o):
-                await self._lose(o, "timeout", f"unanswered for {waited:.0f} s")
-
-    def _usable(self, order: Order) -> bool:
-        """Complete (GRPO: with its samples): the next update decides about it."""
-        return order.complete
-
-    async def _settled(self, orders: list[Order]) -> None:
-        """`orders` left the run (used, dropped, or lost): what an algorithm keeps for them can go."""
-
-    def _room(self, size: int) -> int:
-        """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the
-        run goes in lockstep: a version gets `size` orders and no more (a cut one is replaced), and its update
-        uses all of them, so the steps do not depend on timing (issue 15's deterministic recovery). Below 1,
-        orders finished early make room for new ones at once."""
-        if self.settings.quorum >= 1:
-            return size - sum(1 for o in self.orders.values() if o.center == self.version)
-        return size - sum(1 for o in self.orders.values() if not self._usable(o))
+        """Cut what can no longer be used (trainer/orders.py `expired`): stale, or unanswered for too long."""
+        running = [o for o in self.orders.values() if not self._usable(o)]
+        evals = [o for o in self.evals.values() if not self._usable(o)]
+        s, since = self.settings, self._watching_since
+        lost = expired(running, evals, self.version, s.max_staleness, s.order_timeout_s, since, time.time())
+        for o, why, detail in lost:
+            await self._lose(o, why, detail)
 
     async def _lose(self, order: Order, why: str, detail: str) -> None:
         """`order` ends without its rewards: cut it (top-up issues another in its place) or, for an
@@ -462,7 +355,7 @@ class Run(RunState):
             self.counts[f"cut_{why}"] += 1
             await self._settled([order])
         elif self.evals.pop(order.work_id, None) is not None:
-            if retry := held_out.next_try(order):
+            if retry := next_try(order):
                 self.counts["evals_reissued"] += 1
                 await self._issue_eval(order.center, retry)
             else:
@@ -475,28 +368,17 @@ class Run(RunState):
     # -- evaluations (trainer/held_out.py) ---------------------------------------------------------------
 
     async def issue_eval(self, version: int) -> None:
-        """Evaluate `version` on the held-out split, once: a second order would carry the same work id, which
-        the generators drop as a repeat, and the run would wait for its rewards until the deadline (a GRPO
-        step without signal keeps the version; the end of a run asks for the last version again)."""
-        if not self.held_out or version in self.eval_results or any(o.center == version for o in self.evals.values()):
-            return
-        await self._issue_eval(version)
+        """Evaluate `version` on the held-out split, once (a GRPO step without signal keeps the version; the end
+        of a run asks for the last version again)."""
+        if self.evaluations.wanted(self, version):
+            await self._issue_eval(version)
 
     async def _issue_eval(self, version: int, work_id: str | None = None) -> None:
-        order = held_out.eval_order(version, self.held_out, work_id)
+        order = eval_order(version, self.held_out, work_id)
         self.eval_ids = order.theorem_ids
         self.evals[order.work_id] = order
         await self.checkpoint()
         await self._publish_orders([order])
-
-    def _eval_done(self) -> None:
-        for work_id, o in list(self.evals.items()):
-            if o.complete:
-                self.eval_results[o.center] = result = held_out.result(o)
-                if o.center not in self.evals_in_jsonl:  # written before a kill, and redone since: once
-                    self.sink.write(held_out.record(result))
-                    self.evals_in_jsonl.add(o.center)
-                del self.evals[work_id]
 
     # -- the loop ----------------------------------------------------------------------------------------
 
@@ -509,7 +391,7 @@ class Run(RunState):
         while not stop.is_set() and self.version < self.settings.iterations:
             await self.top_up()
             await self.poll(block_ms=500)
-            self._eval_done()
+            self.evaluations.collect(self)
             await self._expire()
             await self.watch.watch(self.redis, self.keys, self.version)
             ready = self._ready()
@@ -520,14 +402,14 @@ class Run(RunState):
                 if self.settings.eval_every and self.version % self.settings.eval_every == 0:
                     await self.issue_eval(self.version)
                 self.progress(self.version)
-            elif any(self._unacked.values()) and time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+            elif self.checkpointer.due(CHECKPOINT_EVERY_S):
                 await self.checkpoint()
         if not stop.is_set() and self.settings.eval_every:
             await self.issue_eval(self.version)
             deadline = time.monotonic() + self.settings.deadline_s
             while self.evals and not stop.is_set() and time.monotonic() < deadline:
                 await self.poll(block_ms=500)
-                self._eval_done()
+                self.evaluations.collect(self)
                 await self._expire()
         self.finished = not stop.is_set() and self.version >= self.settings.iterations
         await self.watch.clear(self.redis, self.keys)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streams.codec import decode
+from streams.schema import DeadLetter, SchemaError
 from streams.theorems import Theorem
 
 SEED_SHIFT = 7919  # a prime: runs with neighbouring seeds start their rotations far apart
@@ -85,6 +87,42 @@ def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: 
     stale = [o for o in complete if staleness(version, o.center) > max_staleness]
     fresh.sort(key=lambda o: (-o.center, o.work_id))
     return fresh[:limit], stale
+
+
+def expired(
+    orders: list[Order],
+    evals: list[Order],
+    version: int,
+    max_staleness: int,
+    timeout_s: float,
+    since: float,
+    now: float,
+) -> list[tuple[Order, str, str]]:
+    """(order, why, detail) of each order in flight that can no longer be used: training orders whose center is
+    past the staleness bound (evaluations have none), then any order unanswered `timeout_s` after it was issued
+    or after `since` (a restarted trainer gives the orders it inherits the whole timeout again: their rewards
+    may be waiting in the stream, unread while no trainer ran). `orders` and `evals` hold those not yet usable."""
+    fresh = [o for o in orders if staleness(version, o.center) <= max_staleness]
+    out = [(o, "stale", f"center {o.center}, now at version {version}") for o in orders if o not in fresh]
+    for o in [*fresh, *evals]:
+        if (waited := now - max(o.issued_at, since)) > timeout_s:
+            out.append((o, "timeout", f"unanswered for {waited:.0f} s"))
+    return out
+
+
+def letter_losses(fields: dict[bytes, bytes]) -> tuple[str, str, list[str]]:
+    """(why, reason, work ids) of a dead letter: the orders it says will never complete (its own, an attempt's
+    or a reward's, and an ES bundle's members), `why` being `skipped` (a generator skipped a stale order) or
+    `dead_letter`. None named for an entry deleted after it was read (`ops dlq purge`/`requeue`: no fields)
+    or one that is not a dead letter."""
+    try:
+        letter = decode(DeadLetter, fields) if fields else None
+    except SchemaError:
+        letter = None
+    if letter is None:
+        return "", "", []
+    why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
+    return why, letter.reason, letter_work_ids(letter.original)
 
 
 def letter_work_ids(original: dict[bytes, bytes]) -> list[str]:

@@ -6,20 +6,41 @@ trainer resumes, and is written back byte for byte (tests/trainer/test_state_for
 its own keys after these (`config`; GRPO's `checkpoint` before it), written for people and for its own resume.
 
 It is written in one MULTI with the stream entries of the version it completes (the policy, the metrics), so
-a restart never sees one without the others; with a replica, WAIT follows on the same connection.
+a restart never sees one without the others; with a replica, WAIT follows on the same connection. Only then
+are the entries the run read since the last checkpoint acked (`Checkpointer`): a trainer killed in between
+reads them again from its pending list.
 """
 
 from __future__ import annotations
 
 import collections
+import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import orjson
+import structlog
 from redis.asyncio import Redis
 
 from streams.cluster import slot_pipeline, transaction
+from streams.keys import TRAINER
+from streams.run_dir import update_records
+from streams.sentinel import MasterReplaced
+from streams.settle import Replication
 from trainer.orders import Order
 
 STATE_FIELD = "state"  # the field of `{ps:R}:trainer` that holds the checkpoint
+FINISHED_BEFORE = 3  # python -m trainer's exit status when the run id names a finished run
+log = structlog.get_logger("trainer.run_state")
+
+
+class RunMismatch(RuntimeError):
+    """The run directory and the Redis it was given do not describe the same run."""
+
+
+class RunFinished(RuntimeError):
+    """The run id names a finished run: resuming it would do nothing, silently."""
 
 
 class RunState:
@@ -65,6 +86,25 @@ class RunState:
         self.counts.update(doc["counts"])
         self.finished = bool(doc.get("finished"))
 
+    def check_resumable(self, iterations: int) -> None:
+        """RunFinished where the loaded run finished at `iterations` or later: resuming it would do nothing."""
+        if self.finished and self.version >= iterations:
+            raise RunFinished(
+                f"run {self.run_id!r} finished at version {self.version} ({self.counts['samples']} training "
+                f"samples); nothing to resume. Use a new --run for a new run, or --iterations N with "
+                f"N > {self.version} to continue this one"
+            )
+
+
+def check_fresh(run_id: str, run_dir: Path, records: list[dict[str, Any]]) -> None:
+    """RunMismatch where a run without a checkpoint has versions in its run directory's metrics `records`."""
+    if done := max((int(r["version"]) for r in update_records(records)), default=0):
+        raise RunMismatch(
+            f"{run_dir} holds run {run_id!r} up to version {done} (metrics.jsonl), but this Redis has no state "
+            "for it: the run's Redis data is gone, or this is another Redis. Point the trainer at that run's "
+            "Redis, or start over in a new --run-dir (or delete this one)"
+        )
+
 
 async def write(redis: Redis, key: str, state: bytes, extra: tuple[tuple[str, dict[bytes, bytes]], ...]) -> None:
     """The checkpoint `state` in hash `key`, and the stream entries `extra`, in one MULTI (one Redis, or the
@@ -102,3 +142,47 @@ async def write_and_wait(
         if isinstance(result, Exception):
             raise result
     return acked
+
+
+class Checkpointer:
+    """Writes a run's checkpoint, then acks the entries read since the last one (`unacked`, by stream).
+
+    With a replica (streams.settle's `Replication`: the settle's rule and settings), the MULTI is followed by
+    WAIT on the same connection, in one round trip, so that what comes after (the acks, the version's line in
+    metrics.jsonl, the next orders) comes after a checkpoint that survives a failover. A WAIT that falls short
+    is counted (`checkpoint_unreplicated`) and the run goes on: if the master then dies before the replica has
+    it, the trainer sees the outage, rebuilds from the new master's state (`fresh_run` in trainer/__main__.py)
+    and redoes the lost version, whose line metrics.jsonl may then hold twice."""
+
+    def __init__(self, redis: Redis, key: str, streams: list[str], replicas: int | None, wait_ms: int) -> None:
+        self.redis, self.key = redis, key
+        self.unacked: dict[str, list[bytes]] = {stream: [] for stream in streams}
+        self.replication = Replication(redis, replicas, wait_ms)
+        self.written_at = 0.0  # monotonic time of the last checkpoint
+
+    async def write(
+        self, state: dict[str, Any], extra: tuple[tuple[str, dict[bytes, bytes]], ...], counts: Counter
+    ) -> None:
+        """Write `state` (plus the stream entries `extra`), then ack what it holds."""
+        doc, replicas = orjson.dumps(state), await self.replication.wanted(self.key)
+        if replicas:
+            acked = await write_and_wait(self.redis, self.key, doc, extra, replicas, self.replication.wait_ms)
+            if acked < replicas:
+                self.replication.fell_short()
+                counts["checkpoint_unreplicated"] += 1
+                log.warning("checkpoint_unreplicated", version=state["version"], replicas=acked, wanted=replicas)
+        else:
+            await write(self.redis, self.key, doc, extra)
+        if await self.replication.deposed():
+            # Split brain: a paused old master took this checkpoint and will lose it when it is demoted. Going on
+            # would build versions (the run's end too) on it; as an outage, the run is rebuilt from the new one.
+            raise MasterReplaced(f"checkpoint of version {state['version']} went to a replaced master")
+        for stream, ids in self.unacked.items():
+            if ids:
+                await self.redis.xack(stream, TRAINER, *ids)
+                ids.clear()
+        self.written_at = time.monotonic()
+
+    def due(self, every_s: float) -> bool:
+        """Entries wait for their ack and the last checkpoint is older than `every_s`."""
+        return any(self.unacked.values()) and time.monotonic() - self.written_at > every_s

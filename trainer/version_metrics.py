@@ -1,12 +1,13 @@
-"""The metrics every version carries, ES and GRPO alike, as a pure function of what the update used.
+"""The metrics every version carries, ES and GRPO alike, as pure functions of what the update used.
 
-`version_metrics` builds the record that goes to `{ps:R}:metrics` and metrics.jsonl (before the algorithm's
-own figures and the pipeline's, in this order of keys): `reward_mean` and `pass_rate` over the attempts
-used, `attempts` (used by this update), `samples` (training attempts consumed by the updates so far, with or
-without a version: the run's x axis), `stale_dropped`, `staleness` (orders used by their lag,
-trainer/orders.py `staleness`: {"0": n, ...}, 0 for the newest version), the verdicts, rewards read per
-second and seconds since the last update; then `health_figures`: orders in flight, the age of the oldest,
-evaluations in flight and the orders lost so far, by outcome.
+`version_metrics` builds the record that goes to `{ps:R}:metrics` and metrics.jsonl, in this order of keys:
+`version`, `algo`, `reward_mean` and `pass_rate` over the attempts used, `attempts` (used by this update),
+`samples` (training attempts consumed by the updates so far, with or without a version: the run's x axis),
+`stale_dropped`, `staleness` (orders used by their lag, trainer/orders.py `staleness`: {"0": n, ...}, 0 for
+the newest version), the verdicts of the rewards read since the last update, rewards read per second and
+seconds since the last update; then the algorithm's own figures; then `health_figures` (orders in flight,
+the age of the oldest, evaluations in flight, the orders lost so far by outcome) and `time`. The pipeline's
+figures (trainer/metrics.py `pipeline_figures`) follow.
 """
 
 from __future__ import annotations
@@ -19,19 +20,18 @@ from trainer.orders import Order, staleness
 
 
 def version_metrics(
-    *,
     version: int,
     algo: str,
     stepped_from: int,
     used: list[Order],
     stale: list[Order],
     samples: int,
-    verdicts: Mapping[str, int],
-    rewards_per_s: float,
-    update_s: float,
+    read: Mapping[str, int],
+    elapsed_s: float,
 ) -> dict[str, Any]:
-    """The figures of version `version`, made by an update from version `stepped_from` with the orders `used`
-    (dropping `stale`); `samples` counts this update's attempts already."""
+    """The common figures of version `version`, made by an update from version `stepped_from` with the orders
+    `used` (dropping `stale`), `elapsed_s` after the last update, the rewards `read` since then by verdict;
+    `samples` counts this update's attempts already."""
     attempts = sum(len(o.rewards) for o in used)
     return {
         "version": version,
@@ -42,9 +42,9 @@ def version_metrics(
         "samples": samples,
         "stale_dropped": len(stale),
         "staleness": dict(collections.Counter(str(staleness(stepped_from, o.center)) for o in used)),
-        "verdicts": dict(verdicts),
-        "rewards_per_s": round(rewards_per_s, 2),
-        "update_s": round(update_s, 2),
+        "verdicts": dict(read),
+        "rewards_per_s": round(sum(read.values()) / max(elapsed_s, 1e-9), 2),
+        "update_s": round(elapsed_s, 2),
     }
 
 
