@@ -61,6 +61,7 @@ from trainer.group_reads import Entries, read_group
 from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
 from trainer.orders import Order, expired, letter_losses, staleness
+from trainer.pipeline_figures import pipeline_figures
 from trainer.progress import NoProgress, ProgressWatch
 from trainer.run_state import (
     FINISHED_BEFORE,
@@ -267,7 +268,7 @@ class Run(RunState):
             running = [o for o in self.orders.values() if not self._usable(o)]
             health = health_figures(running, len(self.evals), self.counts, time.time())
             metrics = {**common, **own, **health, "time": time.time()}
-            metrics.update(await self.sink.pipeline_figures(self.redis, self.keys))
+            metrics.update(await pipeline_figures(self.redis, self.keys))
             extra = [
                 (self.keys.policy, encode(policy)),
                 (self.keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)}),

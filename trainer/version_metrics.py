@@ -7,7 +7,7 @@
 the newest version), the verdicts of the rewards read since the last update, rewards read per second and
 seconds since the last update; then the algorithm's own figures; then `health_figures` (orders in flight,
 the age of the oldest, evaluations in flight, the orders lost so far by outcome) and `time`. The pipeline's
-figures (trainer/metrics.py `pipeline_figures`) follow.
+figures (trainer/pipeline_figures.py) follow.
 """
 
 from __future__ import annotations
