@@ -24,8 +24,8 @@ from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.settling import pending_attempts, settlement
 from trainer.config import TrainerSettings
 from trainer.es import ESRun
-from trainer.loop import STATE_FIELD
 from trainer.metrics import MetricsSink
+from trainer.run_state import STATE_FIELD
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -42,9 +42,10 @@ from streams.codec import decode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
 from streams.schema import Attempt, PolicyUpdate, SchemaError
 from trainer.config import TrainerSettings
+from trainer.group_reads import Entries
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
-from trainer.loop import Entries, Run
+from trainer.loop import Run
 from trainer.orders import Order, rotation, split_fresh
 from weights import device as devices
 

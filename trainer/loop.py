@@ -17,16 +17,13 @@ and what the update publishes. The loop, until `iterations` versions exist:
    restart never sees one without the others.
 
 Evaluation orders (trainer/held_out.py) go through the same pipeline every `eval_every` versions and at the
-end. Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards; a
-dead letter naming it (the trainer reads `{ps:R}:dlq` in its group too: a work order given up on, a stale
-order a generator skipped, an attempt or reward given up on); the staleness bound passing it (an order of a
-version more than `max_staleness` versions old can no longer be used: generators skip it by the same rule);
-or `order_timeout_s` passing with it unanswered (a generator died with it in hand and none reclaimed it). A
-lost member or group is cut, counted (`cut_<why>`), and its order cancelled (its done marker set, so a
-generator that takes it later skips it); top-up then issues a new one in its place. A lost evaluation is
-issued again under a new work id, up to `EVAL_TRIES` times. After each update the rewards and work orders
-every group has acked and older than `history_s` are trimmed (`streams.groups.trim_acked`): Redis holds
-what is in flight plus the last hour.
+end. Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards;
+a dead letter naming it (`{ps:R}:dlq`, read in the same group); the staleness bound or `order_timeout_s`
+passing it (trainer/orders.py `expired`, `letter_losses`). A lost member or group is cut, counted
+(`cut_<why>`) and its order cancelled (its done marker set: a generator that takes it later skips it);
+top-up issues another in its place. A lost evaluation is asked again (trainer/held_out.py). After each
+update, what every group has acked and is older than `history_s` is trimmed from the rewards and work
+streams (`streams.groups.trim_acked`): Redis holds what is in flight plus the last hour.
 
 Here is what keeps one invariant (no reward lost or counted twice across a SIGKILL): the write-ahead
 orders, the reads, the checkpoint before the acks, the cuts. Around it, each in its own module: the
@@ -62,21 +59,12 @@ from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
 from trainer.orders import Order, expired, letter_losses, staleness
 from trainer.pipeline_figures import pipeline_figures
-from trainer.progress import NoProgress, ProgressWatch
-from trainer.run_state import (
-    FINISHED_BEFORE,
-    STATE_FIELD,
-    Checkpointer,
-    RunFinished,
-    RunMismatch,
-    RunState,
-    check_fresh,
-)
+from trainer.progress import ProgressWatch
+from trainer.run_state import FINISHED_BEFORE, STATE_FIELD, Checkpointer, RunFinished, RunState, check_fresh
 from trainer.traces import trace
 from trainer.version_metrics import health_figures, version_metrics
 
-# importers of these names from here before they moved: the lease tests, evals, trainer/__main__.py
-__all__ = ["FINISHED_BEFORE", "STATE_FIELD", "Entries", "NoProgress", "Run", "RunFinished", "RunMismatch"]
+__all__ = ["FINISHED_BEFORE", "Run", "RunFinished"]  # trainer/__main__.py imports the first and last from here
 
 log = structlog.get_logger("trainer.loop")
 
@@ -133,13 +121,7 @@ class Run(RunState):
             await register(self.redis, self.keys, self.train + self.held_out)
             return False
         self._load(orjson.loads(raw))
-        self.check_resumable(self.settings.iterations)
-        what = "continuing the finished" if self.finished else "resuming"
-        print(
-            f"trainer: {what} run {self.settings.run!r} at version {self.version} of {self.settings.iterations} "
-            f"({self.counts['samples']} training samples so far, {len(self.orders)} in flight)",
-            file=sys.stderr,
-        )
+        print(self.resuming(self.settings.iterations), file=sys.stderr)
         self.finished = False
         self.counts["resumes"] += 1
         self.evaluations.in_jsonl = await backfill(self.redis, self.keys, self.sink, self.eval_results, self.counts)
@@ -171,13 +153,17 @@ class Run(RunState):
             return 0
         center, first = self.version, self.next_index[self.version]
         new = [new_order(center, index) for index in range(first, first + want)]
-        for order in new:
-            self.orders[order.work_id] = order
         self.next_index[center] += want
-        await self.checkpoint()  # write-ahead: the orders exist before their work orders do
-        await self._publish_orders(new)
+        await self._write_ahead(new, self.orders)
         self.counts[counter] += len(new)
         return len(new)
+
+    async def _write_ahead(self, orders: list[Order], into: dict[str, Order]) -> None:
+        """Add `orders` to the run (`into`: its orders or its evaluations) and checkpoint them, then publish
+        their work orders: a restarted trainer re-publishes what it finds in the checkpoint."""
+        into.update((o.work_id, o) for o in orders)
+        await self.checkpoint()
+        await self._publish_orders(orders)
 
     async def _publish_orders(self, orders: list[Order]) -> None:
         if not orders:
@@ -199,7 +185,7 @@ class Run(RunState):
         return WorkOrder(
             work_id=work_id or order.work_id,
             policy_version=order.center,
-            algo=self.algo,  # type: ignore[arg-type]
+            algo=self.algo,
             task=self.settings.task,
             theorem_ids=order.theorem_ids,
             samples_per_theorem=order.samples,
@@ -358,7 +344,7 @@ class Run(RunState):
         elif self.evals.pop(order.work_id, None) is not None:
             if retry := next_try(order):
                 self.counts["evals_reissued"] += 1
-                await self._issue_eval(order.center, retry)
+                await self.issue_eval(order.center, retry)
             else:
                 self.counts["evals_lost"] += 1
         else:
@@ -368,18 +354,13 @@ class Run(RunState):
 
     # -- evaluations (trainer/held_out.py) ---------------------------------------------------------------
 
-    async def issue_eval(self, version: int) -> None:
+    async def issue_eval(self, version: int, retry: str | None = None) -> None:
         """Evaluate `version` on the held-out split, once (a GRPO step without signal keeps the version; the end
-        of a run asks for the last version again)."""
-        if self.evaluations.wanted(self, version):
-            await self._issue_eval(version)
-
-    async def _issue_eval(self, version: int, work_id: str | None = None) -> None:
-        order = eval_order(version, self.held_out, work_id)
-        self.eval_ids = order.theorem_ids
-        self.evals[order.work_id] = order
-        await self.checkpoint()
-        await self._publish_orders([order])
+        of a run asks for the last version again), or again under the work id `retry` after a lost one."""
+        if retry or self.evaluations.wanted(self, version):
+            order = eval_order(version, self.held_out, retry)
+            self.eval_ids = order.theorem_ids
+            await self._write_ahead([order], self.evals)
 
     # -- the loop ----------------------------------------------------------------------------------------
 

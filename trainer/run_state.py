@@ -86,14 +86,20 @@ class RunState:
         self.counts.update(doc["counts"])
         self.finished = bool(doc.get("finished"))
 
-    def check_resumable(self, iterations: int) -> None:
-        """RunFinished where the loaded run finished at `iterations` or later: resuming it would do nothing."""
+    def resuming(self, iterations: int) -> str:
+        """What a trainer resuming the loaded run until `iterations` says; RunFinished where the run finished at
+        `iterations` or later: resuming it would do nothing."""
         if self.finished and self.version >= iterations:
             raise RunFinished(
                 f"run {self.run_id!r} finished at version {self.version} ({self.counts['samples']} training "
                 f"samples); nothing to resume. Use a new --run for a new run, or --iterations N with "
                 f"N > {self.version} to continue this one"
             )
+        what = "continuing the finished" if self.finished else "resuming"
+        return (
+            f"trainer: {what} run {self.run_id!r} at version {self.version} of {iterations} ({self.counts['samples']} "
+            f"training samples so far, {len(self.orders)} in flight)"
+        )
 
 
 def check_fresh(run_id: str, run_dir: Path, records: list[dict[str, Any]]) -> None:

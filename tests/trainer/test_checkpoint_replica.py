@@ -16,8 +16,8 @@ from streams.keys import Keys
 from tests.fixtures.sentinel import started
 from trainer.config import TrainerSettings
 from trainer.es import ESRun
-from trainer.loop import STATE_FIELD
 from trainer.metrics import MetricsSink
+from trainer.run_state import STATE_FIELD
 
 
 @pytest.fixture
