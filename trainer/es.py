@@ -60,8 +60,11 @@ class ESConfig:
 
 
 def es_config(settings: TrainerSettings) -> ESConfig:
-    """The run's ES settings. The preset's values are already in `settings` (trainer/config.py `with_preset`);
-    the update's quorum and deadline are the loop's (`TrainerSettings.quorum`, `deadline_s`), not ES's own."""
+    """The run's ES settings, validated, with the two it derives (`rank`: 0 for full-rank noise;
+    `members_per_order`: by default as many as fit ROWS_PER_ORDER rows under low-rank noise, else 1). A view,
+    never a second copy: `settings` is where a run's parameters live, ESRun reads them there and builds this
+    where the step and the checkpoint's `config` want them together. The preset's values are already in
+    `settings` (trainer/config.py `with_preset`); the update's quorum and deadline are the loop's."""
     if settings.population is None or settings.sigma is None or settings.alpha is None:
         raise ValueError(f"ES settings need an ES run's (algo es, not {settings.algo})")
     lowrank = settings.es_noise == "lowrank"
@@ -146,20 +149,20 @@ class ESRun(Run):
     algo = "es"
 
     def __init__(self, settings: TrainerSettings, *args: Any, **kwargs: Any) -> None:
+        es_config(settings)  # refuses settings ES cannot run with, before anything starts
         super().__init__(settings, *args, **kwargs)
-        self.cfg = es_config(settings)
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "config": vars(self.cfg)}
+        return {**super().state(), "config": vars(es_config(self.settings))}  # for people: never read back
 
     # -- orders: `population` members in flight around the newest center ---------------------------------
 
     async def top_up(self) -> int:
         """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
-        return await self._issue(self.cfg.population, self._new_member, "members_issued")
+        return await self._issue(self.settings.population, self._new_member, "members_issued")
 
     def _new_member(self, center: int, index: int) -> Order:
-        seed, sign = member(self.settings.run, center, index, self.cfg.antithetic)
+        seed, sign = member(self.settings.run, center, index, self.settings.antithetic)
         return Order(f"es-v{center}-m{index}", center, seed, sign, self._batch(center), issued_at=time.time())
 
     def _batch(self, center: int) -> list[str]:
@@ -178,7 +181,8 @@ class ESRun(Run):
         for o in orders:
             if not o.is_eval:
                 by_center[o.center].append(o)
-        size, noise = self.cfg.members_per_order, {"sigma": self.cfg.sigma, "rank": self.cfg.rank}
+        cfg = es_config(self.settings)
+        size, noise = cfg.members_per_order, {"sigma": cfg.sigma, "rank": cfg.rank}
         for group in by_center.values():
             for chunk in (group[start : start + size] for start in range(0, len(group), size)):
                 first, temperature = chunk[0], self.settings.es_temperature
@@ -192,13 +196,14 @@ class ESRun(Run):
     # -- ready: a quorum of the population, or two members at the deadline ---------------------------------
 
     def _ready(self) -> list[Order] | None:
-        return self._ready_at_quorum(self.cfg.population, at_least=2)  # z-scores need two members
+        return self._ready_at_quorum(self.settings.population, at_least=2)  # z-scores need two members
 
     # -- the update, and what it publishes ------------------------------------------------------------------
 
     async def update(self, complete: list[Order]) -> dict[str, Any] | None:
-        used, stale = split_fresh(complete, self.version, self.cfg.max_staleness, self.cfg.population)
-        step = make_step(used, self.cfg)
+        s = self.settings
+        used, stale = split_fresh(complete, self.version, s.max_staleness, s.population)
+        step = make_step(used, es_config(s))
         self.counts["members_used"] += len(used)
         self.counts["members_stale_dropped"] += len(stale)
         entry = policy_entry(step, used)

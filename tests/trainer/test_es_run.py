@@ -319,7 +319,7 @@ async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_m
         assert (
             w.member is None
             and w.rank == 2
-            and w.sigma == run.cfg.sigma
+            and w.sigma == run.settings.sigma
             and w.work_id.startswith(w.members[0]["work_id"])
         )
         for m in w.members:
