@@ -31,7 +31,7 @@ import numpy as np
 from streams.schema import Member, PolicyUpdate, WorkOrder
 from trainer.config import ROWS_PER_ORDER, TrainerSettings
 from trainer.loop import Run
-from trainer.orders import Order, rotation, split_fresh
+from trainer.orders import Order, rotation, split_fresh, work_order
 from weights.step import ESStep
 
 # ------------------------------------------------------------------------------------------------ config
@@ -176,21 +176,23 @@ class ESRun(Run):
         names its members, whose attempts carry their own work ids. Evaluations go alone. Members decode at
         `es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
         reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
-        out = [self.work_order(o, 0.0) for o in orders if o.is_eval]  # greedy, as every evaluation
+        s = self.settings
+        out = [work_order(o, self.algo, s, 0.0) for o in orders if o.is_eval]  # greedy, as every evaluation
         by_center: dict[int, list[Order]] = collections.defaultdict(list)
         for o in orders:
             if not o.is_eval:
                 by_center[o.center].append(o)
-        cfg = es_config(self.settings)
+        cfg = es_config(s)
         size, noise = cfg.members_per_order, {"sigma": cfg.sigma, "rank": cfg.rank}
         for group in by_center.values():
             for chunk in (group[start : start + size] for start in range(0, len(group), size)):
-                first, temperature = chunk[0], self.settings.es_temperature
+                first = chunk[0]
                 if len(chunk) == 1:
-                    out.append(self.work_order(first, temperature, member=Member(first.seed, first.sign), **noise))
-                    continue
-                members = [{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in chunk]
-                out.append(self.work_order(first, temperature, work_id=bundle_id(chunk), members=members, **noise))
+                    fields: dict[str, Any] = {"member": Member(first.seed, first.sign)}
+                else:
+                    members = [{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in chunk]
+                    fields = {"work_id": bundle_id(chunk), "members": members}
+                out.append(work_order(first, self.algo, s, s.es_temperature, **fields, **noise))
         return out
 
     # -- ready: a quorum of the population, or two members at the deadline ---------------------------------

@@ -57,7 +57,7 @@ from trainer.config import TrainerSettings
 from trainer.group_reads import Entries, read_group
 from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
-from trainer.orders import Order, expired, letter_losses, staleness
+from trainer.orders import Order, expired, letter_losses, staleness, work_order
 from trainer.pipeline_figures import pipeline_figures
 from trainer.progress import ProgressWatch
 from trainer.run_state import FINISHED_BEFORE, STATE_FIELD, Checkpointer, RunFinished, RunState, check_fresh
@@ -174,26 +174,9 @@ class Run(RunState):
             await pipe.execute()
 
     def work_orders(self, orders: list[Order]) -> list[WorkOrder]:
-        """The work orders that ask for `orders`: one each, at the run's temperature (ES bundles members)."""
-        return [self.work_order(o, self.settings.temperature) for o in orders]
-
-    def work_order(self, order: Order, temperature: float, work_id: str = "", **fields: Any) -> WorkOrder:
-        """The one constructor of the run's work orders: the one that asks for `order` (or, under `work_id`,
-        for a bundle that `order` opens), with the algorithm's own `fields`. Evaluations decode greedily and
-        have no staleness bound."""
-        is_eval = order.is_eval
-        return WorkOrder(
-            work_id=work_id or order.work_id,
-            policy_version=order.center,
-            algo=self.algo,
-            task=self.settings.task,
-            theorem_ids=order.theorem_ids,
-            samples_per_theorem=order.samples,
-            sampling={"temperature": 0.0 if is_eval else temperature, "max_new_tokens": self.settings.max_new_tokens},
-            issued_ms=int(time.time() * 1000),
-            max_staleness=None if is_eval else self.settings.max_staleness,
-            **fields,
-        )
+        """The work orders that ask for `orders` (trainer/orders.py `work_order`): one each, at the run's
+        temperature (ES bundles members)."""
+        return [work_order(o, self.algo, self.settings, self.settings.temperature) for o in orders]
 
     def _room(self, size: int) -> int:
         """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the

@@ -8,15 +8,19 @@ checkpointed by an older trainer resumes (tests/trainer/test_state_format.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from streams.codec import decode
-from streams.schema import DeadLetter, SchemaError
+from streams.schema import DeadLetter, SchemaError, WorkOrder
 from streams.theorems import Theorem
+
+if TYPE_CHECKING:
+    from trainer.config import TrainerSettings
 
 SEED_SHIFT = 7919  # a prime: runs with neighbouring seeds start their rotations far apart
 
@@ -63,6 +67,27 @@ class Order:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Order:
         return cls(**doc)
+
+
+def work_order(
+    order: Order, algo: str, settings: TrainerSettings, temperature: float, work_id: str = "", **fields: Any
+) -> WorkOrder:
+    """The one constructor of a run's work orders: the one that asks for `order` (or, under `work_id`, for a
+    bundle that `order` opens: trainer/es.py), with the algorithm's own `fields`. Evaluations decode greedily
+    and have no staleness bound."""
+    is_eval = order.is_eval
+    return WorkOrder(
+        work_id=work_id or order.work_id,
+        policy_version=order.center,
+        algo=algo,  # type: ignore[arg-type]
+        task=settings.task,
+        theorem_ids=order.theorem_ids,
+        samples_per_theorem=order.samples,
+        sampling={"temperature": 0.0 if is_eval else temperature, "max_new_tokens": settings.max_new_tokens},
+        issued_ms=int(time.time() * 1000),
+        max_staleness=None if is_eval else settings.max_staleness,
+        **fields,
+    )
 
 
 def rotation(train: list[Theorem], version: int, per_version: int, seed: int, offset: int) -> str:

@@ -1,6 +1,6 @@
 """The trainer's checkpoint waits for a replica (issue 18, item 2): the MULTI that writes a version's state
 is followed by WAIT on the same connection, so the acks and files that follow it come after a checkpoint that
-survives a failover; a WAIT that falls short is counted and the run goes on (trainer/loop.py `checkpoint`).
+survives a failover; a WAIT that falls short is counted and the run goes on (trainer/run_state.py `Checkpointer`).
 Real processes (tests/fixtures/sentinel.py); the replica is slowed with SIGSTOP."""
 
 from __future__ import annotations

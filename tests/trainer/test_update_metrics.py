@@ -15,14 +15,34 @@ from trainer.metrics import MetricsSink
 from trainer.orders import Order
 
 # What every version's metrics hold, whatever the algorithm.
-COMMON = {"version", "algo", "reward_mean", "pass_rate", "attempts", "samples", "stale_dropped", "staleness",
-          "verdicts", "rewards_per_s", "update_s", "in_flight", "time"}  # fmt: skip
+COMMON = {
+    "version",
+    "algo",
+    "reward_mean",
+    "pass_rate",
+    "attempts",
+    "samples",
+    "stale_dropped",
+    "staleness",
+    "verdicts",
+    "rewards_per_s",
+    "update_s",
+    "in_flight",
+    "time",
+}
 
 
 def _order(prefix: str, center: int, index: int, rewards: list[float], samples: int = 1) -> Order:
     work_id = f"{prefix}-v{center}-{'g' if prefix == 'grpo' else 'm'}{index}"
-    return Order(work_id, center, 100 * center + index, 1, ["t"], samples=samples,
-                 rewards={f"{work_id}:0:{k}": r for k, r in enumerate(rewards)})  # fmt: skip
+    return Order(
+        work_id,
+        center,
+        100 * center + index,
+        1,
+        ["t"],
+        samples=samples,
+        rewards={f"{work_id}:0:{k}": r for k, r in enumerate(rewards)},
+    )
 
 
 async def _published(redis, run: str) -> dict:
@@ -61,8 +81,16 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
 
     model = tmp_path / "tiny"
     tiny_llama().save_pretrained(model)
-    settings = TrainerSettings(run="grpo-metrics", algo="grpo", batch=4, group_size=2, max_staleness=1,
-                               eval_every=0, train_device="cpu", train_precision="fp32")  # fmt: skip
+    settings = TrainerSettings(
+        run="grpo-metrics",
+        algo="grpo",
+        batch=4,
+        group_size=2,
+        max_staleness=1,
+        eval_every=0,
+        train_device="cpu",
+        train_precision="fp32",
+    )
     run = GRPORun(settings, one_redis, [], [], MetricsSink(tmp_path / "run"), model_path=model)
     run.version = run.trainer.version = 3
     run.counts["samples"] = 4
@@ -70,8 +98,12 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
     for g in groups:
         run.orders[g.work_id] = g
         for k, attempt_id in enumerate(sorted(g.rewards)):
-            sample = {"prompt_ids": [1, 2, 3], "token_ids": [5 + k, 6, 7], "logprobs": [-2.0] * 3,
-                      "policy_version": g.center}  # fmt: skip
+            sample = {
+                "prompt_ids": [1, 2, 3],
+                "token_ids": [5 + k, 6, 7],
+                "logprobs": [-2.0] * 3,
+                "policy_version": g.center,
+            }
             run.samples.add(g.work_id, attempt_id, sample)
     metrics = await run.update(groups)
     published = await _published(one_redis, "grpo-metrics")
