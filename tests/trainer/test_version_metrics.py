@@ -84,3 +84,18 @@ def test_orders_expire_past_the_staleness_bound_or_the_timeout():
     assert [
         (o.work_id, why) for o, why, _ in expired([stale, late, fresh], [evaluation], 5, 1, 600.0, 500.0, 1000.0)
     ] == [("s", "stale")]
+
+
+def test_a_dead_letter_names_the_orders_it_loses():
+    """A skipped bundle loses each member it carried; a letter of another kind is a dead letter; an entry
+    deleted after it was read (no fields) or one that is not a dead letter loses nothing."""
+    from streams.codec import encode
+    from streams.schema import DeadLetter
+    from trainer.orders import letter_losses
+
+    bundle = {b"work_id": b"es-v1-m0+1-abc", b"members": b'[{"work_id":"es-v1-m0"},{"work_id":"es-v1-m1"}]'}
+    skipped = DeadLetter("work", "generators", "1-0", 1, "skipped: stale", "g", 0, bundle)
+    assert letter_losses(encode(skipped)) == ("skipped", "skipped: stale", ["es-v1-m0+1-abc", "es-v1-m0", "es-v1-m1"])
+    dead = DeadLetter("attempts", "verifiers", "2-0", 5, "infrastructure: x", "v", 0, {b"work_id": b"grpo-v0-g1"})
+    assert letter_losses(encode(dead)) == ("dead_letter", "infrastructure: x", ["grpo-v0-g1"])
+    assert letter_losses({}) == ("", "", []) == letter_losses({b"v": b"1", b"nonsense": b"x"})
