@@ -99,3 +99,15 @@ def test_a_dead_letter_names_the_orders_it_loses():
     dead = DeadLetter("attempts", "verifiers", "2-0", 5, "infrastructure: x", "v", 0, {b"work_id": b"grpo-v0-g1"})
     assert letter_losses(encode(dead)) == ("dead_letter", "infrastructure: x", ["grpo-v0-g1"])
     assert letter_losses({}) == ("", "", []) == letter_losses({b"v": b"1", b"nonsense": b"x"})
+
+
+def test_an_evaluation_is_asked_again_twice_then_given_up_and_its_result_is_the_held_out_mean():
+    from trainer.held_out import EVAL_TRIES, eval_order, next_try, result
+
+    first = eval_order(3, [])
+    assert (first.work_id, EVAL_TRIES) == ("eval-v3", 3)
+    assert next_try(first) == "eval-v3-r1"
+    assert next_try(eval_order(3, [], "eval-v3-r1")) == "eval-v3-r2"
+    assert next_try(eval_order(3, [], "eval-v3-r2")) is None  # the third loss: given up
+    done = _order("eval-v3", 3, [1.0, 0.5], proved=1)  # 2 problems, rewards 1 and 0.5, one proved
+    assert result(done) == {"version": 3, "held_out_reward": 0.75, "held_out_exact": 0.5, "problems": 2}
