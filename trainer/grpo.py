@@ -115,8 +115,9 @@ class SampleStore:
     once their group is settled (`release`)."""
 
     def __init__(self) -> None:
-        self.groups: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)  # work id -> attempt id ->
-        self.entries: dict[str, list[bytes]] = collections.defaultdict(list)  # work id -> attempts entry ids
+        # by work id: {attempt id: sample}, and the ids of the attempts stream's entries that carried them
+        self.groups: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+        self.entries: dict[str, list[bytes]] = collections.defaultdict(list)
 
     def add(self, work_id: str, attempt_id: str, sample: dict[str, Any], entry_id: bytes | None = None) -> None:
         self.groups[work_id][attempt_id] = sample
