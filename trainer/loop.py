@@ -270,7 +270,7 @@ class Run(RunState):
             await trace(self.redis, self.keys, self.sink.run_dir, traced, self.counts)
 
     async def _take_rewards(self, entries: Entries) -> None:
-        """Add each reward to its order by attempt id (a reward seen twice counts once)."""
+        """Add each reward to its order (RunState.add), to be acked by the next checkpoint."""
         for entry_id, fields in entries:
             self.checkpointer.unacked[self.keys.rewards].append(entry_id)
             try:
@@ -280,14 +280,9 @@ class Run(RunState):
                 continue
             self._traced.append((entry_id, reward))
             self.watch.saw_progress()
-            order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
-            if order is None:  # an order already used in an update, or dropped: its late rewards change nothing
-                self.counts["late_rewards"] += 1
-            elif reward.attempt_id in order.rewards:
-                self.counts["duplicate_rewards"] += 1
+            if ignored := self.add(reward):
+                self.counts[ignored] += 1
             else:
-                order.rewards[reward.attempt_id] = reward.reward
-                order.proved += reward.verdict == "proved"
                 self._verdicts[reward.verdict] += 1
 
     async def _dead_letter(self, entry_id: bytes, fields: dict[bytes, bytes], why: str) -> None:

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from streams.cluster import slot_pipeline, transaction
 from streams.keys import TRAINER
 from streams.run_dir import update_records
+from streams.schema import Reward
 from streams.sentinel import MasterReplaced
 from streams.settle import Replication
 from trainer.orders import Order
@@ -85,6 +86,18 @@ class RunState:
         self.eval_ids = list(doc.get("eval_ids", []))
         self.counts.update(doc["counts"])
         self.finished = bool(doc.get("finished"))
+
+    def add(self, reward: Reward) -> str:
+        """Add `reward` to its order by attempt id. Where it changes nothing, what it was: `late_rewards` (its
+        order was used in an update, or dropped) or `duplicate_rewards` (a reward seen twice counts once)."""
+        order = self.orders.get(reward.work_id) or self.evals.get(reward.work_id)
+        if order is None:
+            return "late_rewards"
+        if reward.attempt_id in order.rewards:
+            return "duplicate_rewards"
+        order.rewards[reward.attempt_id] = reward.reward
+        order.proved += reward.verdict == "proved"
+        return ""
 
     def resuming(self, iterations: int) -> str:
         """What a trainer resuming the loaded run until `iterations` says; RunFinished where the run finished at

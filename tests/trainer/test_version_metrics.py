@@ -1,5 +1,6 @@
-"""Each version's common metrics and the order rules the loop applies, as pure functions (no Redis): inputs
-chosen so that every expected value is worked out by hand here."""
+"""Each version's common metrics (trainer/version_metrics.py), and the rules the loop applies to orders
+(expiry, dead letters, rewards, evaluations), as pure functions without Redis: inputs chosen so that every
+expected value is worked out by hand here."""
 
 from __future__ import annotations
 
@@ -111,3 +112,24 @@ def test_an_evaluation_is_asked_again_twice_then_given_up_and_its_result_is_the_
     assert next_try(eval_order(3, [], "eval-v3-r2")) is None  # the third loss: given up
     done = _order("eval-v3", 3, [1.0, 0.5], proved=1)  # 2 problems, rewards 1 and 0.5, one proved
     assert result(done) == {"version": 3, "held_out_reward": 0.75, "held_out_exact": 0.5, "problems": 2}
+
+
+def test_a_reward_counts_once_and_only_for_an_order_in_flight():
+    from streams.schema import Reward
+    from trainer.run_state import RunState
+
+    state = RunState("r")
+    state.orders["es-v0-m0"] = _order("es-v0-m0", 0, [])
+    state.evals["eval-v0"] = _order("eval-v0", 0, [])
+
+    def reward(work_id: str, k: int, value: float, verdict: str) -> Reward:
+        return Reward(f"{work_id}:{k}:0", "t", 0, verdict, value, work_id=work_id)  # type: ignore[arg-type]
+
+    assert state.add(reward("es-v0-m0", 0, 1.0, "proved")) == ""
+    assert state.add(reward("es-v0-m0", 0, 0.0, "rejected")) == "duplicate_rewards"  # the same attempt again
+    assert state.add(reward("es-v0-m0", 1, 0.5, "rejected")) == ""
+    assert state.add(reward("eval-v0", 0, 1.0, "proved")) == ""
+    assert state.add(reward("es-v0-m7", 0, 1.0, "proved")) == "late_rewards"  # used, dropped or never issued
+    member = state.orders["es-v0-m0"]
+    assert (member.rewards, member.proved) == ({"es-v0-m0:0:0": 1.0, "es-v0-m0:1:0": 0.5}, 1)
+    assert (state.evals["eval-v0"].rewards, state.evals["eval-v0"].proved) == ({"eval-v0:0:0": 1.0}, 1)
