@@ -35,8 +35,8 @@ from streams.run_dir import eval_records, read_json, read_records
 from streams.run_redis import NoRunData, reopen
 from streams.settings import DefaultsFormatter
 from trainer.config import GRPO_BATCH, PRESETS, TrainerSettings
-from trainer.loop import FINISHED_BEFORE
 from trainer.result import duration
+from trainer.run_state import FINISHED_BEFORE
 
 WHO = "es_vs_grpo"  # how its lines on stderr begin
 ALGOS = ("es", "grpo", "es-lowrank")  # es-lowrank: ES with low-rank members (--es-noise lowrank, EGGROLL)

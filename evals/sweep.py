@@ -52,7 +52,7 @@ from evals.sweep_grid import GRID, Cell, budget_of, cells, run_id, shard
 from streams.run_dir import read_json
 from streams.settings import DefaultsFormatter
 from trainer.config import PRESETS, TrainerSettings
-from trainer.loop import FINISHED_BEFORE
+from trainer.run_state import FINISHED_BEFORE
 
 OWNED = (
     "--algo",

@@ -9,7 +9,7 @@
       logs/                 LOGS: the local pipeline's roles' logs (trainer/local.py)
       redis/                REDIS: the local pipeline's Redis data; `redis/.lock` (DATA_LOCK) is held by whoever
                             runs a server on it or copies it (streams/run_redis.py reopens it for ops and evals)
-      tensorboard/, mlflow.json   TENSORBOARD, MLFLOW: the trackers (trainer/metrics.py)
+      tensorboard/, mlflow.json   TENSORBOARD, MLFLOW: the trackers (trainer/tensorboard_log.py, mlflow_run.py)
       policy/, checkpoints/ POLICY, CHECKPOINTS: GRPO's weights folders and trainer checkpoints
 
 A folder holds a run when it has any of INFO, REPORT or METRICS (`holds_run`); the sub-folders above are parts

@@ -1,7 +1,7 @@
 """WAIT on a Redis Cluster with replicas (tests/fixtures/cluster.py: three masters and a replica of each, real
 processes on 127.0.0.1): a settle and a trainer checkpoint go down one connection to the master of the run's
 slot, followed by WAIT, so they return once that master's replica has them (streams.cluster `slot_pipeline`,
-streams/settle.py, trainer/loop.py `checkpoint`). The replica is slowed with SIGSTOP; what it holds is read
+streams/settle.py, trainer/run_state.py `Checkpointer`). The replica is slowed with SIGSTOP; what it holds is read
 from the replica itself (READONLY). A WAIT sent through redis-py's cluster pipeline instead goes to whichever
 node it picks for a keyless command, where it counts nothing of the settle's writes."""
 
@@ -24,8 +24,8 @@ from tests.fixtures.cluster import LocalCluster
 from tests.fixtures.settling import pending_attempts, settlement
 from trainer.config import TrainerSettings
 from trainer.es import ESRun
-from trainer.loop import STATE_FIELD
 from trainer.metrics import MetricsSink
+from trainer.run_state import STATE_FIELD
 
 pytestmark = pytest.mark.timeout(120)
 

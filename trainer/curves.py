@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.metrics import read_records, update_records
+from streams.run_dir import update_records
 from trainer.plots import pyplot, save
 
 SAMPLES_LABEL = "training samples (generated attempts used by updates)"
@@ -31,9 +31,16 @@ def curve(records: list[dict[str, Any]], started: float | None = None) -> list[d
     for r in sorted((r for r in records if r.get("eval")), key=lambda r: r["version"]):
         v = int(r["version"])
         wall = r["time"] - started if started is not None and "time" in r else None
-        points.append({"version": v, "samples": at.get(v), "held_out_reward": r["held_out_reward"],
-                       "held_out_exact": r["held_out_exact"], "problems": r.get("problems"),
-                       "wall_s": None if wall is None else round(wall, 1)})  # fmt: skip
+        points.append(
+            {
+                "version": v,
+                "samples": at.get(v),
+                "held_out_reward": r["held_out_reward"],
+                "held_out_exact": r["held_out_exact"],
+                "problems": r.get("problems"),
+                "wall_s": None if wall is None else round(wall, 1),
+            }
+        )
     return points
 
 
@@ -44,10 +51,6 @@ def samples_used(records: list[dict[str, Any]]) -> int | None:
     if not updates:
         return 0
     return max(updates, key=lambda r: r["version"]).get("samples")
-
-
-def run_curve(run_dir: Path, started: float | None = None) -> list[dict[str, Any]]:
-    return curve(read_records(run_dir / "metrics.jsonl"), started)
 
 
 def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | None = None) -> Path | None:
@@ -62,10 +65,17 @@ def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | 
         for ax, key, scale in ((by_samples, "samples", 1.0), (by_time, "wall_s", 1 / 60)):
             pts = [p for p in run["curve"] if p.get(key) is not None]
             x = [p[key] * scale for p in pts]
-            ax.plot(x, [p["held_out_reward"] for p in pts], marker="o", color=color,
-                    label=f"{run['label']} held-out reward")  # fmt: skip
-            ax.plot(x, [p["held_out_exact"] for p in pts], marker="^", linestyle="--", color=color,
-                    label=f"{run['label']} held-out exact success")  # fmt: skip
+            ax.plot(
+                x, [p["held_out_reward"] for p in pts], marker="o", color=color, label=f"{run['label']} held-out reward"
+            )
+            ax.plot(
+                x,
+                [p["held_out_exact"] for p in pts],
+                marker="^",
+                linestyle="--",
+                color=color,
+                label=f"{run['label']} held-out exact success",
+            )
     if budget is not None:
         by_samples.axvline(budget, color="grey", linewidth=0.8, linestyle=":")
     by_samples.set_xlabel(SAMPLES_LABEL)

@@ -21,7 +21,6 @@ The loop itself (write-ahead orders, rewards, checkpoint, cuts, evaluations) is 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 from streams.schema import Member, PolicyUpdate, WorkOrder
 from trainer.config import ROWS_PER_ORDER, TrainerSettings
 from trainer.loop import Run
-from trainer.orders import Order, rotation, split_fresh
+from trainer.orders import Order, rotation, split_fresh, work_order
 from weights.step import ESStep
 
 # ------------------------------------------------------------------------------------------------ config
@@ -61,8 +60,11 @@ class ESConfig:
 
 
 def es_config(settings: TrainerSettings) -> ESConfig:
-    """The run's ES settings. The preset's values are already in `settings` (trainer/config.py `with_preset`);
-    the update's quorum and deadline are the loop's (`TrainerSettings.quorum`, `deadline_s`), not ES's own."""
+    """The run's ES settings, validated, with the two it derives (`rank`: 0 for full-rank noise;
+    `members_per_order`: by default as many as fit ROWS_PER_ORDER rows under low-rank noise, else 1). A view,
+    never a second copy: `settings` is where a run's parameters live, ESRun reads them there and builds this
+    where the step and the checkpoint's `config` want them together. The preset's values are already in
+    `settings` (trainer/config.py `with_preset`); the update's quorum and deadline are the loop's."""
     if settings.population is None or settings.sigma is None or settings.alpha is None:
         raise ValueError(f"ES settings need an ES run's (algo es, not {settings.algo})")
     lowrank = settings.es_noise == "lowrank"
@@ -114,11 +116,6 @@ def zscore(values: list[float], eps: float = 1e-8) -> list[float]:
     return ((r - r.mean()) / std).tolist()
 
 
-def select(complete: list[Order], version: int, cfg: ESConfig) -> tuple[list[Order], list[Order]]:
-    """(members to use for the update of `version`, members too stale to use): freshest first, at most N."""
-    return split_fresh(complete, version, cfg.max_staleness, cfg.population)
-
-
 def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     """The step these members make: their z-scored rewards, what every generator replays."""
     z = zscore([m.score for m in members])
@@ -126,18 +123,12 @@ def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     return ESStep(seeds, signs, tuple(z), cfg.sigma, cfg.alpha, cfg.noise, cfg.rank)  # type: ignore[arg-type]
 
 
-def bundle(first: WorkOrder, members: list[Order]) -> WorkOrder:
-    """One work order for several members of a center (`first` is the first member's own order): its work id
-    names the first member, how many follow and a hash of all of them, so a bundle of other members (after a
-    cut, or a resume) is another order."""
+def bundle_id(members: list[Order]) -> str:
+    """The work id of one work order for several members of a center: it names the first member, how many
+    follow and a hash of all of them, so a bundle of other members (after a cut, or a resume) is another order."""
     ids = [m.work_id for m in members]
     tag = hashlib.blake2b("\x00".join(ids).encode(), digest_size=3).hexdigest()
-    return dataclasses.replace(
-        first,
-        work_id=f"{ids[0]}+{len(ids) - 1}-{tag}",
-        member=None,
-        members=[{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in members],
-    )
+    return f"{ids[0]}+{len(ids) - 1}-{tag}"
 
 
 def policy_entry(step: ESStep, members: list[Order]) -> dict[str, Any]:
@@ -158,20 +149,20 @@ class ESRun(Run):
     algo = "es"
 
     def __init__(self, settings: TrainerSettings, *args: Any, **kwargs: Any) -> None:
+        es_config(settings)  # refuses settings ES cannot run with, before anything starts
         super().__init__(settings, *args, **kwargs)
-        self.cfg = es_config(settings)
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "config": vars(self.cfg)}
+        return {**super().state(), "config": vars(es_config(self.settings))}  # for people: never read back
 
     # -- orders: `population` members in flight around the newest center ---------------------------------
 
     async def top_up(self) -> int:
         """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
-        return await self._issue(self.cfg.population, self._new_member, "members_issued")
+        return await self._issue(self.settings.population, self._new_member, "members_issued")
 
     def _new_member(self, center: int, index: int) -> Order:
-        seed, sign = member(self.settings.run, center, index, self.cfg.antithetic)
+        seed, sign = member(self.settings.run, center, index, self.settings.antithetic)
         return Order(f"es-v{center}-m{index}", center, seed, sign, self._batch(center), issued_at=time.time())
 
     def _batch(self, center: int) -> list[str]:
@@ -180,42 +171,41 @@ class ESRun(Run):
         k = min(self.settings.batch, len(self.train))
         return [rotation(self.train, center, k, self.settings.seed, i) for i in range(k)]
 
-    def _temperature(self) -> float:
-        """`es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
+    def work_orders(self, orders: list[Order]) -> list[WorkOrder]:
+        """Members of one center go out `members_per_order` to a work order (one engine call each); a bundle
+        names its members, whose attempts carry their own work ids. Evaluations go alone. Members decode at
+        `es_temperature`, greedy by default: then members of a center differ by their weights only, as in the
         reference ES (sampling noise would swamp the reward differences sigma-sized perturbations make)."""
-        return self.settings.es_temperature
-
-    def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
-        if is_eval:
-            return {"member": None, "sigma": 0.0}
-        return {"member": Member(order.seed, order.sign), "sigma": self.cfg.sigma, "rank": self.cfg.rank}
-
-    def _work_orders(self, orders: list[Order]) -> list[WorkOrder]:
-        """Members of one center go out `members_per_order` to a work order (one engine call each); the
-        bundle names its members, whose attempts carry their own work ids. Evaluations go alone."""
-        out = [self._work_order(o) for o in orders if o.is_eval]
+        s = self.settings
+        out = [work_order(o, self.algo, s, 0.0) for o in orders if o.is_eval]  # greedy, as every evaluation
         by_center: dict[int, list[Order]] = collections.defaultdict(list)
         for o in orders:
             if not o.is_eval:
                 by_center[o.center].append(o)
-        size = self.cfg.members_per_order
+        cfg = es_config(s)
+        size, noise = cfg.members_per_order, {"sigma": cfg.sigma, "rank": cfg.rank}
         for group in by_center.values():
-            for start in range(0, len(group), size):
-                chunk = group[start : start + size]
-                first = self._work_order(chunk[0])
-                out.append(first if len(chunk) == 1 else bundle(first, chunk))
+            for chunk in (group[start : start + size] for start in range(0, len(group), size)):
+                first = chunk[0]
+                if len(chunk) == 1:
+                    fields: dict[str, Any] = {"member": Member(first.seed, first.sign)}
+                else:
+                    members = [{"work_id": m.work_id, "seed": m.seed, "sign": m.sign} for m in chunk]
+                    fields = {"work_id": bundle_id(chunk), "members": members}
+                out.append(work_order(first, self.algo, s, s.es_temperature, **fields, **noise))
         return out
 
     # -- ready: a quorum of the population, or two members at the deadline ---------------------------------
 
     def _ready(self) -> list[Order] | None:
-        return self._ready_at_quorum(self.cfg.population, at_least=2)  # z-scores need two members
+        return self._ready_at_quorum(self.settings.population, at_least=2)  # z-scores need two members
 
     # -- the update, and what it publishes ------------------------------------------------------------------
 
     async def update(self, complete: list[Order]) -> dict[str, Any] | None:
-        used, stale = select(complete, self.version, self.cfg)
-        step = make_step(used, self.cfg)
+        s = self.settings
+        used, stale = split_fresh(complete, self.version, s.max_staleness, s.population)
+        step = make_step(used, es_config(s))
         self.counts["members_used"] += len(used)
         self.counts["members_stale_dropped"] += len(stale)
         entry = policy_entry(step, used)

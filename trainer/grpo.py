@@ -8,14 +8,14 @@ older versions, optional k3 KL to the base model, AdamW (trainer/grpo_trainer.py
 all equal carry no signal and are counted and skipped.
 
 The loop is trainer/loop.py's: keep `batch` groups in flight around the newest version (one work order per
-theorem, `samples_per_theorem` = G), collect, update, publish. GRPO also needs what was sampled:
-the trainer reads `{ps:R}:attempts` in its own group `trainer` (so trimming keeps what it has not used)
-and keeps each attempt's prompt ids, token ids and behaviour logprobs until its group is used. A group is
-ready when its G rewards and G attempts are in. The step (trainer/grpo_trainer.py) skips groups whose rewards are
-all equal; when it changes the weights, the new version is saved as a safetensors folder, the trainer's
-weights + optimizer + step go to `checkpoints/v<version>.pt` (sharded under torchrun: a `.dcp` folder,
-trainer/sharded.py), and then the policy entry (path + digest),
-the state and the metrics are written in one MULTI. Attempts are acked only once their group's step is
+theorem, `samples_per_theorem` = G), collect, update, publish. GRPO also needs what was sampled: the
+trainer's one read takes `{ps:R}:attempts` too, in group `trainer` (so trimming keeps what it has not used),
+and the `SampleStore` keeps each attempt's prompt ids, token ids and behaviour logprobs until its group is
+settled. A group is ready when its G rewards and G attempts are in. The step (trainer/grpo_trainer.py) skips
+groups whose rewards are all equal; when it changes the weights, the new version is saved as a safetensors
+folder, the trainer's weights + optimizer + step go to `checkpoints/v<version>.pt` (sharded under torchrun: a
+`.dcp` folder, trainer/sharded.py), and then the policy entry (path + digest), the state and the metrics are
+written in one MULTI. Attempts are acked only once their group's step is
 checkpointed, so a trainer killed mid-step finds them again in its pending list and redoes the step.
 
 A step whose groups all lack signal leaves the weights, and so the version, as they were; its samples still
@@ -40,9 +40,9 @@ import torch
 from streams import faults
 from streams.codec import decode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
-from streams.runtime import ensure_group
 from streams.schema import Attempt, PolicyUpdate, SchemaError
 from trainer.config import TrainerSettings
+from trainer.group_reads import Entries
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
 from trainer.loop import Run
@@ -69,9 +69,16 @@ def grpo_config(settings: TrainerSettings) -> GRPOConfig:
     """The run's GRPO settings; the rest (clip bounds, importance-weight cap, ...) are GRPOConfig's defaults."""
     accum = max(settings.grad_accum, grad_accum_for(settings.batch, settings.group_size))
     precision = step_precision(settings.train_precision, training_device(settings.train_device))
-    return GRPOConfig(group_size=settings.group_size, lr=settings.lr, max_tokens=settings.max_new_tokens,
-                      advantage=settings.advantage, kl_coef=settings.kl_coef, grad_accum=accum,
-                      precision=precision, epochs=settings.grpo_epochs)  # fmt: skip
+    return GRPOConfig(
+        group_size=settings.group_size,
+        lr=settings.lr,
+        max_tokens=settings.max_new_tokens,
+        advantage=settings.advantage,
+        kl_coef=settings.kl_coef,
+        grad_accum=accum,
+        precision=precision,
+        epochs=settings.grpo_epochs,
+    )
 
 
 def step_precision(setting: str, device: str) -> str:
@@ -99,6 +106,52 @@ def unneeded_policies(folders: list[Path], needed_from: int) -> list[Path]:
     return [f for f in folders if f.name.startswith("v") and f.name[1:].isdigit() and int(f.name[1:]) < needed_from]
 
 
+# ------------------------------------------------------------------------------------------------ samples
+
+
+class SampleStore:
+    """What the step needs of each attempt of the groups in flight (prompt ids, token ids, behaviour logprobs,
+    the version that sampled it), by group, with the attempts stream's entries that carried them. Not
+    checkpointed: a restarted trainer reads the entries again from its pending list, since they are acked only
+    once their group is settled (`release`)."""
+
+    def __init__(self) -> None:
+        # by work id: {attempt id: sample}, and the ids of the attempts stream's entries that carried them
+        self.groups: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+        self.entries: dict[str, list[bytes]] = collections.defaultdict(list)
+
+    def add(self, work_id: str, attempt_id: str, sample: dict[str, Any], entry_id: bytes | None = None) -> None:
+        self.groups[work_id][attempt_id] = sample
+        if entry_id is not None:
+            self.entries[work_id].append(entry_id)
+
+    def has_all(self, group: Order) -> bool:
+        """The group's rewards are in and so are the samples of every attempt they score."""
+        held = self.groups.get(group.work_id, {})
+        return group.complete and all(a in held for a in group.rewards)
+
+    def samples(self, group: Order) -> list[GRPOSample]:
+        """The group's samples with their rewards, in attempt id order."""
+        held = self.groups[group.work_id]
+        return [GRPOSample(reward=group.rewards[a], **held[a]) for a in sorted(group.rewards)]
+
+    def release(self, groups: list[Order]) -> list[bytes]:
+        """Let go of what `groups` held; the entry ids to ack."""
+        for g in groups:
+            self.groups.pop(g.work_id, None)
+        return [e for g in groups for e in self.entries.pop(g.work_id, [])]
+
+
+def sample_of(attempt: Attempt) -> dict[str, Any]:
+    """What the step needs of an attempt (trainer/grpo_loss.py `GRPOSample`, less the reward)."""
+    return {
+        "prompt_ids": unpack_int32(attempt.prompt_ids).tolist(),
+        "token_ids": unpack_int32(attempt.token_ids).tolist(),
+        "logprobs": unpack_float32(attempt.logprobs).tolist(),
+        "policy_version": attempt.policy_version,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ the run
 
 
@@ -124,14 +177,19 @@ class GRPORun(Run):
         model = self.trainer.model
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # + AdamW's
-        print(f"trainer: GRPO step in {self.cfg.precision}" + (" (train_precision auto)" if
-              settings.train_precision == "auto" else ""), file=sys.stderr)  # fmt: skip
-        print(f"trainer: GRPO writes about {(weights + checkpoint) / 1e9:.1f} GB a version under {sink.run_dir}: a "
-              f"policy folder ({weights / 1e9:.1f} GB, deleted once no order names it) and a checkpoint "
-              f"({checkpoint / 1e9:.1f} GB, the last {KEEP_CHECKPOINTS} kept)", file=sys.stderr)  # fmt: skip
-        # not checkpointed: re-read from the attempts group's pending list after a restart
-        self.samples: dict[str, dict[str, Any]] = {}  # attempt_id -> what the step needs
-        self.attempt_entries: dict[str, list[bytes]] = collections.defaultdict(list)  # work_id -> entry ids
+        print(
+            f"trainer: GRPO step in {self.cfg.precision}"
+            + (" (train_precision auto)" if settings.train_precision == "auto" else ""),
+            file=sys.stderr,
+        )
+        print(
+            f"trainer: GRPO writes about {(weights + checkpoint) / 1e9:.1f} GB a version under {sink.run_dir}: a "
+            f"policy folder ({weights / 1e9:.1f} GB, deleted once no order names it) and a checkpoint "
+            f"({checkpoint / 1e9:.1f} GB, the last {KEEP_CHECKPOINTS} kept)",
+            file=sys.stderr,
+        )
+        self.samples = SampleStore()
+        self.takers[self.keys.attempts] = self._take_attempts
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "checkpoint": self.checkpoint_file, "config": vars(self.cfg)}
@@ -142,16 +200,14 @@ class GRPORun(Run):
         if self.checkpoint_file:
             self.trainer.resume(self.checkpoint_file)
         if self.trainer.version != self.version:
-            raise RuntimeError(f"checkpoint {self.checkpoint_file} holds version {self.trainer.version}, "
-                               f"the run's state says {self.version}")  # fmt: skip
+            raise RuntimeError(
+                f"checkpoint {self.checkpoint_file} holds version {self.trainer.version}, "
+                f"the run's state says {self.version}"
+            )
 
     async def resume(self) -> bool:
         self._remove_partial_files()
-        await ensure_group(self.redis, self.keys.attempts, TRAINER)
-        resumed = await super().resume()
-        if resumed:
-            await self._read_attempts(pending=True)
-        return resumed
+        return await super().resume()
 
     # -- orders: `batch` groups in flight, one theorem and G samples each -----------------------------------
 
@@ -162,53 +218,34 @@ class GRPORun(Run):
         """Group `index` of `version`: the next problem of the seeded rotation (a replacement for a cut group
         takes the one after the version's batch)."""
         theorem_id = rotation(self.train, version, self.settings.batch, self.settings.seed, index)
-        return Order(f"grpo-v{version}-g{index}", version, 0, 1, [theorem_id], samples=self.cfg.group_size,
-                     issued_at=time.time())  # fmt: skip
-
-    def _order_fields(self, order: Order, is_eval: bool) -> dict[str, Any]:
-        return {"samples_per_theorem": order.samples}
+        return Order(
+            f"grpo-v{version}-g{index}", version, 0, 1, [theorem_id], samples=self.cfg.group_size, issued_at=time.time()
+        )
 
     # -- reading: the attempts' tokens and behaviour logprobs, besides the rewards ----------------------------
 
-    async def poll(self, block_ms: int) -> None:
-        await self._read_attempts()
-        await super().poll(block_ms)
-
-    async def _read_attempts(self, pending: bool = False) -> None:
-        async for batch in self._read_group([self.keys.attempts], pending=pending):
-            done: list[bytes] = []
-            for entry_id, fields in batch[self.keys.attempts]:
-                try:
-                    a = decode(Attempt, fields)
-                except SchemaError:
-                    done.append(entry_id)  # the verifiers dead-letter it; the trainer never sees its reward
-                    continue
-                if a.work_id not in self.orders:  # evaluation or an order already used or dropped
-                    done.append(entry_id)
-                    continue
-                self.samples[a.attempt_id] = {
-                    "prompt_ids": unpack_int32(a.prompt_ids).tolist(),
-                    "token_ids": unpack_int32(a.token_ids).tolist(),
-                    "logprobs": unpack_float32(a.logprobs).tolist(),
-                    "policy_version": a.policy_version,
-                }
-                self.attempt_entries[a.work_id].append(entry_id)
-            if done:
-                await self.redis.xack(self.keys.attempts, TRAINER, *done)
-
-    def _group_ready(self, group: Order) -> bool:
-        return group.complete and all(a in self.samples for a in group.rewards)
+    async def _take_attempts(self, entries: Entries) -> None:
+        """Keep the samples of the groups in flight; ack at once the attempts no group will use."""
+        unused: list[bytes] = []
+        for entry_id, fields in entries:
+            try:
+                a = decode(Attempt, fields)
+            except SchemaError:
+                unused.append(entry_id)  # the verifiers dead-letter it; the trainer never sees its reward
+                continue
+            if a.work_id not in self.orders:  # evaluation or an order already used or dropped
+                unused.append(entry_id)
+                continue
+            self.samples.add(a.work_id, a.attempt_id, sample_of(a), entry_id)
+        if unused:
+            await self.redis.xack(self.keys.attempts, TRAINER, *unused)
 
     def _usable(self, order: Order) -> bool:
-        return self._group_ready(order)
+        return self.samples.has_all(order)
 
-    async def _lose(self, order: Order, why: str, detail: str) -> None:
-        """Cut as in Run, and let go of the group's samples and attempt entries."""
-        await super()._lose(order, why, detail)
-        prefix = f"{order.work_id}:"
-        for attempt_id in [a for a in self.samples if a.startswith(prefix)]:
-            del self.samples[attempt_id]
-        if entries := self.attempt_entries.pop(order.work_id, []):
+    async def _settled(self, orders: list[Order]) -> None:
+        """Let go of the groups' samples; ack their attempts (their step, if any, is checkpointed)."""
+        if entries := self.samples.release(orders):
             await self.redis.xack(self.keys.attempts, TRAINER, *entries)
 
     # -- ready: a quorum of the batch, or one group at the deadline -----------------------------------------
@@ -220,7 +257,7 @@ class GRPORun(Run):
 
     async def update(self, ready: list[Order]) -> dict[str, Any] | None:
         fresh, stale = split_fresh(ready, self.version, self.settings.max_staleness, self.settings.batch)
-        groups = [[GRPOSample(reward=m.rewards[a], **self.samples[a]) for a in sorted(m.rewards)] for m in fresh]
+        groups = [self.samples.samples(m) for m in fresh]
         started = time.monotonic()
         step = await asyncio.to_thread(self.trainer.step, groups)
         faults.point("grpo.stepped")  # new weights in memory only: a restart redoes the step from the checkpoint
@@ -239,20 +276,19 @@ class GRPORun(Run):
             await asyncio.to_thread(self.trainer.checkpoint, path)
             self.checkpoint_file = str(path)
             faults.point("grpo.saved")  # policy folder and checkpoint on disk, the run's state not yet in Redis
-            policy = PolicyUpdate(self.trainer.version, "grpo", weights_path=str(Path(folder).resolve()),
-                                  digest=digest, created_ms=int(time.time() * 1000))  # fmt: skip
+            policy = PolicyUpdate(
+                self.trainer.version,
+                "grpo",
+                weights_path=str(Path(folder).resolve()),
+                digest=digest,
+                created_ms=int(time.time() * 1000),
+            )
         else:
             self.counts["steps_without_signal"] += 1
-        for m in [*fresh, *stale]:
-            for a in m.rewards:
-                self.samples.pop(a, None)
-        entries = [e for m in [*fresh, *stale] for e in self.attempt_entries.pop(m.work_id, [])]
         self.counts["groups_used"] += len(fresh)
         self.counts["groups_stale_dropped"] += len(stale)
         self.counts["groups_skipped"] = self.trainer.skipped_groups
         metrics = await self._publish(policy, fresh, stale, own)
-        if entries:
-            await self.redis.xack(self.keys.attempts, TRAINER, *entries)
         self._prune_checkpoints()
         self._prune_policies()
         return metrics

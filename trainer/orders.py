@@ -8,13 +8,19 @@ checkpointed by an older trainer resumes (tests/trainer/test_state_format.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
+from streams.codec import decode
+from streams.schema import DeadLetter, SchemaError, WorkOrder
 from streams.theorems import Theorem
+
+if TYPE_CHECKING:
+    from trainer.config import TrainerSettings
 
 SEED_SHIFT = 7919  # a prime: runs with neighbouring seeds start their rotations far apart
 
@@ -63,6 +69,27 @@ class Order:
         return cls(**doc)
 
 
+def work_order(
+    order: Order, algo: str, settings: TrainerSettings, temperature: float, work_id: str = "", **fields: Any
+) -> WorkOrder:
+    """The one constructor of a run's work orders: the one that asks for `order` (or, under `work_id`, for a
+    bundle that `order` opens: trainer/es.py), with the algorithm's own `fields`. Evaluations decode greedily
+    and have no staleness bound."""
+    is_eval = order.is_eval
+    return WorkOrder(
+        work_id=work_id or order.work_id,
+        policy_version=order.center,
+        algo=algo,  # type: ignore[arg-type]
+        task=settings.task,
+        theorem_ids=order.theorem_ids,
+        samples_per_theorem=order.samples,
+        sampling={"temperature": 0.0 if is_eval else temperature, "max_new_tokens": settings.max_new_tokens},
+        issued_ms=int(time.time() * 1000),
+        max_staleness=None if is_eval else settings.max_staleness,
+        **fields,
+    )
+
+
 def rotation(train: list[Theorem], version: int, per_version: int, seed: int, offset: int) -> str:
     """The theorem at `offset` of version `version`'s stretch of a seeded rotation through the train split:
     each version's stretch starts `per_version` problems after the previous one's, so consecutive versions
@@ -85,6 +112,42 @@ def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: 
     stale = [o for o in complete if staleness(version, o.center) > max_staleness]
     fresh.sort(key=lambda o: (-o.center, o.work_id))
     return fresh[:limit], stale
+
+
+def expired(
+    orders: list[Order],
+    evals: list[Order],
+    version: int,
+    max_staleness: int,
+    timeout_s: float,
+    since: float,
+    now: float,
+) -> list[tuple[Order, str, str]]:
+    """(order, why, detail) of each order in flight that can no longer be used: training orders whose center is
+    past the staleness bound (evaluations have none), then any order unanswered `timeout_s` after it was issued
+    or after `since` (a restarted trainer gives the orders it inherits the whole timeout again: their rewards
+    may be waiting in the stream, unread while no trainer ran). `orders` and `evals` hold those not yet usable."""
+    fresh = [o for o in orders if staleness(version, o.center) <= max_staleness]
+    out = [(o, "stale", f"center {o.center}, now at version {version}") for o in orders if o not in fresh]
+    for o in [*fresh, *evals]:
+        if (waited := now - max(o.issued_at, since)) > timeout_s:
+            out.append((o, "timeout", f"unanswered for {waited:.0f} s"))
+    return out
+
+
+def letter_losses(fields: dict[bytes, bytes]) -> tuple[str, str, list[str]]:
+    """(why, reason, work ids) of a dead letter: the orders it says will never complete (its own, an attempt's
+    or a reward's, and an ES bundle's members), `why` being `skipped` (a generator skipped a stale order) or
+    `dead_letter`. None named for an entry deleted after it was read (`ops dlq purge`/`requeue`: no fields)
+    or one that is not a dead letter."""
+    try:
+        letter = decode(DeadLetter, fields) if fields else None
+    except SchemaError:
+        letter = None
+    if letter is None:
+        return "", "", []
+    why = "skipped" if letter.reason.startswith("skipped") else "dead_letter"
+    return why, letter.reason, letter_work_ids(letter.original)
 
 
 def letter_work_ids(original: dict[bytes, bytes]) -> list[str]:

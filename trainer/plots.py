@@ -1,6 +1,6 @@
 """The one way this project draws a PNG: matplotlib on the Agg backend (no screen), saved at 100 dpi and closed.
 
-Every plot (the run's own in trainer/metrics.py, the runs side by side in trainer/curves.py, the evaluations'
+Every plot (the run's own in trainer/run_plots.py, the runs side by side in trainer/curves.py, the evaluations'
 in evals/plots.py) loads pyplot with `pyplot()` and writes with `save()`. matplotlib is a dependency, but a
 plot is never worth a failed run: where it cannot be imported, `pyplot()` is None and no plot is drawn.
 """

@@ -19,25 +19,60 @@ and is removed when progress resumes.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import orjson
+import structlog
 from redis.asyncio import Redis
 
 from streams.keys import Keys
 
 REPORT_FRESH_S = 90.0  # a verifier reports every 30 s: an older report is a worker that is gone
 CHECK_EVERY_S = 5.0
+log = structlog.get_logger("trainer.progress")
+
+
+class NoProgress(RuntimeError):
+    """The local pipeline's run can make no progress: the message says why."""
 
 
 class ProgressWatch:
-    """Fed by the run's reads (`saw_progress`, `saw_letter`); `check` answers the cause of a stall, or None."""
+    """Fed by the run's reads (`saw_progress`, `saw_letter`); `check` answers the cause of a stall, or None;
+    `watch` acts on it. `local`: the roles are the local pipeline's, so a stall stops the run (NoProgress);
+    else it raises the alarm in `{ps:R}:trainer_alert`."""
 
-    def __init__(self, stall_timeout_s: float) -> None:
+    def __init__(self, stall_timeout_s: float, local: bool = True) -> None:
         self.stall_timeout_s = stall_timeout_s
+        self.local = local
         self.last_progress = time.monotonic()
         self.letters: list[tuple[float, str]] = []  # (monotonic time, reason) of infrastructure dead letters
         self._checked = 0.0
+        self.alerted = False  # `{ps:R}:trainer_alert` set by this trainer
+
+    async def watch(self, redis: Redis, keys: Keys, version: int) -> None:
+        """Stop a local run that can make no progress (NoProgress, with the cause); for one whose roles run
+        elsewhere, set `{ps:R}:trainer_alert` while it is stalled and remove it once progress resumes."""
+        cause = await self.check(redis, keys)
+        if cause is None:
+            if self.alerted and time.monotonic() - self.last_progress < self.stall_timeout_s:
+                await redis.delete(keys.trainer_alert)
+                self.alerted = False
+                log.info("run_progressing_again", version=version)
+            return
+        if self.local:
+            raise NoProgress(cause)
+        if not self.alerted:
+            log.error("run_stalled", version=version, cause=cause[:2000])
+            print(f"trainer: {cause}; the roles run elsewhere: the run goes on once they can", file=sys.stderr)
+        alert = {"cause": cause, "version": version, "since_ms": int(time.time() * 1000)}
+        await redis.set(keys.trainer_alert, orjson.dumps(alert))
+        self.alerted = True
+
+    async def clear(self, redis: Redis, keys: Keys) -> None:
+        """Remove this trainer's alert (the run ends)."""
+        if self.alerted:
+            await redis.delete(keys.trainer_alert)
 
     def saw_progress(self) -> None:
         self.last_progress = time.monotonic()

@@ -42,7 +42,7 @@ from ops.views import dlq, inspect, judged, runs, verdicts
 from streams import role_stats, samples
 from streams.keys import Keys
 from streams.run_dir import METRICS, eval_records, read_records, update_records
-from trainer.metrics import COLORS
+from trainer.run_plots import COLORS
 
 PAGE = Path(__file__).with_name("dashboard.html")
 SAMPLES = 40  # judged samples on the page: the newest that match its filters

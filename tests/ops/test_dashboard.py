@@ -24,7 +24,7 @@ from streams.codec import encode
 from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, Member, Reward
 from streams.theorems import Theorem
-from trainer.metrics import COLORS
+from trainer.run_plots import COLORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -174,7 +174,7 @@ def test_compare_prints_the_table_the_differences_and_writes_one_plot(folder):
 def test_compare_says_where_mlflow_holds_the_runs(folder, tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
-    from trainer.metrics import MLflowRun
+    from trainer.mlflow_run import MLflowRun
 
     store = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{store / 'mlflow.db'}"

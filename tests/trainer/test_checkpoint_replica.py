@@ -1,6 +1,6 @@
 """The trainer's checkpoint waits for a replica: the MULTI that writes a version's state
 is followed by WAIT on the same connection, so the acks and files that follow it come after a checkpoint that
-survives a failover; a WAIT that falls short is counted and the run goes on (trainer/loop.py `checkpoint`).
+survives a failover; a WAIT that falls short is counted and the run goes on (trainer/run_state.py `Checkpointer`).
 Real processes (tests/fixtures/sentinel.py); the replica is slowed with SIGSTOP."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from streams.keys import Keys
 from tests.fixtures.sentinel import started
 from trainer.config import TrainerSettings
 from trainer.es import ESRun
-from trainer.loop import STATE_FIELD
 from trainer.metrics import MetricsSink
+from trainer.run_state import STATE_FIELD
 
 
 @pytest.fixture

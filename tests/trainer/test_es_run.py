@@ -21,8 +21,8 @@ from streams.groups import id_order
 from streams.keys import TRAINER, Keys
 from streams.schema import PolicyUpdate, WorkOrder
 from tests.fixtures.fake_roles import fake_reward
-from trainer.es import ESConfig, ESRun, es_config, make_step, members_for, policy_entry, select, zscore
-from trainer.orders import Order
+from trainer.es import ESConfig, ESRun, es_config, make_step, members_for, policy_entry, zscore
+from trainer.orders import Order, split_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,14 +58,12 @@ def test_step_is_the_z_scored_member_rewards_and_applies_as_the_formula():
 
 
 def test_staleness_bound_and_population_cap():
-    cfg = ESConfig(population=3, max_staleness=1)
     complete = [_member(5, 0, 1.0), _member(4, 1, 0.5), _member(3, 2, 0.0), _member(5, 3, 0.2), _member(4, 4, 0.1)]
-    used, stale = select(complete, 5, cfg)
+    used, stale = split_fresh(complete, 5, max_staleness=1, limit=3)
     assert [m.work_id for m in used] == ["es-v5-m0", "es-v5-m3", "es-v4-m1"]  # freshest first, at most N
     assert [m.work_id for m in stale] == ["es-v3-m2"]  # 2 versions old: past the bound
     assert all(5 - m.center <= 1 for m in used)
-    sync = ESConfig(population=3, max_staleness=0)
-    assert all(m.center == 5 for m in select(complete, 5, sync)[0])
+    assert all(m.center == 5 for m in split_fresh(complete, 5, max_staleness=0, limit=3)[0])
 
 
 def test_member_seeds_are_a_pure_function_and_antithetic_twins_share_one():
@@ -81,10 +79,37 @@ def _trainer(url: str, run: str, run_dir: Path, iterations: int, *extra: str) ->
 
 
 def _trainer_argv(url: str, run: str, run_dir: Path, iterations: int) -> list[str]:
-    return [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown",
-            "--iterations", str(iterations), "--population", "4", "--batch", "3", "--problems", "40",
-            "--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir), "--log-level", "warning",
-            "--history-s", "0"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--redis-url",
+        url,
+        "--run",
+        run,
+        "--algo",
+        "es",
+        "--task",
+        "countdown",
+        "--iterations",
+        str(iterations),
+        "--population",
+        "4",
+        "--batch",
+        "3",
+        "--problems",
+        "40",
+        "--held-out",
+        "4",
+        "--eval-every",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--log-level",
+        "warning",
+        "--history-s",
+        "0",
+    ]
 
 
 def _until(predicate, timeout_s: float, what: str):
@@ -180,7 +205,8 @@ def test_es_members_are_scored_greedily_by_default_and_grpo_keeps_sampling(tmp_p
         run = ESRun(settings, None, train, held_out, MetricsSink(tmp_path / "run"))
         member = Order("es-v0-m0", 0, 7, 1, [train[0].theorem_id])
         evaluation = Order("eval-v0", 0, 0, 1, [held_out[0].theorem_id])
-        return run._work_order(member).sampling["temperature"], run._work_order(evaluation).sampling["temperature"]
+        by_id = {w.work_id: w.sampling["temperature"] for w in run.work_orders([member, evaluation])}
+        return by_id["es-v0-m0"], by_id["eval-v0"]
 
     assert orders() == (0.0, 0.0)
     assert orders(temperature=1.0) == (0.0, 0.0)  # GRPO's setting does not reach ES members
@@ -218,13 +244,17 @@ def test_the_trainer_rides_out_a_redis_restart_and_resumes_from_what_redis_kept(
     trainer = None
     try:
         with open(log_path, "w") as err:
-            trainer = subprocess.Popen(_trainer_argv(server.url, run, tmp_path, iterations), cwd=ROOT,
-                                       stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+            trainer = subprocess.Popen(
+                _trainer_argv(server.url, run, tmp_path, iterations), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err
+            )
         _until(lambda: r.xlen(keys.policy) >= 2 or trainer.poll() is not None, 120, "two versions")
         assert trainer.poll() is None, log_path.read_text()[-3000:]
         server.kill()
-        _until(lambda: "Redis is unavailable" in log_path.read_text() or trainer.poll() is not None, 60,
-               "the trainer to notice")  # fmt: skip
+        _until(
+            lambda: "Redis is unavailable" in log_path.read_text() or trainer.poll() is not None,
+            60,
+            "the trainer to notice",
+        )
         assert trainer.poll() is None, log_path.read_text()[-3000:]  # still alive, waiting
         server.start()  # the same port and data
         assert trainer.wait(180) == 0, log_path.read_text()[-3000:]
@@ -256,8 +286,17 @@ async def test_updates_wait_for_the_quorum_or_the_deadline_use_no_stale_member_a
     from trainer.config import TrainerSettings
     from trainer.metrics import MetricsSink
 
-    settings = TrainerSettings(run="rules", population=8, quorum=0.75, max_staleness=1, deadline_s=60,
-                               antithetic=False, problems=6, held_out=2, eval_every=0)  # fmt: skip
+    settings = TrainerSettings(
+        run="rules",
+        population=8,
+        quorum=0.75,
+        max_staleness=1,
+        deadline_s=60,
+        antithetic=False,
+        problems=6,
+        held_out=2,
+        eval_every=0,
+    )
     run = ESRun(settings, one_redis, [], [], MetricsSink(tmp_path))
     run.version = 3
 
@@ -307,8 +346,16 @@ async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_m
     from trainer.config import TrainerSettings
     from trainer.metrics import MetricsSink
 
-    settings = TrainerSettings(run="bundles", population=8, es_noise="lowrank", es_rank=2, members_per_order=3,
-                               problems=6, held_out=2, eval_every=0)  # fmt: skip
+    settings = TrainerSettings(
+        run="bundles",
+        population=8,
+        es_noise="lowrank",
+        es_rank=2,
+        members_per_order=3,
+        problems=6,
+        held_out=2,
+        eval_every=0,
+    )
     keys = Keys("bundles")
     run = ESRun(settings, one_redis, *_split(settings), MetricsSink(tmp_path))
     await run.resume()
@@ -320,7 +367,7 @@ async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_m
         assert (
             w.member is None
             and w.rank == 2
-            and w.sigma == run.cfg.sigma
+            and w.sigma == run.settings.sigma
             and w.work_id.startswith(w.members[0]["work_id"])
         )
         for m in w.members:
@@ -328,8 +375,16 @@ async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_m
             assert (m["seed"], m["sign"]) == (order.seed, order.sign)
     assert len({w.work_id for w in work}) == 3
     entry_id = (await one_redis.xrange(keys.work))[0][0]
-    letter = DeadLetter(keys.work, "generators", entry_id.decode(), 4, "infrastructure: generator g: boom", "g", 0,
-                        dict((await one_redis.xrange(keys.work))[0][1]))  # fmt: skip
+    letter = DeadLetter(
+        keys.work,
+        "generators",
+        entry_id.decode(),
+        4,
+        "infrastructure: generator g: boom",
+        "g",
+        0,
+        dict((await one_redis.xrange(keys.work))[0][1]),
+    )
     await one_redis.xadd(keys.dlq, encode(letter))
     await run.poll(block_ms=100)
     assert sorted(run.orders) == [f"es-v0-m{i}" for i in range(3, 8)]
@@ -354,8 +409,13 @@ def test_an_unreachable_redis_at_the_start_is_a_clear_error_not_a_traceback(tmp_
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run(_trainer_argv(f"redis://127.0.0.1:{port}/0", "nowhere", tmp_path, 2), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        _trainer_argv(f"redis://127.0.0.1:{port}/0", "nowhere", tmp_path, 2),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert f"trainer: cannot reach Redis at redis://127.0.0.1:{port}/0" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -366,8 +426,21 @@ def test_a_missing_or_malformed_dataset_is_a_clear_error_not_a_traceback(one_red
     dataset = tmp_path / "theorems.jsonl"
     if content is not None:
         dataset.write_text(content)
-    argv = [sys.executable, "-m", "trainer", "--redis-url", one_redis_url, "--run", "nodata", "--task", "lean",
-            "--dataset", str(dataset), "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--redis-url",
+        one_redis_url,
+        "--run",
+        "nodata",
+        "--task",
+        "lean",
+        "--dataset",
+        str(dataset),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -377,12 +450,20 @@ def test_the_end_of_a_run_says_its_result_in_one_line():
     from trainer.config import TrainerSettings
 
     settings = TrainerSettings(run="r", iterations=8)
-    summary = {"version": 8, "counts": {"samples": 1024}, "interrupted": False, "wall_s": 397.2,
-               "evals": {"8": {"held_out_reward": 0.1, "held_out_exact": 0.03125, "problems": 32},
-                         "0": {"held_out_reward": 0.0875, "held_out_exact": 0.0, "problems": 32}}}  # fmt: skip
+    summary = {
+        "version": 8,
+        "counts": {"samples": 1024},
+        "interrupted": False,
+        "wall_s": 397.2,
+        "evals": {
+            "8": {"held_out_reward": 0.1, "held_out_exact": 0.03125, "problems": 32},
+            "0": {"held_out_reward": 0.0875, "held_out_exact": 0.0, "problems": 32},
+        },
+    }
     assert headline_of(settings, summary) == (
         "run 'r' finished at version 8 of 8 (ES on countdown, SmolLM2-135M-Instruct (default), 6 min 37 s); "
-        "held-out reward 0.087 (v0) -> 0.100 (v8); exact 0/32 -> 1/32; 1024 training samples")  # fmt: skip
+        "held-out reward 0.087 (v0) -> 0.100 (v8); exact 0/32 -> 1/32; 1024 training samples"
+    )
     summary["evals"]["4"] = {"held_out_reward": 0.2, "held_out_exact": 0.0625, "problems": 32}  # a better middle
     assert "-> 0.100 (v8), best 0.200 (v4); exact 0/32 -> 1/32, best 2/32;" in headline_of(settings, summary)
     assert headline_of(settings, {"version": 2, "interrupted": True}) == (

@@ -17,7 +17,7 @@ import pytest
 
 from streams.keys import Keys
 from trainer.lease import TrainerLease, TrainerRunning
-from trainer.loop import FINISHED_BEFORE
+from trainer.run_state import FINISHED_BEFORE
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = Keys("leased")

@@ -11,8 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from streams.run_dir import read_records
 from trainer.config import TrainerSettings
-from trainer.metrics import RECORD, MetricsSink, MLflowRun, MLflowUnavailable, read_records
+from trainer.metrics import MetricsSink
+from trainer.mlflow_run import RECORD, MLflowRun, MLflowUnavailable
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -49,10 +49,23 @@ def _generator(misbehave: Callable[[WorkOrder], None]):
         for i, theorem_id in enumerate(order.theorem_ids):
             for k in range(order.samples_per_theorem):
                 attempt_id = f"{order.work_id}:{i}:{k}"
-                out.append(Attempt(attempt_id, order.work_id, theorem_id, order.policy_version, k, "x",
-                                   text=_text(attempt_id), task=order.task, member=order.member, num_tokens=4,
-                                   token_ids=pack_int32([5 + i, 6 + k, 7, 8]), logprobs=pack_float32([-2.0] * 4),
-                                   prompt_ids=pack_int32([1, 2, 3])))  # fmt: skip
+                out.append(
+                    Attempt(
+                        attempt_id,
+                        order.work_id,
+                        theorem_id,
+                        order.policy_version,
+                        k,
+                        "x",
+                        text=_text(attempt_id),
+                        task=order.task,
+                        member=order.member,
+                        num_tokens=4,
+                        token_ids=pack_int32([5 + i, 6 + k, 7, 8]),
+                        logprobs=pack_float32([-2.0] * 4),
+                        prompt_ids=pack_int32([1, 2, 3]),
+                    )
+                )
         return out
 
     return handle
@@ -62,9 +75,19 @@ def _verifier(misbehave: Callable[[Attempt], None]):
     async def handle(delivery: Delivery[Attempt]) -> list[Reward]:
         a = delivery.message
         misbehave(a)
-        return [Reward(attempt_id=a.attempt_id, theorem_id=a.theorem_id, sample_index=a.sample_index,
-                       reward=_reward(a.attempt_id), policy_version=a.policy_version, verdict="rejected",
-                       member=a.member, work_id=a.work_id, attempt_entry=delivery.entry_id.decode())]  # fmt: skip
+        return [
+            Reward(
+                attempt_id=a.attempt_id,
+                theorem_id=a.theorem_id,
+                sample_index=a.sample_index,
+                reward=_reward(a.attempt_id),
+                policy_version=a.policy_version,
+                verdict="rejected",
+                member=a.member,
+                work_id=a.work_id,
+                attempt_entry=delivery.entry_id.decode(),
+            )
+        ]
 
     return handle
 
@@ -98,10 +121,26 @@ def _fine(_message: object) -> None:
 async def _roles(redis, keys: Keys, generator: Callable, verifier: Callable):
     """A generator and a verifier consumer, both real runtime consumers, serving until the block ends."""
     fast = ConsumerSettings(batch_size=1, block_ms=50, claim_idle_ms=NEVER_MS, max_deliveries=3)
-    gen = Consumer(redis, keys, message_type=WorkOrder, group=GENERATORS, name="gen", output=Attempt,
-                   handler=_generator(generator), settings=fast)  # fmt: skip
-    ver = Consumer(redis, keys, message_type=Attempt, group=VERIFIERS, name="ver", output=Reward,
-                   handler=_verifier(verifier), settings=fast)  # fmt: skip
+    gen = Consumer(
+        redis,
+        keys,
+        message_type=WorkOrder,
+        group=GENERATORS,
+        name="gen",
+        output=Attempt,
+        handler=_generator(generator),
+        settings=fast,
+    )
+    ver = Consumer(
+        redis,
+        keys,
+        message_type=Attempt,
+        group=VERIFIERS,
+        name="ver",
+        output=Reward,
+        handler=_verifier(verifier),
+        settings=fast,
+    )
     await gen.ensure_group()
     await ver.ensure_group()
     stop = asyncio.Event()
@@ -162,9 +201,20 @@ async def test_every_es_order_ends_in_an_outcome_and_a_lost_one_never_holds_a_sl
     from trainer.es import ESRun
 
     generator, verifier, expected, unused = SCENARIOS[scenario]
-    settings = TrainerSettings(run=f"lost-{scenario}", population=POPULATION, antithetic=False, batch=2, quorum=1.0,
-                               max_staleness=0, iterations=3, problems=8, held_out=2, eval_every=3,
-                               order_timeout_s=3.0, deadline_s=60.0)  # fmt: skip
+    settings = TrainerSettings(
+        run=f"lost-{scenario}",
+        population=POPULATION,
+        antithetic=False,
+        batch=2,
+        quorum=1.0,
+        max_staleness=0,
+        iterations=3,
+        problems=8,
+        held_out=2,
+        eval_every=3,
+        order_timeout_s=3.0,
+        deadline_s=60.0,
+    )
     keys = Keys(settings.run)
     train, held_out = load_theorems(settings)
     run = ESRun(settings, one_redis, train, held_out, MetricsSink(tmp_path))
@@ -221,8 +271,18 @@ async def test_a_resume_writes_the_versions_redis_has_and_the_run_directory_lack
     not. The next trainer writes it from the metrics stream (and an evaluation from the checkpoint)."""
     from trainer.es import ESRun
 
-    settings = TrainerSettings(run="backfill", population=POPULATION, antithetic=False, batch=2, quorum=1.0,
-                               max_staleness=0, iterations=2, problems=8, held_out=2, eval_every=2)  # fmt: skip
+    settings = TrainerSettings(
+        run="backfill",
+        population=POPULATION,
+        antithetic=False,
+        batch=2,
+        quorum=1.0,
+        max_staleness=0,
+        iterations=2,
+        problems=8,
+        held_out=2,
+        eval_every=2,
+    )
     keys = Keys(settings.run)
     train, held_out = load_theorems(settings)
     async with _roles(one_redis, keys, _fine, _fine):
@@ -249,9 +309,20 @@ async def test_a_grpo_group_whose_order_or_attempt_is_dead_lettered_is_cut_and_r
 
     generator = _poison_work("grpo-v0-g1") if scenario == "work_dead_letter" else _fine
     verifier = _poison_attempt("grpo-v0-g1:0:1") if scenario == "attempt_dead_letter" else _fine
-    settings = TrainerSettings(run=f"grpo-lost-{scenario}", algo="grpo", iterations=2, batch=2, group_size=2,
-                               quorum=1.0, max_staleness=0, eval_every=0, problems=6, held_out=2, max_new_tokens=4,
-                               deadline_s=60.0)  # fmt: skip
+    settings = TrainerSettings(
+        run=f"grpo-lost-{scenario}",
+        algo="grpo",
+        iterations=2,
+        batch=2,
+        group_size=2,
+        quorum=1.0,
+        max_staleness=0,
+        eval_every=0,
+        problems=6,
+        held_out=2,
+        max_new_tokens=4,
+        deadline_s=60.0,
+    )
     model = tmp_path / "tiny"
     tiny_llama().save_pretrained(model)
     keys = Keys(settings.run)
@@ -264,8 +335,9 @@ async def test_a_grpo_group_whose_order_or_attempt_is_dead_lettered_is_cut_and_r
     assert [r["groups"] for r in updates] == [2, 2]  # the full batch each step
     assert all("grpo-v0-g1" not in r["groups_used"] for r in updates)
     # the cut group's samples and attempt entries are let go (only groups still in flight hold any)
-    assert all(a.rsplit(":", 2)[0] in run.orders for a in run.samples)
-    assert set(run.attempt_entries) <= set(run.orders)
+    assert set(run.samples.groups) <= set(run.orders)
+    assert all(a.rsplit(":", 2)[0] == w for w, held in run.samples.groups.items() for a in held)
+    assert set(run.samples.entries) <= set(run.orders)
     pending = await one_redis.xpending_range(keys.attempts, "trainer", min="-", max="+", count=100)
-    held = {e for ids in run.attempt_entries.values() for e in ids}
+    held = {e for ids in run.samples.entries.values() for e in ids}
     assert {p["message_id"] for p in pending} <= held

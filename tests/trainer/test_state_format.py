@@ -17,29 +17,62 @@ from trainer.metrics import MetricsSink
 from trainer.orders import Order
 
 # An ES checkpoint as `{ps:R}:trainer` holds it: keys, their order, and the order record's own keys.
-# fmt: off
 ES_STATE = {
     "algo": "es",
     "version": 2,
     "next_index": {"2": 3},
     "members": [
-        {"work_id": "es-v2-m0", "center": 2, "seed": 11, "sign": 1, "theorem_ids": ["a", "b"], "samples": 1,
-         "rewards": {"es-v2-m0:0:0": 0.5, "es-v2-m0:1:0": 1.0}, "proved": 1, "issued_at": 100.0},
-        {"work_id": "es-v2-m1", "center": 2, "seed": 11, "sign": -1, "theorem_ids": ["a", "b"], "samples": 1,
-         "rewards": {}, "proved": 0, "issued_at": 100.5},
+        {
+            "work_id": "es-v2-m0",
+            "center": 2,
+            "seed": 11,
+            "sign": 1,
+            "theorem_ids": ["a", "b"],
+            "samples": 1,
+            "rewards": {"es-v2-m0:0:0": 0.5, "es-v2-m0:1:0": 1.0},
+            "proved": 1,
+            "issued_at": 100.0,
+        },
+        {
+            "work_id": "es-v2-m1",
+            "center": 2,
+            "seed": 11,
+            "sign": -1,
+            "theorem_ids": ["a", "b"],
+            "samples": 1,
+            "rewards": {},
+            "proved": 0,
+            "issued_at": 100.5,
+        },
     ],
     "evals": [
-        {"work_id": "eval-v2-r1", "center": 2, "seed": 0, "sign": 1, "theorem_ids": ["h"], "samples": 1,
-         "rewards": {}, "proved": 0, "issued_at": 101.0},
+        {
+            "work_id": "eval-v2-r1",
+            "center": 2,
+            "seed": 0,
+            "sign": 1,
+            "theorem_ids": ["h"],
+            "samples": 1,
+            "rewards": {},
+            "proved": 0,
+            "issued_at": 101.0,
+        },
     ],
     "eval_results": {"0": {"version": 0, "held_out_reward": 0.25, "held_out_exact": 0.0, "problems": 1}},
     "eval_ids": ["h"],
     "counts": {"members_issued": 3, "cut_timeout": 1, "samples": 12},
     "finished": False,
-    "config": {"population": 4, "sigma": 0.001, "alpha": 0.002, "antithetic": True, "max_staleness": 2,
-               "noise": "full", "rank": 0, "members_per_order": 1},
+    "config": {
+        "population": 4,
+        "sigma": 0.001,
+        "alpha": 0.002,
+        "antithetic": True,
+        "max_staleness": 2,
+        "noise": "full",
+        "rank": 0,
+        "members_per_order": 1,
+    },
 }
-# fmt: on
 
 
 def _es_run(tmp_path, redis=None, **flags):
@@ -129,3 +162,78 @@ async def test_grpo_groups_take_consecutive_problems_of_the_seeded_rotation(one_
         "grpo-v1-g1": (["t2"], 2),
     }
     assert list(run.state()) == [*list(ES_STATE)[:-1], "checkpoint", "config"]
+
+
+def test_work_orders_keep_their_wire_fields(tmp_path, monkeypatch):
+    """The entries an ES run's members (a bundle of two, one alone), its evaluation and a GRPO group put on
+    `{ps:R}:work`, field by field and in order, as the trainer wrote them before its work orders had one
+    constructor (trainer/orders.py `work_order`)."""
+    import time
+
+    from streams.codec import encode
+    from trainer.orders import work_order
+
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    settings = TrainerSettings(
+        run="pins", population=4, es_noise="lowrank", es_rank=2, members_per_order=2, es_temperature=0.5
+    )
+    run = ESRun(settings, None, [], [], MetricsSink(tmp_path / "run"))
+    members = [
+        Order("es-v1-m0", 1, 11, 1, ["a"]),
+        Order("es-v1-m1", 1, 11, -1, ["a"]),
+        Order("es-v1-m2", 1, 12, 1, ["a", "b"]),
+    ]
+    entries = [list(encode(w).items()) for w in run.work_orders([*members, Order("eval-v1", 1, 0, 1, ["h"])])]
+    head = [(b"v", b"1")]
+    es, sampled = [(b"algo", b"es"), (b"task", b"countdown")], b'{"temperature":0.5,"max_new_tokens":96}'
+    assert entries == [
+        [
+            *head,
+            (b"work_id", b"eval-v1"),
+            (b"policy_version", b"1"),
+            *es,
+            (b"theorem_ids", b'["h"]'),
+            (b"sampling", b'{"temperature":0.0,"max_new_tokens":96}'),
+            (b"issued_ms", b"1000000"),
+        ],
+        [
+            *head,
+            (b"work_id", b"es-v1-m0+1-7e240b"),
+            (b"policy_version", b"1"),
+            *es,
+            (b"theorem_ids", b'["a"]'),
+            (b"sigma", b"0.001"),
+            (b"members", b'[{"work_id":"es-v1-m0","seed":11,"sign":1},{"work_id":"es-v1-m1","seed":11,"sign":-1}]'),
+            (b"rank", b"2"),
+            (b"sampling", sampled),
+            (b"issued_ms", b"1000000"),
+            (b"max_staleness", b"2"),
+        ],
+        [
+            *head,
+            (b"work_id", b"es-v1-m2"),
+            (b"policy_version", b"1"),
+            *es,
+            (b"theorem_ids", b'["a","b"]'),
+            (b"member", b"[12,1]"),
+            (b"sigma", b"0.001"),
+            (b"rank", b"2"),
+            (b"sampling", sampled),
+            (b"issued_ms", b"1000000"),
+            (b"max_staleness", b"2"),
+        ],
+    ]
+    grpo = TrainerSettings(run="pins", algo="grpo", temperature=0.7, max_staleness=1)
+    group = work_order(Order("grpo-v3-g0", 3, 0, 1, ["t"], samples=4), "grpo", grpo, grpo.temperature)
+    assert list(encode(group).items()) == [
+        *head,
+        (b"work_id", b"grpo-v3-g0"),
+        (b"policy_version", b"3"),
+        (b"algo", b"grpo"),
+        (b"task", b"countdown"),
+        (b"theorem_ids", b'["t"]'),
+        (b"samples_per_theorem", b"4"),
+        (b"sampling", b'{"temperature":0.7,"max_new_tokens":96}'),
+        (b"issued_ms", b"1000000"),
+        (b"max_staleness", b"1"),
+    ]

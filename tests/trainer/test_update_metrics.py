@@ -15,14 +15,34 @@ from trainer.metrics import MetricsSink
 from trainer.orders import Order
 
 # What every version's metrics hold, whatever the algorithm.
-COMMON = {"version", "algo", "reward_mean", "pass_rate", "attempts", "samples", "stale_dropped", "staleness",
-          "verdicts", "rewards_per_s", "update_s", "in_flight", "time"}  # fmt: skip
+COMMON = {
+    "version",
+    "algo",
+    "reward_mean",
+    "pass_rate",
+    "attempts",
+    "samples",
+    "stale_dropped",
+    "staleness",
+    "verdicts",
+    "rewards_per_s",
+    "update_s",
+    "in_flight",
+    "time",
+}
 
 
 def _order(prefix: str, center: int, index: int, rewards: list[float], samples: int = 1) -> Order:
     work_id = f"{prefix}-v{center}-{'g' if prefix == 'grpo' else 'm'}{index}"
-    return Order(work_id, center, 100 * center + index, 1, ["t"], samples=samples,
-                 rewards={f"{work_id}:0:{k}": r for k, r in enumerate(rewards)})  # fmt: skip
+    return Order(
+        work_id,
+        center,
+        100 * center + index,
+        1,
+        ["t"],
+        samples=samples,
+        rewards={f"{work_id}:0:{k}": r for k, r in enumerate(rewards)},
+    )
 
 
 async def _published(redis, run: str) -> dict:
@@ -48,6 +68,13 @@ async def test_an_es_version_counts_staleness_from_the_version_it_steps_from_and
     assert metrics["stale_dropped"] == 1 and metrics["members"] == 4
     assert (metrics["attempts"], metrics["samples"]) == (8, 18) and run.counts["samples"] == 18
     assert metrics["reward_mean"] == 0.75  # (0.5 + 1.0) / 2 on every attempt
+    # the record's keys in the order metrics.jsonl has always had them: common, ES's own, health, time, pipeline
+    assert list(metrics) == [
+        *("version", "algo", "reward_mean", "pass_rate", "attempts", "samples", "stale_dropped", "staleness"),
+        *("verdicts", "rewards_per_s", "update_s", "reward_max", "members", "stragglers", "in_flight"),
+        *("oldest_in_flight_s", "evals_in_flight", "time", "dead_letters", "dead_letters_by_reason"),
+        "oldest_pending_idle_ms",
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -61,8 +88,16 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
 
     model = tmp_path / "tiny"
     tiny_llama().save_pretrained(model)
-    settings = TrainerSettings(run="grpo-metrics", algo="grpo", batch=4, group_size=2, max_staleness=1,
-                               eval_every=0, train_device="cpu", train_precision="fp32")  # fmt: skip
+    settings = TrainerSettings(
+        run="grpo-metrics",
+        algo="grpo",
+        batch=4,
+        group_size=2,
+        max_staleness=1,
+        eval_every=0,
+        train_device="cpu",
+        train_precision="fp32",
+    )
     run = GRPORun(settings, one_redis, [], [], MetricsSink(tmp_path / "run"), model_path=model)
     run.version = run.trainer.version = 3
     run.counts["samples"] = 4
@@ -70,8 +105,13 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
     for g in groups:
         run.orders[g.work_id] = g
         for k, attempt_id in enumerate(sorted(g.rewards)):
-            run.samples[attempt_id] = {"prompt_ids": [1, 2, 3], "token_ids": [5 + k, 6, 7], "logprobs": [-2.0] * 3,
-                                       "policy_version": g.center}  # fmt: skip
+            sample = {
+                "prompt_ids": [1, 2, 3],
+                "token_ids": [5 + k, 6, 7],
+                "logprobs": [-2.0] * 3,
+                "policy_version": g.center,
+            }
+            run.samples.add(g.work_id, attempt_id, sample)
     metrics = await run.update(groups)
     published = await _published(one_redis, "grpo-metrics")
     assert published == metrics and [r for r in run.sink.records() if not r.get("eval")] == [metrics]
@@ -79,4 +119,4 @@ async def test_a_grpo_version_counts_staleness_from_the_version_it_steps_from_an
     assert metrics["staleness"] == {"0": 2, "1": 1}
     assert metrics["stale_dropped"] == 1 and metrics["groups"] == 3
     assert (metrics["attempts"], metrics["samples"]) == (6, 10) and run.counts["samples"] == 10
-    assert metrics["reward_mean"] == 0.5 and run.orders == {} and run.samples == {}
+    assert metrics["reward_mean"] == 0.5 and run.orders == {} and not run.samples.groups

@@ -1,0 +1,135 @@
+"""Each version's common metrics (trainer/version_metrics.py), and the rules the loop applies to orders
+(expiry, dead letters, rewards, evaluations), as pure functions without Redis: inputs chosen so that every
+expected value is worked out by hand here."""
+
+from __future__ import annotations
+
+from trainer.orders import Order, expired
+from trainer.version_metrics import health_figures, version_metrics
+
+
+def _order(work_id: str, center: int, rewards: list[float], proved: int = 0, issued_at: float = 0.0) -> Order:
+    scored = {f"{work_id}:{k}:0": r for k, r in enumerate(rewards)}
+    return Order(work_id, center, 0, 1, ["t"] * len(rewards), rewards=scored, proved=proved, issued_at=issued_at)
+
+
+def test_a_version_s_common_figures_in_their_order():
+    """Stepping from version 5: orders of centers 5, 5, 4 used (lags 0, 0, 1), one dropped as stale. Rewards
+    1, 0 | 0.5 | 1, 1: 5 attempts, sum 3.5, mean 0.7; 3 proved of 5: 0.6. 4 rewards read in 2 s: 2 a second."""
+    used = [_order("a", 5, [1.0, 0.0], proved=1), _order("b", 5, [0.5]), _order("c", 4, [1.0, 1.0], proved=2)]
+    stale = [_order("d", 2, [1.0])]
+    read = {"proved": 3, "wrong": 1}
+    metrics = version_metrics(6, "es", 5, used, stale, 15, read, 2.0)
+    assert metrics == {
+        "version": 6,
+        "algo": "es",
+        "reward_mean": 0.7,
+        "pass_rate": 0.6,
+        "attempts": 5,
+        "samples": 15,
+        "stale_dropped": 1,
+        "staleness": {"0": 2, "1": 1},
+        "verdicts": {"proved": 3, "wrong": 1},
+        "rewards_per_s": 2.0,
+        "update_s": 2.0,
+    }
+    assert list(metrics) == [
+        "version",
+        "algo",
+        "reward_mean",
+        "pass_rate",
+        "attempts",
+        "samples",
+        "stale_dropped",
+        "staleness",
+        "verdicts",
+        "rewards_per_s",
+        "update_s",
+    ]
+
+
+def test_a_version_without_attempts_has_zero_rates_not_a_division_error():
+    metrics = version_metrics(1, "grpo", 0, [], [], 0, {}, 0.0)
+    assert (metrics["reward_mean"], metrics["pass_rate"], metrics["attempts"], metrics["staleness"]) == (0, 0, 0, {})
+    assert (metrics["rewards_per_s"], metrics["update_s"]) == (0.0, 0.0)
+
+
+def test_health_figures_count_what_is_in_flight_and_what_was_lost():
+    """Issued at 100 and 90 (0: unknown, not counted for the age); at 130 the oldest is 40 s old. Only the counts
+    of lost outcomes (`cut_*`, `evals_*`) are health figures."""
+    running = [_order("a", 1, [], issued_at=100.0), _order("b", 1, [], issued_at=90.0), _order("c", 1, [])]
+    counts = {"cut_timeout": 1, "evals_lost": 2, "samples": 9, "resumes": 1}
+    assert health_figures(running, 2, counts, 130.0) == {
+        "in_flight": 3,
+        "oldest_in_flight_s": 40.0,
+        "evals_in_flight": 2,
+        "cut_timeout": 1,
+        "evals_lost": 2,
+    }
+    assert health_figures([], 0, {}, 130.0) == {"in_flight": 0, "oldest_in_flight_s": None, "evals_in_flight": 0}
+
+
+def test_orders_expire_past_the_staleness_bound_or_the_timeout():
+    """At version 5, bound 1, timeout 600 s, now 1000: center 3 is stale (lag 2); center 4 issued at 100 waited
+    900 s; center 5 issued at 900 waited 100 s; the evaluation issued at 300 waited 700 s. Watching since 500,
+    the waits count from there: 500 s for the first two, so only the stale one goes."""
+    stale, late, fresh = _order("s", 3, [], issued_at=950.0), _order("l", 4, [], issued_at=100.0), _order("f", 5, [])
+    fresh.issued_at = 900.0
+    evaluation = _order("eval-v4", 4, [], issued_at=300.0)
+    lost = expired([stale, late, fresh], [evaluation], 5, 1, 600.0, 0.0, 1000.0)
+    assert [(o.work_id, why, detail) for o, why, detail in lost] == [
+        ("s", "stale", "center 3, now at version 5"),
+        ("l", "timeout", "unanswered for 900 s"),
+        ("eval-v4", "timeout", "unanswered for 700 s"),
+    ]
+    assert [
+        (o.work_id, why) for o, why, _ in expired([stale, late, fresh], [evaluation], 5, 1, 600.0, 500.0, 1000.0)
+    ] == [("s", "stale")]
+
+
+def test_a_dead_letter_names_the_orders_it_loses():
+    """A skipped bundle loses each member it carried; a letter of another kind is a dead letter; an entry
+    deleted after it was read (no fields) or one that is not a dead letter loses nothing."""
+    from streams.codec import encode
+    from streams.schema import DeadLetter
+    from trainer.orders import letter_losses
+
+    bundle = {b"work_id": b"es-v1-m0+1-abc", b"members": b'[{"work_id":"es-v1-m0"},{"work_id":"es-v1-m1"}]'}
+    skipped = DeadLetter("work", "generators", "1-0", 1, "skipped: stale", "g", 0, bundle)
+    assert letter_losses(encode(skipped)) == ("skipped", "skipped: stale", ["es-v1-m0+1-abc", "es-v1-m0", "es-v1-m1"])
+    dead = DeadLetter("attempts", "verifiers", "2-0", 5, "infrastructure: x", "v", 0, {b"work_id": b"grpo-v0-g1"})
+    assert letter_losses(encode(dead)) == ("dead_letter", "infrastructure: x", ["grpo-v0-g1"])
+    assert letter_losses({}) == ("", "", []) == letter_losses({b"v": b"1", b"nonsense": b"x"})
+
+
+def test_an_evaluation_is_asked_again_twice_then_given_up_and_its_result_is_the_held_out_mean():
+    from trainer.held_out import EVAL_TRIES, eval_order, next_try, result
+
+    first = eval_order(3, [])
+    assert (first.work_id, EVAL_TRIES) == ("eval-v3", 3)
+    assert next_try(first) == "eval-v3-r1"
+    assert next_try(eval_order(3, [], "eval-v3-r1")) == "eval-v3-r2"
+    assert next_try(eval_order(3, [], "eval-v3-r2")) is None  # the third loss: given up
+    done = _order("eval-v3", 3, [1.0, 0.5], proved=1)  # 2 problems, rewards 1 and 0.5, one proved
+    assert result(done) == {"version": 3, "held_out_reward": 0.75, "held_out_exact": 0.5, "problems": 2}
+
+
+def test_a_reward_counts_once_and_only_for_an_order_in_flight():
+    from streams.schema import Reward
+    from trainer.run_state import RunState
+
+    state = RunState("r")
+    state.orders["es-v0-m0"] = _order("es-v0-m0", 0, [])
+    state.evals["eval-v0"] = _order("eval-v0", 0, [])
+
+    def reward(work_id: str, k: int, value: float, verdict: str) -> Reward:
+        return Reward(f"{work_id}:{k}:0", "t", 0, verdict, value, work_id=work_id)  # type: ignore[arg-type]
+
+    assert state.add(reward("es-v0-m0", 0, 1.0, "proved")) == ""
+    assert state.add(reward("es-v0-m0", 0, 0.0, "rejected")) == "duplicate_rewards"  # the same attempt again
+    assert state.add(reward("es-v0-m0", 1, 0.5, "rejected")) == ""
+    assert state.add(reward("eval-v0", 0, 1.0, "proved")) == ""
+    assert state.add(reward("es-v0-m7", 0, 1.0, "proved")) == "late_rewards"  # used, dropped or never issued
+    member = state.orders["es-v0-m0"]
+    assert (member.rewards, member.proved) == ({"es-v0-m0:0:0": 1.0, "es-v0-m0:1:0": 0.5}, 1)
+    assert (state.evals["eval-v0"].rewards, state.evals["eval-v0"].proved) == ({"eval-v0:0:0": 1.0}, 1)
