@@ -45,8 +45,17 @@ def test_the_trainers_help_shows_the_defaults_it_runs_with():
     shown = flags(trainer_parser())
     loaded = TrainerSettings.load(env={})  # nothing set: what a bare `python -m trainer` runs with
     es = es_config(loaded)
-    decided_elsewhere = {"population", "sigma", "alpha", "antithetic", "batch", "run_dir", "model", "redis_url",
-                         "settle_replicas"}  # fmt: skip
+    decided_elsewhere = {
+        "population",
+        "sigma",
+        "alpha",
+        "antithetic",
+        "batch",
+        "run_dir",
+        "model",
+        "redis_url",
+        "settle_replicas",
+    }
     for name in TrainerSettings.model_fields:
         text = shown[name]
         assert f"[PROOFSTREAM_{name.upper()}, TOML " in text and text.split(";")[0].strip(), name

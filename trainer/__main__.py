@@ -41,9 +41,10 @@ from trainer.data import load_theorems
 from trainer.es import ESRun
 from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
-from trainer.loop import FINISHED_BEFORE, RunFinished
-from trainer.metrics import MetricsSink, MLflowRun, MLflowUnavailable
+from trainer.metrics import MetricsSink
+from trainer.mlflow_run import MLflowRun, MLflowUnavailable
 from trainer.result import INFO
+from trainer.run_state import FINISHED_BEFORE, RunFinished
 from weights.model import resolve_model
 
 LOCAL = "unset: this machine runs the whole pipeline, a private redis-server, a generator and verifiers"

@@ -48,8 +48,12 @@ class TrainerLease:
         self.key = keys.trainer_lease
         self.run = keys.run
         self.ttl_ms = int(ttl_s * 1000)
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
-                       "since": round(time.time(), 3)}  # fmt: skip
+        self.holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "token": secrets.token_hex(8),
+            "since": round(time.time(), 3),
+        }
         self.value = orjson.dumps(self.holder)
         self.lost = asyncio.Event()  # set if another trainer took the lease from us
         self._renewer: asyncio.Task | None = None

@@ -43,8 +43,14 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
     # The trainer's own settings, not its TOML file's [verifier] table: the same inputs the check always had.
     env = verifier_env(settings, {k: v for k, v in os.environ.items() if k != CONFIG_ENV})
     try:
-        done = subprocess.run([sys.executable, "-m", "verifier_pool.preflight"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=PREFLIGHT_TIMEOUT_S)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "verifier_pool.preflight"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PREFLIGHT_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return f"the verifier's Lean check ({preflight}) did not answer in {PREFLIGHT_TIMEOUT_S:.0f} s"
     if done.returncode == 0:
@@ -57,8 +63,11 @@ def lean_backend_problem(settings: TrainerSettings) -> str | None:
 def verifier_fields(settings: TrainerSettings) -> dict[str, Any]:
     """The verifier settings a run implies (its task, sandboxes, Lean backend): what the local pipeline's
     workers get as PROOFSTREAM_* and what `python -m evals.passk` builds its checkers from."""
-    fields: dict[str, Any] = {"tasks": [settings.task], "concurrency": settings.verifier_concurrency,
-                              "sandbox": settings.sandbox}  # fmt: skip
+    fields: dict[str, Any] = {
+        "tasks": [settings.task],
+        "concurrency": settings.verifier_concurrency,
+        "sandbox": settings.sandbox,
+    }
     for key in ("kimina_url", "lean_workdir", "lean_image", "lean_repl_cmd", "lean_audit_cmd", "lean_second_line"):
         if getattr(settings, key):
             fields[key] = getattr(settings, key)
@@ -77,9 +86,13 @@ def child_env(settings: TrainerSettings, url: str, config: str | None) -> dict[s
     """The environment of the local pipeline's children: the run's Redis and id, and the trainer's TOML file
     (its `[generator]` and `[verifier]` tables apply to them; what the trainer sets in the environment, such
     as the verifier's tasks and sandboxes from the trainer's own settings, wins over the file)."""
-    env = {**os.environ, "PROOFSTREAM_REDIS_URL": url, "PROOFSTREAM_RUN": settings.run,
-           "PROOFSTREAM_LOG_LEVEL": settings.log_level,
-           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PROOFSTREAM_REDIS_URL": url,
+        "PROOFSTREAM_RUN": settings.run,
+        "PROOFSTREAM_LOG_LEVEL": settings.log_level,
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
     if config:
         env[CONFIG_ENV] = str(Path(config).expanduser().resolve())
     else:
@@ -100,8 +113,10 @@ def lora_env(settings: TrainerSettings, base: dict[str, str]) -> dict[str, str]:
         return {}
     from trainer.es import es_config  # noqa: PLC0415 - trainer.es imports the loop, which the pipeline does not need
 
-    wanted = {"PROOFSTREAM_LORA_RANK": str(settings.es_rank),
-              "PROOFSTREAM_MAX_LORAS": str(es_config(settings).members_per_order)}  # fmt: skip
+    wanted = {
+        "PROOFSTREAM_LORA_RANK": str(settings.es_rank),
+        "PROOFSTREAM_MAX_LORAS": str(es_config(settings).members_per_order),
+    }
     return {k: v for k, v in wanted.items() if k not in base}
 
 
@@ -139,8 +154,17 @@ class LocalPipeline:
             ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
         base = child_env(self.settings, self.url, self.config)
-        gen = [sys.executable, "-m", "producers", "--engine", self.settings.engine, "--name", "local-generator",
-               "--prompt-format", self.settings.prompt_format]  # fmt: skip
+        gen = [
+            sys.executable,
+            "-m",
+            "producers",
+            "--engine",
+            self.settings.engine,
+            "--name",
+            "local-generator",
+            "--prompt-format",
+            self.settings.prompt_format,
+        ]
         if self.settings.model:
             gen += ["--model", self.settings.model]
         self._spawn("generator", gen, {**base, **lora_env(self.settings, base)})
@@ -151,8 +175,15 @@ class LocalPipeline:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it; closed at stop
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         out.close()
         self.children.append((name, proc))
         log.info("child_started", name=name, pid=proc.pid, log=str(self.logs / f"{name}.log"))
@@ -173,8 +204,10 @@ class LocalPipeline:
         for name, proc in self.children:
             code = proc.poll()
             if code is not None:
-                raise RuntimeError(f"the {name} process exited with status {code}: {self.last_words(name)} "
-                                   f"(its log: {self.logs / f'{name}.log'})")  # fmt: skip
+                raise RuntimeError(
+                    f"the {name} process exited with status {code}: {self.last_words(name)} "
+                    f"(its log: {self.logs / f'{name}.log'})"
+                )
 
     async def watch(self, stop: asyncio.Event, *, every_s: float = 1.0, timeout_s: float | None = None) -> None:
         """Until `stop` is set (or the task is cancelled): when a child exits, or `timeout_s` passes, set `stop`

@@ -60,11 +60,9 @@ from trainer.metrics import MetricsSink
 from trainer.orders import Order, expired, letter_losses, staleness, work_order
 from trainer.pipeline_figures import pipeline_figures
 from trainer.progress import ProgressWatch
-from trainer.run_state import FINISHED_BEFORE, STATE_FIELD, Checkpointer, RunFinished, RunState, check_fresh
+from trainer.run_state import STATE_FIELD, Checkpointer, RunState, check_fresh
 from trainer.traces import trace
 from trainer.version_metrics import health_figures, version_metrics
-
-__all__ = ["FINISHED_BEFORE", "Run", "RunFinished"]  # trainer/__main__.py imports the first and last from here
 
 log = structlog.get_logger("trainer.loop")
 

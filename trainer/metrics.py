@@ -13,13 +13,10 @@ import orjson
 import structlog
 
 from streams.run_dir import METRICS, read_records
-from trainer.mlflow_run import MLflowRun, MLflowUnavailable
+from trainer.mlflow_run import MLflowRun
 from trainer.run_plots import draw
 from trainer.tensorboard_log import tensorboard
 from trainer.trackers import tracked
-
-# importers of these names from here before they moved (trainer/__main__.py)
-__all__ = ["MLflowRun", "MLflowUnavailable", "MetricsSink"]
 
 MLFLOW_RETRY_S = 60.0  # after MLflow failed mid-run, its next try waits this long (metrics.jsonl has it all)
 log = structlog.get_logger("trainer.metrics")

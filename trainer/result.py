@@ -32,27 +32,35 @@ def reading(task: str) -> str:
         # An untagged expression earns CREDIT_PARSES without CREDIT_FORMAT: the base model's copy of the prompt's
         # example, "1 + 2 = 3", is the 0.1 most ES runs climb to, not the tag format (docs/EXPERIMENTS.md).
         top = CREDIT_FORMAT + CREDIT_PARSES + CREDIT_NUMBERS + CREDIT_CLOSE
-        return (f"Countdown's reward is shaped credit: <answer> tags {CREDIT_FORMAT:g}, plus {CREDIT_PARSES:g} for an "
-                f"expression, {CREDIT_NUMBERS:g} more for the right numbers, up to {CREDIT_CLOSE:g} more close to "
-                f"the target (at most {top:g}), 1 solved; so {CREDIT_FORMAT:g} is the tags alone or an expression "
-                "without them; exact counts solved problems only")  # fmt: skip
+        return (
+            f"Countdown's reward is shaped credit: <answer> tags {CREDIT_FORMAT:g}, plus {CREDIT_PARSES:g} for an "
+            f"expression, {CREDIT_NUMBERS:g} more for the right numbers, up to {CREDIT_CLOSE:g} more close to "
+            f"the target (at most {top:g}), 1 solved; so {CREDIT_FORMAT:g} is the tags alone or an expression "
+            "without them; exact counts solved problems only"
+        )
     return "a Lean proof earns 1 when Lean accepts it and 0 otherwise: reward and exact are the same measure"
 
 
 def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The settings that shape what a run learns, with the ES preset's values filled in."""
-    shared = {k: settings.get(k) for k in ("iterations", "seed", "held_out", "max_new_tokens", "eval_every",
-                                            "quorum", "max_staleness")}  # fmt: skip
+    shared = {
+        k: settings.get(k)
+        for k in ("iterations", "seed", "held_out", "max_new_tokens", "eval_every", "quorum", "max_staleness")
+    }
     if settings.get("algo", "es") == "es":
         filled = with_preset(settings)  # a run.json from before the settings held the preset's values has None
-        own = {k: filled.get(k) for k in ("preset", "population", "sigma", "alpha", "batch", "antithetic",
-                                          "es_temperature")}  # fmt: skip
+        own = {
+            k: filled.get(k)
+            for k in ("preset", "population", "sigma", "alpha", "batch", "antithetic", "es_temperature")
+        }
         own["es_noise"] = filled.get("es_noise") or "full"  # a run.json from before low-rank ES: full
         if own["es_noise"] == "lowrank":
             own["es_rank"] = filled.get("es_rank")
     else:
-        own = {k: settings.get(k) for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef",
-                                            "train_precision")}  # fmt: skip
+        own = {
+            k: settings.get(k)
+            for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef", "train_precision")
+        }
     return {**own, **shared}
 
 
@@ -63,8 +71,15 @@ def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
     points = []
     for version, e in sorted(evals.items(), key=lambda kv: int(kv[0])):
         problems = int(e.get("problems") or 0)
-        points.append({"version": int(version), "reward": e["held_out_reward"], "exact": e["held_out_exact"],
-                       "solved": round(e["held_out_exact"] * problems), "problems": problems})  # fmt: skip
+        points.append(
+            {
+                "version": int(version),
+                "reward": e["held_out_reward"],
+                "exact": e["held_out_exact"],
+                "solved": round(e["held_out_exact"] * problems),
+                "problems": problems,
+            }
+        )
     if not points:
         return None
     best = max(points, key=lambda p: (p["reward"], p["version"]))
@@ -86,9 +101,18 @@ def eta_s(version: int, iterations: int, update_times: list[float], started: flo
     return max(0.0, per_version * left - (now - times[-1]))
 
 
-def summary(settings: dict[str, Any], *, version: int | None, counts: dict[str, Any], evals: dict[Any, dict],
-            status: str, started: float | None = None, wall_s: float | None = None,
-            update_times: list[float] = (), now: float | None = None) -> dict[str, Any]:  # fmt: skip
+def summary(
+    settings: dict[str, Any],
+    *,
+    version: int | None,
+    counts: dict[str, Any],
+    evals: dict[Any, dict],
+    status: str,
+    started: float | None = None,
+    wall_s: float | None = None,
+    update_times: list[float] = (),
+    now: float | None = None,
+) -> dict[str, Any]:
     """The result. `status`: live, finished, interrupted (stopped before its last version). `wall_s`: the
     trainer's own measure once it ended, else the time since `started`."""
     now = time.time() if now is None else now
@@ -98,12 +122,22 @@ def summary(settings: dict[str, Any], *, version: int | None, counts: dict[str, 
         wall_s = now - started
     eta = eta_s(version or 0, iterations, list(update_times), started, now) if live else None
     return {
-        "run": settings.get("run"), "algo": settings.get("algo"), "task": settings.get("task"),
-        "model": model_name(settings), "status": status, "version": version, "iterations": iterations,
-        "samples": int(counts.get("samples") or 0), "held_out": held_out(evals), "wall_s": wall_s,
-        "started": started, "ended": started + wall_s if started is not None and wall_s is not None and not live
-        else None, "eta_s": eta, "settings": main_settings(settings), "reading": reading(settings.get("task", "")),
-    }  # fmt: skip
+        "run": settings.get("run"),
+        "algo": settings.get("algo"),
+        "task": settings.get("task"),
+        "model": model_name(settings),
+        "status": status,
+        "version": version,
+        "iterations": iterations,
+        "samples": int(counts.get("samples") or 0),
+        "held_out": held_out(evals),
+        "wall_s": wall_s,
+        "started": started,
+        "ended": started + wall_s if started is not None and wall_s is not None and not live else None,
+        "eta_s": eta,
+        "settings": main_settings(settings),
+        "reading": reading(settings.get("task", "")),
+    }
 
 
 def duration(seconds: float | None) -> str:

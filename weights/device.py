@@ -28,8 +28,10 @@ def resolve(asked: str, flag: str = "--device") -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if asked == "cuda" and not torch.cuda.is_available():
         built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise NoDevice(f"{flag} cuda, but torch {torch.__version__} ({built}) sees no CUDA device here; use "
-                       f"{flag} cpu, or auto to take a GPU when there is one")  # fmt: skip
+        raise NoDevice(
+            f"{flag} cuda, but torch {torch.__version__} ({built}) sees no CUDA device here; use "
+            f"{flag} cpu, or auto to take a GPU when there is one"
+        )
     return asked
 
 
@@ -41,8 +43,12 @@ def describe(device: str) -> dict[str, Any]:
     out: dict[str, Any] = {"device": device, "torch": torch.__version__}
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device))
-        out.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
-                   gpus=torch.cuda.device_count())  # fmt: skip
+        out.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            gpus=torch.cuda.device_count(),
+        )
     else:
         out.update(cpu_threads=torch.get_num_threads(), cpus=os.cpu_count())
     return out

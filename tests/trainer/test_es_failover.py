@@ -50,9 +50,12 @@ def _until(predicate, timeout_s: float, what: str):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("fault", "topology"), [("kill", ()), ("pause", ()),
-                                                 ("pause", ("--min-replicas-to-write", "1"))],
-                         ids=["kill", "pause", "pause-min-replicas"], indirect=["topology"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "topology"),
+    [("kill", ()), ("pause", ()), ("pause", ("--min-replicas-to-write", "1"))],
+    ids=["kill", "pause", "pause-min-replicas"],
+    indirect=["topology"],
+)
 def test_an_es_run_rides_out_a_failover_and_loses_or_doubles_no_reward(topology, tmp_path, fault):
     """`pause`: SIGSTOP until the sentinels have promoted the replica, then SIGCONT; the trainer and the roles
     may go on writing to the old master until the sentinels demote it (tests/test_failover.py says how)."""
@@ -74,8 +77,10 @@ def test_an_es_run_rides_out_a_failover_and_loses_or_doubles_no_reward(topology,
         failover_s = time.monotonic() - faulted_at
         if fault == "pause":
             split = topology.resume_demoted(topology.master, (keys.policy, keys.rewards))
-            print(f"split brain: the old master was a master {split[0]:.1f} s after SIGCONT and took "
-                  f"{split[1][0]} versions and {split[1][1]} rewards that its demotion threw away")  # fmt: skip
+            print(
+                f"split brain: the old master was a master {split[0]:.1f} s after SIGCONT and took "
+                f"{split[1][0]} versions and {split[1][1]} rewards that its demotion threw away"
+            )
         print(f"failover ({fault}): {failover_s:.1f} s to the new master")
         out, err = trainer.communicate(timeout=180)
         assert trainer.returncode == 0, err[-3000:]

@@ -33,10 +33,14 @@ def _groups(offset: int = 0) -> list[list[GRPOSample]]:
     behaviour logprobs say the samples are a little off-policy (is weights < 1 are applied)."""
     g = torch.Generator().manual_seed(3 + offset)
     return [
-        [GRPOSample([1, 2, 3, 4 + j], torch.randint(10, 1000, (6,), generator=g).tolist(), [-2.0] * 6, float(k % 2), 0)
-         for k in range(4)]
+        [
+            GRPOSample(
+                [1, 2, 3, 4 + j], torch.randint(10, 1000, (6,), generator=g).tolist(), [-2.0] * 6, float(k % 2), 0
+            )
+            for k in range(4)
+        ]
         for j in range(2)
-    ]  # fmt: skip
+    ]
 
 
 def _config(**kw) -> GRPOConfig:
@@ -72,8 +76,12 @@ def test_bf16_mixed_steps_on_the_device(model_path, tmp_path):
     """bf16-mixed autocasts on the trainer's device type: it must run there (the fixture checks placement only;
     the precision's numbers are tests/trainer/test_grpo.py's and `ops bench grpo`'s)."""
     with simulated_accelerator() as mode:
-        trainer = GRPOTrainer(model_path, GRPOConfig(group_size=4, lr=1e-4, max_tokens=8, precision="bf16-mixed"),
-                              tmp_path, device=DEVICE.type)  # fmt: skip
+        trainer = GRPOTrainer(
+            model_path,
+            GRPOConfig(group_size=4, lr=1e-4, max_tokens=8, precision="bf16-mixed"),
+            tmp_path,
+            device=DEVICE.type,
+        )
         metrics = trainer.step(_groups())
     assert not mode.mixes and metrics["updated"] and metrics["grad_norm"] > 0
 
@@ -90,8 +98,12 @@ def test_a_checkpoint_taken_on_the_device_resumes_there_to_the_cpu_runs_next_ste
         del first
         resumed = GRPOTrainer(model_path, _config(), tmp_path / "b", device=DEVICE.type)
         resumed.resume(checkpoint)
-        assert all(isinstance(s, OnDevice) for st in resumed.optimizer.state.values() for s in st.values()
-                   if isinstance(s, torch.Tensor) and s.dim() > 0)  # fmt: skip
+        assert all(
+            isinstance(s, OnDevice)
+            for st in resumed.optimizer.state.values()
+            for s in st.values()
+            if isinstance(s, torch.Tensor) and s.dim() > 0
+        )
         got = resumed.step(_groups(1))
     assert not mode.mixes
     assert (got["version"], got["loss"]) == (2, pytest.approx(expected["loss"], rel=1e-4, abs=1e-6))

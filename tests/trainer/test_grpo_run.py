@@ -53,12 +53,32 @@ def _handler(publisher: Publisher):
                 else:
                     reward = k / max(1, order.samples_per_theorem - 1)
                 tokens, logprobs = pack_int32([5 + i, 6 + k, 7, 8]), pack_float32([-2.0] * 4)
-                attempts.append(Attempt(attempt_id, order.work_id, theorem_id, order.policy_version, k, "x",
-                                        task=order.task, num_tokens=4, token_ids=tokens, logprobs=logprobs,
-                                        prompt_ids=pack_int32([1, 2, 3])))  # fmt: skip
-                out.append(Reward(attempt_id=attempt_id, theorem_id=theorem_id, sample_index=k, reward=reward,
-                                  policy_version=order.policy_version, verdict="rejected",
-                                  work_id=order.work_id))  # fmt: skip
+                attempts.append(
+                    Attempt(
+                        attempt_id,
+                        order.work_id,
+                        theorem_id,
+                        order.policy_version,
+                        k,
+                        "x",
+                        task=order.task,
+                        num_tokens=4,
+                        token_ids=tokens,
+                        logprobs=logprobs,
+                        prompt_ids=pack_int32([1, 2, 3]),
+                    )
+                )
+                out.append(
+                    Reward(
+                        attempt_id=attempt_id,
+                        theorem_id=theorem_id,
+                        sample_index=k,
+                        reward=reward,
+                        policy_version=order.policy_version,
+                        verdict="rejected",
+                        work_id=order.work_id,
+                    )
+                )
         await publisher.publish(attempts)
         return out
 
@@ -67,16 +87,33 @@ def _handler(publisher: Publisher):
 
 @pytest.mark.timeout(120)
 async def test_a_step_without_signal_keeps_the_version_evaluates_it_once_and_counts_its_samples(one_redis, tmp_path):
-    settings = TrainerSettings(run="grpo-nosignal", algo="grpo", iterations=3, batch=1, group_size=2, eval_every=1,
-                               problems=6, held_out=2, max_new_tokens=4, deadline_s=60.0)  # fmt: skip
+    settings = TrainerSettings(
+        run="grpo-nosignal",
+        algo="grpo",
+        iterations=3,
+        batch=1,
+        group_size=2,
+        eval_every=1,
+        problems=6,
+        held_out=2,
+        max_new_tokens=4,
+        deadline_s=60.0,
+    )
     model = tmp_path / "tiny"
     tiny_llama().save_pretrained(model)
     keys = Keys(settings.run)
     train, held_out = load_theorems(settings)
     run = GRPORun(settings, one_redis, train, held_out, MetricsSink(tmp_path / "run"), model_path=model)
-    roles = Consumer(one_redis, keys, message_type=WorkOrder, group=GENERATORS, name="fake", output=Reward,
-                     handler=_handler(Publisher(one_redis, keys)),
-                     settings=ConsumerSettings(batch_size=1, block_ms=100))  # fmt: skip
+    roles = Consumer(
+        one_redis,
+        keys,
+        message_type=WorkOrder,
+        group=GENERATORS,
+        name="fake",
+        output=Reward,
+        handler=_handler(Publisher(one_redis, keys)),
+        settings=ConsumerSettings(batch_size=1, block_ms=100),
+    )
     await roles.ensure_group()
     stop, roles_stop = asyncio.Event(), asyncio.Event()
     serving = asyncio.create_task(roles.run(roles_stop))

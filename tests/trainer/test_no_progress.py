@@ -32,10 +32,40 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _argv(run_dir: Path, algo: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "trainer", "--algo", algo, "--task", "countdown", "--run", "stuck", "--run-dir",
-            str(run_dir), "--iterations", "2", "--population", "2", "--batch", "2", "--group-size", "2",
-            "--problems", "8", "--held-out", "2", "--max-new-tokens", "8", "--engine", "hf", "--sandbox", "process",
-            "--log-level", "warning", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--algo",
+        algo,
+        "--task",
+        "countdown",
+        "--run",
+        "stuck",
+        "--run-dir",
+        str(run_dir),
+        "--iterations",
+        "2",
+        "--population",
+        "2",
+        "--batch",
+        "2",
+        "--group-size",
+        "2",
+        "--problems",
+        "8",
+        "--held-out",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--engine",
+        "hf",
+        "--sandbox",
+        "process",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
 
 
 def _last_trainer_line(err: str) -> str:
@@ -54,16 +84,28 @@ def test_a_local_run_with_no_usable_isolation_tool_stops_with_the_verifiers_reas
         (broken / tool).write_text(f"#!/bin/sh\necho '{tool}: user namespaces are disabled here' >&2\nexit 1\n")
         (broken / tool).chmod(0o755)
     started = time.monotonic()
-    done = subprocess.run(_argv(tmp_path / "run", "es"), cwd=ROOT, capture_output=True, text=True, timeout=280,
-                          env=_env(PATH=f"{broken}:{os.environ['PATH']}"))  # fmt: skip
+    done = subprocess.run(
+        _argv(tmp_path / "run", "es"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=_env(PATH=f"{broken}:{os.environ['PATH']}"),
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-3000:]
     line = _last_trainer_line(done.stderr)
     assert "no progress for" in line and "no verifier can start a sandbox" in line, line
     assert "no working isolation tool" in line and "user namespaces are disabled here" in line, line
     assert elapsed < 180, elapsed
-    shown = subprocess.run([sys.executable, "-m", "ops", "run", "--run-dir", str(tmp_path / "run")], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-m", "ops", "run", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     # Attempts dead-lettered before the stop (how many depends on the machine's speed: the verifiers' reports
     # name the cause at once) blame the infrastructure, never the attempt.
     assert "poison" not in shown.stdout, shown.stdout
@@ -75,8 +117,14 @@ def test_a_local_run_with_no_usable_isolation_tool_stops_with_the_verifiers_reas
 def test_a_grpo_run_whose_engine_fails_every_order_exits_with_the_engines_error(tmp_path):
     """The first H100 run: GRPO's engine raised on every order, each was redelivered and dead-lettered, and the
     run went on with no version. Now the generator stops after three orders failed alike, and the run with it."""
-    done = subprocess.run(_argv(tmp_path / "run", "grpo"), cwd=ROOT, capture_output=True, text=True, timeout=280,
-                          env=_env(PROOFSTREAM_FAIL_AT="engine.generate"))  # fmt: skip
+    done = subprocess.run(
+        _argv(tmp_path / "run", "grpo"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=_env(PROOFSTREAM_FAIL_AT="engine.generate"),
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     line = _last_trainer_line(done.stderr)
     assert line.startswith(
@@ -94,10 +142,37 @@ async def test_a_trainer_given_a_redis_url_raises_the_alarm_while_stalled_and_lo
     settings = VerifierSettings.load(env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"]})
     verifier = VerifierService(settings, redis_url, unstartable_countdown)
     await verifier.start()  # its report says: no sandbox of it can start
-    argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "countdown", "--run", keys.run,
-            "--redis-url", redis_url, "--run-dir", str(tmp_path), "--iterations", "2", "--population", "2",
-            "--batch", "2", "--problems", "8", "--held-out", "0", "--eval-every", "0", "--stall-timeout-s", "3",
-            "--log-level", "warning"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--algo",
+        "es",
+        "--task",
+        "countdown",
+        "--run",
+        keys.run,
+        "--redis-url",
+        redis_url,
+        "--run-dir",
+        str(tmp_path),
+        "--iterations",
+        "2",
+        "--population",
+        "2",
+        "--batch",
+        "2",
+        "--problems",
+        "8",
+        "--held-out",
+        "0",
+        "--eval-every",
+        "0",
+        "--stall-timeout-s",
+        "3",
+        "--log-level",
+        "warning",
+    ]
     trainer = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sync = redis_sync.Redis.from_url(redis_url)
     try:
@@ -105,8 +180,14 @@ async def test_a_trainer_given_a_redis_url_raises_the_alarm_while_stalled_and_lo
         cause = orjson.loads(alert)["cause"]
         assert "no verifier can start a sandbox (broken-0:" in cause and "/nonexistent/python3" in cause, cause
         assert health.check_trainer(sync, keys) == f"the run is stalled: {cause}"
-        shown = subprocess.run([sys.executable, "-m", "ops", "run", "--redis-url", redis_url, "--run", keys.run],
-                               cwd=ROOT, capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
+        shown = subprocess.run(
+            [sys.executable, "-m", "ops", "run", "--redis-url", redis_url, "--run", keys.run],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
         assert f"STALLED at version 0: {cause}" in shown.stdout, shown.stdout
         await _reward_one_order(redis, keys)
         await _wait(lambda: _gone(redis, keys.trainer_alert), trainer, 30, "the alert to be lowered")
@@ -135,9 +216,17 @@ async def _reward_one_order(redis, keys: Keys) -> None:
     """A verdict for the first attempt of the first work order, as a verifier settles it."""
     [(_, fields)] = await redis.xrange(keys.work, count=1)
     order = decode(WorkOrder, fields)
-    reward = Reward(attempt_id=f"{order.work_id}:0:0", theorem_id=order.theorem_ids[0],
-                    policy_version=order.policy_version, verdict="rejected", reward=0.0, reason="wrong_answer",
-                    member=order.member, work_id=order.work_id, sample_index=0)  # fmt: skip
+    reward = Reward(
+        attempt_id=f"{order.work_id}:0:0",
+        theorem_id=order.theorem_ids[0],
+        policy_version=order.policy_version,
+        verdict="rejected",
+        reward=0.0,
+        reason="wrong_answer",
+        member=order.member,
+        work_id=order.work_id,
+        sample_index=0,
+    )
     await redis.xadd(keys.rewards, encode(reward))
 
 
@@ -159,8 +248,10 @@ async def test_a_quiet_run_is_stalled_only_when_the_infrastructure_says_why(redi
     assert await check_long_quiet() is None
     watch.saw_letter("infrastructure: verifier: no verdict on any of 5 deliveries: sandbox unavailable: X")
     cause = await check_long_quiet()
-    assert cause.startswith("no progress for 100 s: 1 dead letters blame the infrastructure; the newest: "
-                            "infrastructure: verifier: no verdict on any of 5 deliveries"), cause  # fmt: skip
+    assert cause.startswith(
+        "no progress for 100 s: 1 dead letters blame the infrastructure; the newest: "
+        "infrastructure: verifier: no verdict on any of 5 deliveries"
+    ), cause
     watch.saw_progress()  # a reward arrives: not stalled, whatever came before
     watch._checked = 0.0
     assert await watch.check(redis, keys) is None

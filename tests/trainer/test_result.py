@@ -4,13 +4,31 @@ from __future__ import annotations
 
 from trainer import result
 
-SETTINGS = {"run": "r", "algo": "es", "task": "countdown", "model": None, "iterations": 8, "preset": "cpu",
-            "population": None, "sigma": None, "alpha": 0.004, "batch": 16, "antithetic": True, "es_temperature": 0.0,
-            "seed": 1, "held_out": 32, "max_new_tokens": 64, "eval_every": 4, "quorum": 1.0,
-            "max_staleness": 2}  # fmt: skip
-EVALS = {"0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 32},
-         "4": {"held_out_reward": 0.2, "held_out_exact": 0.09375, "problems": 32},
-         "8": {"held_out_reward": 0.15, "held_out_exact": 0.0625, "problems": 32}}  # fmt: skip
+SETTINGS = {
+    "run": "r",
+    "algo": "es",
+    "task": "countdown",
+    "model": None,
+    "iterations": 8,
+    "preset": "cpu",
+    "population": None,
+    "sigma": None,
+    "alpha": 0.004,
+    "batch": 16,
+    "antithetic": True,
+    "es_temperature": 0.0,
+    "seed": 1,
+    "held_out": 32,
+    "max_new_tokens": 64,
+    "eval_every": 4,
+    "quorum": 1.0,
+    "max_staleness": 2,
+}
+EVALS = {
+    "0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 32},
+    "4": {"held_out_reward": 0.2, "held_out_exact": 0.09375, "problems": 32},
+    "8": {"held_out_reward": 0.15, "held_out_exact": 0.0625, "problems": 32},
+}
 
 
 def test_the_held_out_first_last_and_best_with_the_problems_solved():
@@ -18,8 +36,9 @@ def test_the_held_out_first_last_and_best_with_the_problems_solved():
     assert h["first"] == {"version": 0, "reward": 0.09, "exact": 0.0, "solved": 0, "problems": 32}
     assert (h["last"]["version"], h["last"]["solved"]) == (8, 2)  # 0.0625 of 32
     assert (h["best"]["version"], h["best"]["solved"], h["evaluations"]) == (4, 3, 3)  # 0.09375 of 32
-    assert result.evaluation_line(h) == ("held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 (v4); exact 0/32 "
-                                         "-> 2/32, best 3/32")  # fmt: skip
+    assert result.evaluation_line(h) == (
+        "held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 (v4); exact 0/32 -> 2/32, best 3/32"
+    )
     assert result.held_out({}) is None
 
 
@@ -47,16 +66,34 @@ def test_the_eta_is_the_versions_left_at_the_recent_pace_less_the_time_since_the
 
 
 def test_a_live_summary_counts_its_wall_time_from_the_start_and_a_finished_one_keeps_its_own():
-    live = result.summary(SETTINGS, version=5, counts={"samples": 640}, evals=EVALS, status="live", started=900.0,
-                          update_times=[1000.0, 1100.0, 1200.0, 1300.0, 1400.0], now=1430.0)  # fmt: skip
+    live = result.summary(
+        SETTINGS,
+        version=5,
+        counts={"samples": 640},
+        evals=EVALS,
+        status="live",
+        started=900.0,
+        update_times=[1000.0, 1100.0, 1200.0, 1300.0, 1400.0],
+        now=1430.0,
+    )
     assert (live["wall_s"], live["eta_s"], live["ended"], live["samples"]) == (530.0, 270.0, None, 640)
-    done = result.summary(SETTINGS, version=8, counts={"samples": 1024}, evals=EVALS, status="finished",
-                          started=900.0, wall_s=397.0, now=5000.0)  # fmt: skip
+    done = result.summary(
+        SETTINGS,
+        version=8,
+        counts={"samples": 1024},
+        evals=EVALS,
+        status="finished",
+        started=900.0,
+        wall_s=397.0,
+        now=5000.0,
+    )
     assert (done["wall_s"], done["eta_s"], done["ended"]) == (397.0, None, 1297.0)
     assert done["model"] == "SmolLM2-135M-Instruct (default)"
-    assert result.headline(done) == ("run 'r' finished at version 8 of 8 (ES on countdown, SmolLM2-135M-Instruct "
-                                      "(default), 6 min 37 s); held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 "
-                                      "(v4); exact 0/32 -> 2/32, best 3/32; 1024 training samples")  # fmt: skip
+    assert result.headline(done) == (
+        "run 'r' finished at version 8 of 8 (ES on countdown, SmolLM2-135M-Instruct "
+        "(default), 6 min 37 s); held-out reward 0.090 (v0) -> 0.150 (v8), best 0.200 "
+        "(v4); exact 0/32 -> 2/32, best 3/32; 1024 training samples"
+    )
     assert ", ETA 4 min 30 s)" in result.headline(live)
 
 

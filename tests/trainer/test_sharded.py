@@ -40,8 +40,7 @@ LR = CFG.lr
 
 def torchrun(*argv: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *argv]
-    return subprocess.run(cmd, cwd=ROOT, env=env or os.environ.copy(), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, env=env or os.environ.copy(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +117,13 @@ def test_a_sharded_step_equals_the_single_process_step(job, reference):
 def test_bf16_mixed_ranks_step_as_one_bf16_mixed_process_does(model, reference, tmp_path):
     """`--train-precision bf16-mixed` under torchrun: autocast on every rank (the idle rank's zero pass too),
     and the whole batch's gradient is the single bf16-mixed process's within bf16's rounding."""
-    done = torchrun("-m", "ops.gpu.sharded_job", str(model), str(tmp_path),
-                    env={**os.environ, "SHARDED_JOB_PRECISION": "bf16-mixed"})  # fmt: skip
+    done = torchrun(
+        "-m",
+        "ops.gpu.sharded_job",
+        str(model),
+        str(tmp_path),
+        env={**os.environ, "SHARDED_JOB_PRECISION": "bf16-mixed"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [line for p in (tmp_path, tmp_path / "resumed") for line in (p / "metrics.jsonl").read_text().splitlines()]
     torch.set_num_threads(1)
@@ -215,11 +219,28 @@ def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_step_as_one_host_does(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-hosts",
-           "-m", "ops.gpu.sharded_job", str(model), str(tmp_path / "out")]  # fmt: skip
-    agents = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for _ in range(2)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "two-hosts",
+        "-m",
+        "ops.gpu.sharded_job",
+        str(model),
+        str(tmp_path / "out"),
+    ]
+    agents = [
+        subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
+    ]
     outputs = [agent.communicate(timeout=500)[0] for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     got = [
