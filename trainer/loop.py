@@ -1,36 +1,28 @@
 """The loop every algorithm shares: orders written ahead, rewards and dead letters read, updates checkpointed.
 
-`Run` holds the run's orders (`Order`, trainer/orders.py: an ES member, a GRPO group, an evaluation) and
-drives them; an algorithm (trainer/es.py, trainer/grpo.py) says what its orders are, when an update is ready,
-and what the update publishes. The loop, until `iterations` versions exist:
+`Run` holds the run's orders (trainer/orders.py `Order`: an ES member, a GRPO group, an evaluation); an
+algorithm (trainer/es.py, trainer/grpo.py) says what its orders are, when an update is ready and what it
+publishes. Until `iterations` versions exist:
 
-1. **Top up.** Keep the algorithm's number of orders in flight (issued, not yet fully rewarded) around the
-   newest version, so generators never wait for an update (at quorum 1: exactly that many a version, in
-   lockstep). Orders are written to the checkpoint before their work orders are published (write-ahead);
-   their work ids are pure functions of (run, version, index), so a restarted trainer re-publishes the same
-   orders and the generators' markers make the repeats no-ops.
-2. **Collect.** Read `{ps:R}:rewards` in group `trainer`; add each reward to its order by attempt id (a
-   reward seen twice counts once). Rewards are acked only after a checkpoint holding them is written: a
-   trainer killed in between re-reads them from its pending list.
-3. **Update.** When a quorum of the orders has reported (or at the deadline), the algorithm's update runs
-   and publishes; the policy entry, the checkpoint and the version's metrics are written in one MULTI, so a
-   restart never sees one without the others.
+1. **Top up.** Keep the algorithm's number of orders in flight around the newest version. Orders are written
+   to the checkpoint before their work orders are published (write-ahead); work ids are pure functions of
+   (run, version, index), so a restarted trainer re-publishes the same orders and the generators' markers
+   make the repeats no-ops.
+2. **Collect.** Read `{ps:R}:rewards` in group `trainer` and add each reward to its order (once). Rewards are
+   acked only after a checkpoint holding them is written: a trainer killed in between re-reads them.
+3. **Update.** When a quorum of the orders has reported (or at the deadline), the algorithm's update runs;
+   the policy entry, the checkpoint and the version's metrics are written in one MULTI.
 
-Evaluation orders (trainer/held_out.py) go through the same pipeline every `eval_every` versions and at the
-end. Every order ends in an outcome the trainer sees, so none holds a slot for good (`_lose`): its rewards;
-a dead letter naming it (`{ps:R}:dlq`, read in the same group); the staleness bound or `order_timeout_s`
-passing it (trainer/orders.py `expired`, `letter_losses`). A lost member or group is cut, counted
-(`cut_<why>`) and its order cancelled (its done marker set: a generator that takes it later skips it);
-top-up issues another in its place. A lost evaluation is asked again (trainer/held_out.py). After each
-update, what every group has acked and is older than `history_s` is trimmed from the rewards and work
-streams (`streams.groups.trim_acked`): Redis holds what is in flight plus the last hour.
+Every order ends in an outcome the trainer sees (`_lose`): its rewards; a dead letter naming it; the
+staleness bound or `order_timeout_s` passing it (trainer/orders.py `expired`). A lost member or group is
+cut, counted (`cut_<why>`) and cancelled (its done marker set), and top-up issues another; a lost evaluation
+is asked again. After each update what every group has acked, older than `history_s`, is trimmed.
 
-Here is what keeps one invariant (no reward lost or counted twice across a SIGKILL): the write-ahead
-orders, the reads, the checkpoint before the acks, the cuts. Around it, each in its own module: the
-checkpoint's format and writes (trainer/run_state.py), the stream read (trainer/group_reads.py),
-evaluations (trainer/held_out.py), each version's metrics (trainer/version_metrics.py), the stall watch
-(trainer/progress.py), the traces of every reward read (trainer/traces.py) and the metrics a kill left in
-Redis only (trainer/backfill.py).
+This module keeps one invariant, no reward lost or counted twice across a SIGKILL: the write-ahead orders,
+the reads, the checkpoint before the acks, the cuts. Around it, each in its own module: the checkpoint's
+format and writes (trainer/run_state.py), the stream read (group_reads.py), evaluations (held_out.py), a
+version's metrics (version_metrics.py), the stall watch (progress.py), traces (traces.py) and the metrics a
+kill left in Redis only (backfill.py).
 """
 
 from __future__ import annotations
@@ -49,15 +41,16 @@ from redis.asyncio import Redis
 from streams.codec import decode, encode
 from streams.groups import trim_acked
 from streams.keys import GENERATORS, TRAINER, Keys
+from streams.letters import letter
 from streams.runtime import ensure_group
-from streams.schema import DeadLetter, PolicyUpdate, Reward, SchemaError, WorkOrder
+from streams.schema import PolicyUpdate, Reward, SchemaError, WorkOrder
 from streams.theorems import Theorem, register
 from trainer.backfill import backfill
 from trainer.config import TrainerSettings
 from trainer.group_reads import Entries, read_group
 from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
-from trainer.orders import Order, expired, letter_losses, staleness, work_order
+from trainer.orders import Order, at_quorum, expired, letter_losses, room, work_order
 from trainer.pipeline_figures import pipeline_figures
 from trainer.progress import ProgressWatch
 from trainer.run_state import STATE_FIELD, Checkpointer, RunState, check_fresh
@@ -125,7 +118,7 @@ class Run(RunState):
         self.evaluations.in_jsonl = await backfill(self.redis, self.keys, self.sink, self.eval_results, self.counts)
         # Orders written ahead but maybe never published: publish again (the generators' markers dedup).
         await self._publish_orders([*self.orders.values(), *self.evals.values()])
-        await self._read(block_ms=None, pending=True)  # what was read before the crash, never acked
+        await self.poll(block_ms=None, pending=True)  # what was read before the crash, never acked
         await self.checkpoint()  # the resume is counted even if this trainer dies before its first update
         log.info("trainer_resumed", version=self.version, members=len(self.orders), evals=len(self.evals))
         return True
@@ -177,13 +170,10 @@ class Run(RunState):
         return [work_order(o, self.algo, self.settings, self.settings.temperature) for o in orders]
 
     def _room(self, size: int) -> int:
-        """How many orders top-up may issue around the newest version so that `size` are out. At quorum 1 the
-        run goes in lockstep: a version gets `size` orders and no more (a cut one is replaced), and its update
-        uses all of them, so the steps do not depend on timing (issue 15's deterministic recovery). Below 1,
-        orders finished early make room for new ones at once."""
-        if self.settings.quorum >= 1:
-            return size - sum(1 for o in self.orders.values() if o.center == self.version)
-        return size - sum(1 for o in self.orders.values() if not self._usable(o))
+        """How many orders top-up may issue around the newest version so that `size` are out (trainer/orders.py
+        `room`)."""
+        running = sum(1 for o in self.orders.values() if not self._usable(o))
+        return room(size, self.orders.values(), self.version, self.settings.quorum, running)
 
     def _usable(self, order: Order) -> bool:
         """Complete (GRPO: with its samples): the next update decides about it."""
@@ -202,16 +192,14 @@ class Run(RunState):
         raise NotImplementedError
 
     def _ready_at_quorum(self, size: int, at_least: int) -> list[Order] | None:
-        """The usable orders, once a quorum of `size` of them is fresh (within `max_staleness`), or once
-        `deadline_s` has passed since the last update with at least `at_least` fresh; else None."""
+        """The usable orders once they make an update (trainer/orders.py `at_quorum`: a quorum of `size`, or
+        `deadline_s` passed with at least `at_least`); else None."""
         usable = [o for o in self.orders.values() if self._usable(o)]
-        fresh = sum(1 for o in usable if staleness(self.version, o.center) <= self.settings.max_staleness)
-        if fresh >= max(at_least, round(self.settings.quorum * size)):
-            return usable
-        if fresh >= at_least and time.monotonic() - self.last_update > self.settings.deadline_s:
+        s, waited_s = self.settings, time.monotonic() - self.last_update
+        why = at_quorum(usable, size, at_least, self.version, s.max_staleness, s.quorum, waited_s > s.deadline_s)
+        if why == "deadline":
             self.counts["deadline_updates"] += 1
-            return usable
-        return None
+        return usable if why else None
 
     async def update(self, ready: Any) -> dict[str, Any] | None:
         """The step from `ready`, ended by `_publish`: the version's metrics, or None where it made no version."""
@@ -253,13 +241,9 @@ class Run(RunState):
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    async def poll(self, block_ms: int) -> None:
-        """Read what has arrived (rewards and dead letters; GRPO also attempts)."""
-        await self._read(block_ms=block_ms)
-
-    async def _read(self, block_ms: int | None, pending: bool = False) -> None:
-        """Read what the run reads (`takers`): new entries or, with `pending`, those read before and never
-        acked; then write the rewards read to the run's traces."""
+    async def poll(self, block_ms: int | None, pending: bool = False) -> None:
+        """Read what the run reads (`takers`: rewards and dead letters; GRPO also attempts): new entries or, with
+        `pending`, those read before and never acked; then write the rewards read to the run's traces."""
         streams = list(self.takers)
         async for batch in read_group(self.redis, self.consumer, streams, pending=pending, block_ms=block_ms):
             for stream, entries in batch.items():
@@ -285,9 +269,8 @@ class Run(RunState):
 
     async def _dead_letter(self, entry_id: bytes, fields: dict[bytes, bytes], why: str) -> None:
         """A reward the trainer cannot read goes to the dead letters, counted (`bad_rewards`)."""
-        at_ms, source = int(time.time() * 1000), entry_id.decode()
-        letter = DeadLetter(self.keys.rewards, TRAINER, source, 1, why, self.consumer, at_ms, dict(fields))
-        await self.redis.xadd(self.keys.dlq, encode(letter))
+        dead = letter(self.keys.rewards, TRAINER, self.consumer, entry_id, fields, 1, why)
+        await self.redis.xadd(self.keys.dlq, encode(dead))
         self.counts["bad_rewards"] += 1
 
     # -- lost outcomes -----------------------------------------------------------------------------------

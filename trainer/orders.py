@@ -9,6 +9,7 @@ checkpointed by an older trainer resumes (tests/trainer/test_state_format.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,29 @@ def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: 
     stale = [o for o in complete if staleness(version, o.center) > max_staleness]
     fresh.sort(key=lambda o: (-o.center, o.work_id))
     return fresh[:limit], stale
+
+
+def room(size: int, orders: Iterable[Order], version: int, quorum: float, running: int) -> int:
+    """How many orders top-up may issue around `version` so that `size` are out, `running` of `orders` being
+    unfinished. At quorum 1 the run goes in lockstep: a version gets `size` orders and no more (a cut one is
+    replaced) and its update uses all of them, so the steps do not depend on timing (a run killed and resumed
+    makes the same steps). Below 1, orders finished early make room for new ones at once."""
+    if quorum >= 1:
+        return size - sum(1 for o in orders if o.center == version)
+    return size - running
+
+
+def at_quorum(
+    usable: list[Order], size: int, at_least: int, version: int, max_staleness: int, quorum: float, past_deadline: bool
+) -> str | None:
+    """Whether the `usable` orders make an update: "quorum" once `quorum` of `size` of them are fresh (within
+    `max_staleness` of `version`), "deadline" past the deadline with at least `at_least` fresh; else None."""
+    fresh = sum(1 for o in usable if staleness(version, o.center) <= max_staleness)
+    if fresh >= max(at_least, round(quorum * size)):
+        return "quorum"
+    if fresh >= at_least and past_deadline:
+        return "deadline"
+    return None
 
 
 def expired(

@@ -4,7 +4,7 @@ expected value is worked out by hand here."""
 
 from __future__ import annotations
 
-from trainer.orders import Order, expired
+from trainer.orders import Order, at_quorum, expired, room
 from trainer.version_metrics import health_figures, version_metrics
 
 
@@ -133,3 +133,23 @@ def test_a_reward_counts_once_and_only_for_an_order_in_flight():
     member = state.orders["es-v0-m0"]
     assert (member.rewards, member.proved) == ({"es-v0-m0:0:0": 1.0, "es-v0-m0:1:0": 0.5}, 1)
     assert (state.evals["eval-v0"].rewards, state.evals["eval-v0"].proved) == ({"eval-v0:0:0": 1.0}, 1)
+
+
+def test_top_up_room_is_lockstep_at_quorum_1_and_counts_unfinished_orders_below():
+    """At quorum 1 a version gets `size` orders, finished or not: 3 of center 4 out of 4 leaves room for 1 (the
+    center-3 order does not count). Below 1 only the unfinished count: 2 of them out of 4 leaves room for 2."""
+    orders = [_order("a", 4, [1.0]), _order("b", 4, []), _order("c", 4, []), _order("d", 3, [])]
+    assert room(4, orders, version=4, quorum=1.0, running=2) == 1
+    assert room(4, orders, version=4, quorum=0.75, running=2) == 2
+    assert room(3, orders, version=4, quorum=1.0, running=2) == 0
+
+
+def test_an_update_is_ready_at_its_quorum_of_fresh_orders_or_at_the_deadline():
+    """Version 5, max staleness 1: orders of centers 5, 4, 3 hold 2 fresh ones (lags 0 and 1; lag 2 is stale).
+    Quorum 0.5 of 4 is 2: ready. Quorum 0.75 of 4 is 3: not before the deadline, then yes (2 >= at_least 2),
+    and never with fewer than `at_least` fresh."""
+    usable = [_order("a", 5, [1.0]), _order("b", 4, [1.0]), _order("c", 3, [1.0])]
+    assert at_quorum(usable, 4, 1, 5, 1, 0.5, past_deadline=False) == "quorum"
+    assert at_quorum(usable, 4, 1, 5, 1, 0.75, past_deadline=False) is None
+    assert at_quorum(usable, 4, 2, 5, 1, 0.75, past_deadline=True) == "deadline"
+    assert at_quorum(usable, 4, 3, 5, 1, 0.75, past_deadline=True) is None
