@@ -32,6 +32,7 @@ from streams import files
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
+from streams.run_dir import INFO, REPORT
 from streams.runtime import sleep_or_stop
 from streams.settings import SettingsParser
 from tasks.problems import DataError
@@ -43,7 +44,6 @@ from trainer.lease import TrainerLease, TrainerRunning
 from trainer.local import LocalPipeline, lean_backend_problem
 from trainer.metrics import MetricsSink
 from trainer.mlflow_run import MLflowRun, MLflowUnavailable
-from trainer.result import INFO
 from trainer.run_state import FINISHED_BEFORE, RunFinished
 from weights.model import resolve_model
 
@@ -333,7 +333,7 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
         summary["children"] = local.stopped
     summary["wall_s"] = round(time.monotonic() - started, 1)
     plots = sink.plots()
-    report = run_dir / "report.json"
+    report = run_dir / REPORT
     options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     report.write_bytes(orjson.dumps({"settings": shown_settings(settings), **summary}, option=options))
     sink.finish([report, *plots], interrupted=bool(summary.get("interrupted")))

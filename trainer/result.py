@@ -18,7 +18,6 @@ from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, C
 from trainer.config import with_preset
 from weights.model import DEFAULT_MODEL_NAME
 
-INFO = "run.json"  # in the run directory: the settings and start of the trainer that runs (or ran) it
 ETA_WINDOW = 5  # the newest update intervals the ETA averages (a run speeds up once its caches are warm)
 
 
