@@ -161,16 +161,8 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     if args.es_alpha:
         es_flags += ["--alpha", str(args.es_alpha)]
     grpo_flags = ["--batch", str(args.grpo_batch), "--group-size", str(args.grpo_group_size), "--lr", str(args.grpo_lr)]
-    lowrank_flags = [
-        "--es-noise",
-        "lowrank",
-        "--es-rank",
-        str(args.lowrank_rank),
-        "--population",
-        str(args.lowrank_population),
-        "--batch",
-        str(args.lowrank_batch),
-    ]
+    lowrank_flags = ["--es-noise", "lowrank", "--es-rank", str(args.lowrank_rank)]
+    lowrank_flags += ["--population", str(args.lowrank_population), "--batch", str(args.lowrank_batch)]
     if args.lowrank_sigma:
         lowrank_flags += ["--sigma", str(args.lowrank_sigma)]
     if args.lowrank_alpha:
@@ -271,20 +263,9 @@ def compare_seed(
     env = {**os.environ}
     if args.gen_dtype != "auto":
         env["PROOFSTREAM_DTYPE"] = args.gen_dtype
-    common = [
-        "--task",
-        args.task,
-        "--seed",
-        str(seed),
-        "--temperature",
-        str(args.temperature),
-        "--max-new-tokens",
-        str(args.max_new_tokens),
-        "--held-out",
-        str(args.held_out),
-        "--quorum",
-        str(args.quorum),
-    ]
+    common = ["--task", args.task, "--seed", str(seed), "--temperature", str(args.temperature)]
+    common += ["--max-new-tokens", str(args.max_new_tokens), "--held-out", str(args.held_out)]
+    common += ["--quorum", str(args.quorum)]
     if args.task == "countdown":
         common += ["--problems", str(args.problems)]
     result: dict[str, Any] = {
@@ -336,24 +317,10 @@ def compare_seed(
 
 def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: list[str]) -> list[str]:
     algo = "es" if p.algo == "es-lowrank" else p.algo  # the low-rank flags are the plan's
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--algo",
-        algo,
-        *common,
-        "--iterations",
-        str(p.iterations),
-        "--eval-every",
-        str(p.eval_every),
-        *p.flags,
-        "--run",
-        run,
-        "--run-dir",
-        str(run_dir),
-        *extra,
-    ]
+    argv = [sys.executable, "-m", "trainer", "--algo", algo, *common]
+    argv += ["--iterations", str(p.iterations), "--eval-every", str(p.eval_every), *p.flags]
+    argv += ["--run", run, "--run-dir", str(run_dir), *extra]
+    return argv
 
 
 def result_for(p: Plan, run: str, run_dir: Path, argv: list[str], code: int, wall_s: float) -> dict[str, Any]:

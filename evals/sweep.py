@@ -228,21 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
         iterations, eval_every = budgets[cell.key]
-        command = [
-            sys.executable,
-            "-m",
-            "trainer",
-            *cell.flags(),
-            "--iterations",
-            str(iterations),
-            "--eval-every",
-            str(eval_every),
-            "--run",
-            run,
-            "--run-dir",
-            str(run_dir),
-            *extra,
-        ]
+        command = [sys.executable, "-m", "trainer", *cell.flags(), "--iterations", str(iterations)]
+        command += ["--eval-every", str(eval_every), "--run", run, "--run-dir", str(run_dir), *extra]
         print(f"sweep: cell {cell.key}: run {run}; log {run_dir / 'trainer.log'}", file=sys.stderr)
         eta.start(run_dir)
         code, wall_s = run_one(command, {**os.environ}, run_dir / "trainer.log", tick=eta.tick)

@@ -56,38 +56,13 @@ class Cell:
         )
 
     def flags(self) -> list[str]:
-        out = [
-            "--algo",
-            self.algo,
-            "--batch",
-            str(self.batch),
-            "--curriculum",
-            self.curriculum,
-            "--problems",
-            str(self.problems),
-            "--seed",
-            str(self.seed),
-        ]
+        out = ["--algo", self.algo, "--batch", str(self.batch), "--curriculum", self.curriculum]
+        out += ["--problems", str(self.problems), "--seed", str(self.seed)]
         if self.algo == "grpo":
-            return out + [
-                "--lr",
-                f"{self.lr:g}",
-                "--group-size",
-                str(self.group_size),
-                "--temperature",
-                f"{self.temperature:g}",
-            ]
-        out += [
-            "--sigma",
-            f"{self.sigma:g}",
-            "--alpha",
-            f"{self.alpha:g}",
-            "--population",
-            str(self.population),
-            "--antithetic" if self.antithetic else "--no-antithetic",
-            "--es-noise",
-            self.noise or "full",
-        ]
+            out += ["--lr", f"{self.lr:g}", "--group-size", str(self.group_size)]
+            return out + ["--temperature", f"{self.temperature:g}"]
+        out += ["--sigma", f"{self.sigma:g}", "--alpha", f"{self.alpha:g}", "--population", str(self.population)]
+        out += ["--antithetic" if self.antithetic else "--no-antithetic", "--es-noise", self.noise or "full"]
         return out + (["--es-rank", str(self.rank)] if self.noise == "lowrank" else [])
 
 

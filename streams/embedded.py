@@ -164,27 +164,9 @@ class EmbeddedRedis:
         raise RuntimeError(f"redis-server did not start; see {self.data_dir / 'redis.log'}")
 
     def _spawn(self) -> bool:
-        args = [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.data_dir),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            self.appendfsync,
-            "--save",
-            "",
-            "--logfile",
-            "redis.log",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "yes",
-        ]
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
+        args += ["--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "", "--logfile", "redis.log"]
+        args += ["--daemonize", "no", "--protected-mode", "yes"]
         on_main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent if on_main else None

@@ -78,41 +78,14 @@ def test_a_run_end_to_end_on_the_cluster(redis_cluster, tmp_path):
         "PROOFSTREAM_CONCURRENCY": "1",
         "PROOFSTREAM_SWEEP_EVERY_S": "2",
     }  # arq's sweep cron job every 2 s
+    trainer = [sys.executable, "-m", "trainer", "--redis-url", redis_cluster.url, "--run", run, "--algo", "es"]
+    trainer += ["--population", "2", "--batch", "2", "--no-antithetic", "--iterations", str(VERSIONS)]
+    trainer += ["--eval-every", "0", "--task", "countdown", "--quorum", "1", "--problems", "8", "--held-out", "2"]
+    trainer += ["--seed", "3", "--run-dir", str(tmp_path / "run")]
     argv = {
         "verifier": [ARQ, "workers.verifier"],
         "generator": [sys.executable, "-m", "tests.fixtures.stand_in_generator", redis_cluster.url, run],
-        "trainer": [
-            sys.executable,
-            "-m",
-            "trainer",
-            "--redis-url",
-            redis_cluster.url,
-            "--run",
-            run,
-            "--algo",
-            "es",
-            "--population",
-            "2",
-            "--batch",
-            "2",
-            "--no-antithetic",
-            "--iterations",
-            str(VERSIONS),
-            "--eval-every",
-            "0",
-            "--task",
-            "countdown",
-            "--quorum",
-            "1",
-            "--problems",
-            "8",
-            "--held-out",
-            "2",
-            "--seed",
-            "3",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
+        "trainer": trainer,
     }
     procs: dict[str, subprocess.Popen] = {}
 

@@ -154,17 +154,8 @@ class LocalPipeline:
             ) from None
         self.redis = EmbeddedRedis(data_dir=self.run_dir / "redis", appendfsync="everysec").start()
         base = child_env(self.settings, self.url, self.config)
-        gen = [
-            sys.executable,
-            "-m",
-            "producers",
-            "--engine",
-            self.settings.engine,
-            "--name",
-            "local-generator",
-            "--prompt-format",
-            self.settings.prompt_format,
-        ]
+        gen = [sys.executable, "-m", "producers", "--engine", self.settings.engine, "--name", "local-generator"]
+        gen += ["--prompt-format", self.settings.prompt_format]
         if self.settings.model:
             gen += ["--model", self.settings.model]
         self._spawn("generator", gen, {**base, **lora_env(self.settings, base)})

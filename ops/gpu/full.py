@@ -137,41 +137,12 @@ def _steps(args: argparse.Namespace, device: str, work: Path, model: Path) -> li
     timeout = args.step_timeout_s
     orders, prompts, n = (str(x) for x in args.bench_shape)
     shape = ("--orders", orders, "--prompts", prompts, "--n", n, "--max-new-tokens", "64")
+    es_flags = ("--iterations", str(args.es_versions), "--max-new-tokens", "64")
+    grpo_flags = ("--iterations", str(iterations), "--train-device", device)
+    throughput = ("--population", str(args.es_throughput_shape[0]), "--problems", str(args.es_throughput_shape[1]))
     return [
-        (
-            "runs.es",
-            lambda: {
-                "runs": {
-                    "es": _run(
-                        "es",
-                        work / "es",
-                        device,
-                        timeout,
-                        "--iterations",
-                        str(args.es_versions),
-                        "--max-new-tokens",
-                        "64",
-                    )
-                }
-            },
-        ),
-        (
-            "runs.grpo",
-            lambda: {
-                "runs": {
-                    "grpo": _run(
-                        "grpo",
-                        work / "grpo",
-                        device,
-                        timeout,
-                        "--iterations",
-                        str(iterations),
-                        "--train-device",
-                        device,
-                    )
-                }
-            },
-        ),
+        ("runs.es", lambda: {"runs": {"es": _run("es", work / "es", device, timeout, *es_flags)}}),
+        ("runs.grpo", lambda: {"runs": {"grpo": _run("grpo", work / "grpo", device, timeout, *grpo_flags)}}),
         ("sharded", lambda: {"sharded": _sharded(work / "sharded", model, timeout)} if device == "cuda" else {}),
         ("benches.es", lambda: {"benches": {"es": _bench(timeout, "es", "--device", device, "--rounds", rounds)}}),
         (
@@ -196,20 +167,7 @@ def _steps(args: argparse.Namespace, device: str, work: Path, model: Path) -> li
         ),
         (
             "benches.es_throughput",
-            lambda: {
-                "benches": {
-                    "es_throughput": _bench(
-                        timeout,
-                        "es-throughput",
-                        "--device",
-                        device,
-                        "--population",
-                        str(args.es_throughput_shape[0]),
-                        "--problems",
-                        str(args.es_throughput_shape[1]),
-                    )
-                }
-            },
+            lambda: {"benches": {"es_throughput": _bench(timeout, "es-throughput", "--device", device, *throughput)}},
         ),
     ]
 
@@ -228,30 +186,9 @@ def _env(device: str) -> dict[str, str]:
 
 def _run(algo: str, run_dir: Path, device: str, timeout_s: float, *extra: str) -> dict[str, Any]:
     """One local-pipeline run to its end; its figures from its report and metrics."""
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--algo",
-        algo,
-        "--task",
-        "countdown",
-        "--run",
-        f"gpu-{algo}",
-        "--run-dir",
-        str(run_dir),
-        "--held-out",
-        "32",
-        "--eval-every",
-        "4",
-        "--engine",
-        "hf",
-        "--sandbox",
-        "process",
-        "--log-level",
-        "warning",
-        *extra,
-    ]
+    argv = [sys.executable, "-m", "trainer", "--algo", algo, "--task", "countdown", "--run", f"gpu-{algo}"]
+    argv += ["--run-dir", str(run_dir), "--held-out", "32", "--eval-every", "4", "--engine", "hf"]
+    argv += ["--sandbox", "process", "--log-level", "warning", *extra]
     started = time.monotonic()
     done = subprocess.run(argv, cwd=ROOT, env=_env(device), capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
@@ -307,18 +244,8 @@ def _sharded(out: Path, model: Path, timeout_s: float) -> dict[str, Any]:
     """ops/gpu/sharded_job.py on one rank over NCCL: a step, its policy folder, a DCP checkpoint, a resume and a
     second step. Its metrics lines are the result."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "1",
-        "-m",
-        "ops.gpu.sharded_job",
-        str(model),
-        str(out),
-    ]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    argv += ["-m", "ops.gpu.sharded_job", str(model), str(out)]
     env = {**_env("cuda"), "SHARDED_JOB_DEVICE": "cuda", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:

@@ -51,44 +51,15 @@ def test_plans_from_flags_give_each_algorithm_its_own_trainer_flags():
     assert (grpo.samples_per_version, grpo.iterations) == (32, 8)
     assert grpo.flags == ("--batch", "8", "--group-size", "4", "--lr", "1e-05")
     argv = es_vs_grpo.trainer_argv(grpo, ["--seed", "0"], "c-grpo", Path("/tmp/c/grpo"), ["--engine", "hf"])
-    assert argv[1:] == [
-        "-m",
-        "trainer",
-        "--algo",
-        "grpo",
-        "--seed",
-        "0",
-        "--iterations",
-        "8",
-        "--eval-every",
-        "2",
-        *grpo.flags,
-        "--run",
-        "c-grpo",
-        "--run-dir",
-        "/tmp/c/grpo",
-        "--engine",
-        "hf",
-    ]
+    expected = ["-m", "trainer", "--algo", "grpo", "--seed", "0", "--iterations", "8", "--eval-every", "2", *grpo.flags]
+    expected += ["--run", "c-grpo", "--run-dir", "/tmp/c/grpo", "--engine", "hf"]
+    assert argv[1:] == expected
 
 
 def test_es_lowrank_is_a_third_run_of_es_with_low_rank_members_and_its_own_population():
-    args = es_vs_grpo.parser().parse_args(
-        [
-            "--budget",
-            "1024",
-            "--algos",
-            "es",
-            "grpo",
-            "es-lowrank",
-            "--lowrank-rank",
-            "8",
-            "--lowrank-population",
-            "16",
-            "--lowrank-batch",
-            "8",
-        ]
-    )
+    flags = ["--budget", "1024", "--algos", "es", "grpo", "es-lowrank"]
+    flags += ["--lowrank-rank", "8", "--lowrank-population", "16", "--lowrank-batch", "8"]
+    args = es_vs_grpo.parser().parse_args(flags)
     es, grpo, low = es_vs_grpo.plans(args)
     assert [p.algo for p in (es, grpo, low)] == ["es", "grpo", "es-lowrank"]
     assert (low.samples_per_version, low.iterations) == (16 * 8, 1024 // 128)
@@ -289,37 +260,10 @@ def test_the_table_json_and_plot_from_two_runs(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     out = tmp_path / "cmp"
-    argv = [
-        sys.executable,
-        "-m",
-        "evals.es_vs_grpo",
-        "--task",
-        "countdown",
-        "--budget",
-        "8",
-        "--out",
-        str(out),
-        "--es-population",
-        "2",
-        "--es-batch",
-        "4",
-        "--grpo-batch",
-        "2",
-        "--grpo-group-size",
-        "4",
-        "--max-new-tokens",
-        "16",
-        "--held-out",
-        "2",
-        "--problems",
-        "8",
-        "--eval-points",
-        "1",
-        "--engine",
-        "hf",
-        "--seeds",
-        "0",
-    ]
+    argv = [sys.executable, "-m", "evals.es_vs_grpo", "--task", "countdown", "--budget", "8", "--out", str(out)]
+    argv += ["--es-population", "2", "--es-batch", "4", "--grpo-batch", "2", "--grpo-group-size", "4"]
+    argv += ["--max-new-tokens", "16", "--held-out", "2", "--problems", "8", "--eval-points", "1"]
+    argv += ["--engine", "hf", "--seeds", "0"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=840)

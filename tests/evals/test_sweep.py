@@ -36,23 +36,9 @@ def test_the_grid_is_the_product_of_the_lists_with_seeds_innermost_and_shards_sp
 
 
 def test_grpo_cells_cross_their_own_lists_and_pass_their_own_flags():
-    todo = sweep_grid.cells(
-        _args(
-            "--algo",
-            "es",
-            "grpo",
-            "--antithetic",
-            "on",
-            "off",
-            "--lr",
-            "1e-5",
-            "3e-5",
-            "--group-size",
-            "4",
-            "--seeds",
-            "0",
-        )
-    )
+    argv = ["--algo", "es", "grpo", "--antithetic", "on", "off", "--lr", "1e-5", "3e-5"]
+    argv += ["--group-size", "4", "--seeds", "0"]
+    todo = sweep_grid.cells(_args(*argv))
     es, grpo = [c for c in todo if c.algo == "es"], [c for c in todo if c.algo == "grpo"]
     assert [c.antithetic for c in es] == [True, False] and len(grpo) == 2
     assert grpo[1].key == "grpo-lr3e-05-g4-t0.7-b16-easy-n256-seed0"  # T: the trainer's default
@@ -158,33 +144,9 @@ def test_plan_prints_each_cells_run_id_and_runs_nothing(tmp_path, capsys):
 @pytest.mark.timeout(900)
 def test_a_tiny_real_cell_runs_and_a_second_sweep_skips_it(tmp_path):
     out = tmp_path / "sw"
-    argv = [
-        sys.executable,
-        "-m",
-        "evals.sweep",
-        "--out",
-        str(out),
-        "--population",
-        "2",
-        "--batch",
-        "2",
-        "--problems",
-        "6",
-        "--seeds",
-        "0",
-        "--iterations",
-        "1",
-        "--eval-every",
-        "1",
-        "--held-out",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--engine",
-        "hf",
-        "--quorum",
-        "1",
-    ]
+    argv = [sys.executable, "-m", "evals.sweep", "--out", str(out), "--population", "2", "--batch", "2"]
+    argv += ["--problems", "6", "--seeds", "0", "--iterations", "1", "--eval-every", "1", "--held-out", "2"]
+    argv += ["--max-new-tokens", "8", "--engine", "hf", "--quorum", "1"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=840)
     logs = "".join(p.read_text()[-3000:] for p in out.glob("cells/*/trainer.log"))
     assert done.returncode == 0, done.stderr[-3000:] + logs

@@ -52,21 +52,8 @@ BACKENDS = [
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_short_run_reports_sane_figures_and_leaves_nothing_behind(backend, one_redis_url, tmp_path):
     out = tmp_path / "bench.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "ops",
-        "bench",
-        "verifier",
-        "--backend",
-        backend,
-        *SHORT,
-        "--redis-url",
-        one_redis_url,
-        "--out",
-        str(out),
-        "--json",
-    ]
+    argv = [sys.executable, "-m", "ops", "bench", "verifier", "--backend", backend, *SHORT]
+    argv += ["--redis-url", one_redis_url, "--out", str(out), "--json"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     line = done.stdout.strip().splitlines()[-1]
@@ -123,22 +110,8 @@ def _descendants(pid: int) -> list[int]:
 @pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")
 def test_sigterm_mid_run_stops_the_pool_and_leaves_no_process_behind():
     """As Ctrl-C in a terminal: the pool drains, its sandboxes are killed, the private Redis stops."""
-    argv = [
-        sys.executable,
-        "-m",
-        "ops",
-        "bench",
-        "verifier",
-        "--backend",
-        "process",
-        "--sandboxes",
-        "2",
-        "--attempts",
-        "20000",
-        "--log-level",
-        "info",
-        "--json",
-    ]
+    argv = [sys.executable, "-m", "ops", "bench", "verifier"]
+    argv += ["--backend", "process", "--sandboxes", "2", "--attempts", "20000", "--log-level", "info", "--json"]
     bench = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in bench.stderr:  # the pool is up and checking once its first verdict is logged
@@ -173,26 +146,9 @@ def _run(args) -> int:
 
 
 def _bench_args(one_redis_url: str, *extra: str):
-    return build_parser().parse_args(
-        [
-            "bench",
-            "verifier",
-            "--backend",
-            "process",
-            "--sandboxes",
-            "1",
-            "--attempts",
-            "40",
-            "--cache-hits",
-            "40",
-            "--hangs",
-            "1",
-            "--redis-url",
-            one_redis_url,
-            "--json",
-            *extra,
-        ]
-    )
+    argv = ["bench", "verifier", "--backend", "process", "--sandboxes", "1", "--attempts", "40"]
+    argv += ["--cache-hits", "40", "--hangs", "1", "--redis-url", one_redis_url, "--json", *extra]
+    return build_parser().parse_args(argv)
 
 
 @pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")

@@ -246,24 +246,9 @@ async def test_tail_follow_prints_new_entries_and_ends_on_ctrl_c(system_redis_se
     keys = Keys("follow")
     redis = connect(system_redis_server.url)
     await Publisher(redis, keys).publish([attempt(0)])
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ops",
-            "tail",
-            "attempts",
-            "--follow",
-            "--run",
-            "follow",
-            "--redis-url",
-            system_redis_server.url,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_clean_env(),
-    )
+    argv = [sys.executable, "-m", "ops", "tail", "attempts", "--follow", "--run", "follow"]
+    argv += ["--redis-url", system_redis_server.url]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_clean_env())
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
         assert "attempt_id=a0" in line

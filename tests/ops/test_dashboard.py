@@ -143,22 +143,10 @@ def _browser():
 
 
 def _dashboard(url: str, *argv: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "ops", "dashboard", "--redis-url", url, "--run", RUN]
+    cmd += ["--port", "0", "--refresh-s", "0.3", *argv]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ops",
-            "dashboard",
-            "--redis-url",
-            url,
-            "--run",
-            RUN,
-            "--port",
-            "0",
-            "--refresh-s",
-            "0.3",
-            *argv,
-        ],
+        cmd,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

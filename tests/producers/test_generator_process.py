@@ -28,23 +28,8 @@ KEYS = Keys(RUN)
 
 def _generator(url: str, name: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PROOFSTREAM_LOG_LEVEL": "warning"}
-    argv = [
-        sys.executable,
-        "-m",
-        "producers",
-        "--redis-url",
-        url,
-        "--run",
-        RUN,
-        "--engine",
-        "hf",
-        "--name",
-        name,
-        "--claim-idle-ms",
-        "2000",
-        "--threads",
-        "1",
-    ]
+    argv = [sys.executable, "-m", "producers", "--redis-url", url, "--run", RUN, "--engine", "hf", "--name", name]
+    argv += ["--claim-idle-ms", "2000", "--threads", "1"]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

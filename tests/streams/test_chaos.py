@@ -76,20 +76,8 @@ BATCH = (50, 250)  # attempts per published batch
 MAX_OUTSTANDING = 1_000  # producer backpressure bound (lag + pending of the group)
 CHAOS_DEADLINE_S = 60  # producer and chaos must be over by then
 DRAIN_DEADLINE_S = 30  # then everything must be settled within this
-WORKER_ARGS = [
-    "--batch-size",
-    "32",
-    "--claim-idle-ms",
-    "1500",
-    "--claim-every-ms",
-    "200",
-    "--retry-delay-ms",
-    "300",
-    "--max-deliveries",
-    "20",
-    "--max-delay-ms",
-    "8",
-]
+WORKER_ARGS = ["--batch-size", "32", "--claim-idle-ms", "1500", "--claim-every-ms", "200", "--retry-delay-ms", "300"]
+WORKER_ARGS += ["--max-deliveries", "20", "--max-delay-ms", "8"]
 
 RETRYABLE = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError)
 
@@ -147,22 +135,9 @@ class Chaos:
         self.spawned += 1
         name = f"chaos-{self.spawned}"
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it; closed below
-        cmd = [
-            sys.executable,
-            "-m",
-            "tests.streams.chaos_worker",
-            "--redis-url",
-            self.redis_url,
-            "--run",
-            self.run,
-            "--name",
-            name,
-            "--seed",
-            str(self.rng.randrange(2**32)),
-            "--ready-file",
-            str(self.log_dir / f"{name}.ready"),
-            *WORKER_ARGS,
-        ]
+        cmd = [sys.executable, "-m", "tests.streams.chaos_worker", "--redis-url", self.redis_url, "--run", self.run]
+        cmd += ["--name", name, "--seed", str(self.rng.randrange(2**32))]
+        cmd += ["--ready-file", str(self.log_dir / f"{name}.ready"), *WORKER_ARGS]
         self.workers[name] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 

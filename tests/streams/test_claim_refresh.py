@@ -256,21 +256,8 @@ async def test_what_a_hold_finds_pending_here_is_this_consumers_only(redis, keys
 
 
 def spawn(redis_url: str, keys, name: str, hold_s: float) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "tests.streams.claim_worker",
-        "--redis-url",
-        redis_url,
-        "--run",
-        keys.run,
-        "--name",
-        name,
-        "--claim-idle-ms",
-        str(IDLE_MS),
-        "--hold-s",
-        str(hold_s),
-    ]
+    argv = [sys.executable, "-m", "tests.streams.claim_worker", "--redis-url", redis_url, "--run", keys.run]
+    argv += ["--name", name, "--claim-idle-ms", str(IDLE_MS), "--hold-s", str(hold_s)]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

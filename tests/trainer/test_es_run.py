@@ -79,37 +79,11 @@ def _trainer(url: str, run: str, run_dir: Path, iterations: int, *extra: str) ->
 
 
 def _trainer_argv(url: str, run: str, run_dir: Path, iterations: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--redis-url",
-        url,
-        "--run",
-        run,
-        "--algo",
-        "es",
-        "--task",
-        "countdown",
-        "--iterations",
-        str(iterations),
-        "--population",
-        "4",
-        "--batch",
-        "3",
-        "--problems",
-        "40",
-        "--held-out",
-        "4",
-        "--eval-every",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        "--log-level",
-        "warning",
-        "--history-s",
-        "0",
-    ]
+    argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es", "--task", "countdown"]
+    argv += ["--iterations", str(iterations), "--population", "4", "--batch", "3", "--problems", "40"]
+    argv += ["--held-out", "4", "--eval-every", "2", "--run-dir", str(run_dir)]
+    argv += ["--log-level", "warning", "--history-s", "0"]
+    return argv
 
 
 def _until(predicate, timeout_s: float, what: str):
@@ -426,21 +400,8 @@ def test_a_missing_or_malformed_dataset_is_a_clear_error_not_a_traceback(one_red
     dataset = tmp_path / "theorems.jsonl"
     if content is not None:
         dataset.write_text(content)
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--redis-url",
-        one_redis_url,
-        "--run",
-        "nodata",
-        "--task",
-        "lean",
-        "--dataset",
-        str(dataset),
-        "--run-dir",
-        str(tmp_path / "run"),
-    ]
+    argv = [sys.executable, "-m", "trainer", "--redis-url", one_redis_url, "--run", "nodata", "--task", "lean"]
+    argv += ["--dataset", str(dataset), "--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 

@@ -38,45 +38,10 @@ KILLS = ["grpo.stepped:2", "grpo.checkpoint_written:1", "grpo.saved:1"]
 
 
 def _trainer(url: str, run: str, run_dir: Path, model: Path, kill_at: str | None) -> subprocess.CompletedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--redis-url",
-        url,
-        "--run",
-        run,
-        "--algo",
-        "grpo",
-        "--task",
-        "countdown",
-        "--model",
-        str(model),
-        "--iterations",
-        str(VERSIONS),
-        "--batch",
-        str(BATCH),
-        "--group-size",
-        str(GROUP),
-        "--quorum",
-        "1",
-        "--max-staleness",
-        "0",
-        "--eval-every",
-        "0",
-        "--problems",
-        "12",
-        "--held-out",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--train-device",
-        "cpu",
-        "--run-dir",
-        str(run_dir),
-        "--log-level",
-        "warning",
-    ]
+    argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "grpo", "--task", "countdown"]
+    argv += ["--model", str(model), "--iterations", str(VERSIONS), "--batch", str(BATCH), "--group-size", str(GROUP)]
+    argv += ["--quorum", "1", "--max-staleness", "0", "--eval-every", "0", "--problems", "12", "--held-out", "2"]
+    argv += ["--max-new-tokens", "4", "--train-device", "cpu", "--run-dir", str(run_dir), "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if kill_at:
         env[ENV] = kill_at

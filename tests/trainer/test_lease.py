@@ -65,36 +65,10 @@ async def test_a_lease_taken_from_under_its_holder_says_so(one_redis):
 
 
 def _trainer(url: str, run: str, run_dir: Path, iterations: int, *extra: str) -> subprocess.CompletedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--redis-url",
-        url,
-        "--run",
-        run,
-        "--algo",
-        "es",
-        "--iterations",
-        str(iterations),
-        "--population",
-        "4",
-        "--batch",
-        "2",
-        "--problems",
-        "12",
-        "--held-out",
-        "2",
-        "--eval-every",
-        "0",
-        "--run-dir",
-        str(run_dir),
-        "--log-level",
-        "warning",
-        "--quorum",
-        "1",
-        *extra,
-    ]  # lockstep: exact sample counts (at 0.75 an update may take 3 of 4)
+    argv = [sys.executable, "-m", "trainer", "--redis-url", url, "--run", run, "--algo", "es"]
+    argv += ["--iterations", str(iterations), "--population", "4", "--batch", "2", "--problems", "12"]
+    argv += ["--held-out", "2", "--eval-every", "0", "--run-dir", str(run_dir), "--log-level", "warning"]
+    argv += ["--quorum", "1", *extra]  # lockstep: exact sample counts (at 0.75 an update may take 3 of 4)
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

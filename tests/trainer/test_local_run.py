@@ -29,39 +29,10 @@ def _alive(pid: int) -> bool:
 
 
 def _trainer(run_dir: Path, iterations: int) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--algo",
-        "es",
-        "--task",
-        "countdown",
-        "--run",
-        "local",
-        "--run-dir",
-        str(run_dir),
-        "--iterations",
-        str(iterations),
-        "--population",
-        "2",
-        "--batch",
-        "2",
-        "--problems",
-        "8",
-        "--held-out",
-        "2",
-        "--eval-every",
-        "1",
-        "--max-new-tokens",
-        "8",
-        "--engine",
-        "hf",
-        "--sandbox",
-        "process",
-        "--log-level",
-        "warning",
-    ]
+    argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "countdown", "--run", "local"]
+    argv += ["--run-dir", str(run_dir), "--iterations", str(iterations)]
+    argv += ["--population", "2", "--batch", "2", "--problems", "8", "--held-out", "2", "--eval-every", "1"]
+    argv += ["--max-new-tokens", "8", "--engine", "hf", "--sandbox", "process", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -102,22 +73,8 @@ def test_lean_task_with_no_backend_stops_at_once_naming_the_ways_to_get_one(tmp_
     before starting anything, with exit code 2 and a message naming the three ways to get a backend."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
     for extra in (["--lean-image", "proofstream-no-such-image:0"], ["--lean-repl-cmd", '["no-such-repl-binary"]']):
-        argv = [
-            sys.executable,
-            "-m",
-            "trainer",
-            "--algo",
-            "es",
-            "--task",
-            "lean",
-            "--run",
-            "lean-check",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--sandbox",
-            "docker",
-            *extra,
-        ]
+        argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "lean", "--run", "lean-check"]
+        argv += ["--run-dir", str(tmp_path / "run"), "--sandbox", "docker", *extra]
         started = time.monotonic()
         done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr

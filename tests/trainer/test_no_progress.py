@@ -32,40 +32,11 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _argv(run_dir: Path, algo: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--algo",
-        algo,
-        "--task",
-        "countdown",
-        "--run",
-        "stuck",
-        "--run-dir",
-        str(run_dir),
-        "--iterations",
-        "2",
-        "--population",
-        "2",
-        "--batch",
-        "2",
-        "--group-size",
-        "2",
-        "--problems",
-        "8",
-        "--held-out",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--engine",
-        "hf",
-        "--sandbox",
-        "process",
-        "--log-level",
-        "warning",
-        *extra,
-    ]
+    argv = [sys.executable, "-m", "trainer", "--algo", algo, "--task", "countdown", "--run", "stuck"]
+    argv += ["--run-dir", str(run_dir), "--iterations", "2", "--population", "2", "--batch", "2", "--group-size", "2"]
+    argv += ["--problems", "8", "--held-out", "2", "--max-new-tokens", "8", "--engine", "hf", "--sandbox", "process"]
+    argv += ["--log-level", "warning", *extra]
+    return argv
 
 
 def _last_trainer_line(err: str) -> str:
@@ -142,37 +113,10 @@ async def test_a_trainer_given_a_redis_url_raises_the_alarm_while_stalled_and_lo
     settings = VerifierSettings.load(env={}, flags={"run": keys.run, "concurrency": 1, "tasks": ["countdown"]})
     verifier = VerifierService(settings, redis_url, unstartable_countdown)
     await verifier.start()  # its report says: no sandbox of it can start
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer",
-        "--algo",
-        "es",
-        "--task",
-        "countdown",
-        "--run",
-        keys.run,
-        "--redis-url",
-        redis_url,
-        "--run-dir",
-        str(tmp_path),
-        "--iterations",
-        "2",
-        "--population",
-        "2",
-        "--batch",
-        "2",
-        "--problems",
-        "8",
-        "--held-out",
-        "0",
-        "--eval-every",
-        "0",
-        "--stall-timeout-s",
-        "3",
-        "--log-level",
-        "warning",
-    ]
+    argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "countdown", "--run", keys.run]
+    argv += ["--redis-url", redis_url, "--run-dir", str(tmp_path)]
+    argv += ["--iterations", "2", "--population", "2", "--batch", "2", "--problems", "8", "--held-out", "0"]
+    argv += ["--eval-every", "0", "--stall-timeout-s", "3", "--log-level", "warning"]
     trainer = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sync = redis_sync.Redis.from_url(redis_url)
     try:

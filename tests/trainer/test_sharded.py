@@ -219,25 +219,9 @@ def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_step_as_one_host_does(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-id",
-        "two-hosts",
-        "-m",
-        "ops.gpu.sharded_job",
-        str(model),
-        str(tmp_path / "out"),
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-hosts"]
+    cmd += ["-m", "ops.gpu.sharded_job", str(model), str(tmp_path / "out")]
     agents = [
         subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
     ]

@@ -63,54 +63,12 @@ def _job_processes(run: str) -> list[int]:
 
 
 def _torchrun(url: str, run: str, run_dir: Path, model: Path, kill_at: str | None) -> tuple[int, str, float]:
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "0",
-        "-m",
-        "trainer",
-        "--redis-url",
-        url,
-        "--algo",
-        "grpo",
-        "--task",
-        "countdown",
-        "--model",
-        str(model),
-        "--iterations",
-        str(VERSIONS),
-        "--batch",
-        str(BATCH),
-        "--group-size",
-        str(GROUP),
-        "--quorum",
-        "1",
-        "--max-staleness",
-        "0",
-        "--eval-every",
-        "0",
-        "--problems",
-        "12",
-        "--held-out",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--train-device",
-        "cpu",
-        "--run-dir",
-        str(run_dir),
-        "--dist-timeout-s",
-        str(DIST_TIMEOUT_S),
-        "--order-timeout-s",
-        "60",
-        "--log-level",
-        "warning",
-    ]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv += ["--max-restarts", "0", "-m", "trainer", "--redis-url", url, "--algo", "grpo", "--task", "countdown"]
+    argv += ["--model", str(model), "--iterations", str(VERSIONS), "--batch", str(BATCH), "--group-size", str(GROUP)]
+    argv += ["--quorum", "1", "--max-staleness", "0", "--eval-every", "0", "--problems", "12", "--held-out", "2"]
+    argv += ["--max-new-tokens", "4", "--train-device", "cpu", "--run-dir", str(run_dir)]
+    argv += ["--dist-timeout-s", str(DIST_TIMEOUT_S), "--order-timeout-s", "60", "--log-level", "warning"]
     # the run by its variable: torchrun's own argparse takes `--run` for an ambiguous prefix of its `--run-path`
     env = {**{k: v for k, v in os.environ.items() if k != ENV}, "PROOFSTREAM_RUN": run}
     if kill_at:
