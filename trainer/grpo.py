@@ -42,11 +42,11 @@ from streams.codec import decode, unpack_float32, unpack_int32
 from streams.keys import TRAINER
 from streams.schema import Attempt, PolicyUpdate, SchemaError
 from trainer.config import TrainerSettings
-from trainer.group_reads import Entries
 from trainer.grpo_loss import GRPOConfig, GRPOSample
 from trainer.grpo_trainer import GRPOTrainer
 from trainer.loop import Run
 from trainer.orders import Order, rotation, split_fresh
+from trainer.run_state import Entries
 from weights import device as devices
 
 KEEP_CHECKPOINTS = 2

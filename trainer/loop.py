@@ -20,7 +20,7 @@ is asked again. After each update what every group has acked, older than `histor
 
 This module keeps one invariant, no reward lost or counted twice across a SIGKILL: the write-ahead orders,
 the reads, the checkpoint before the acks, the cuts. Around it, each in its own module: the checkpoint's
-format and writes (trainer/run_state.py), the stream read (group_reads.py), evaluations (held_out.py), a
+format, writes and reads (trainer/run_state.py), evaluations (held_out.py), a
 version's metrics (version_metrics.py), the stall watch (progress.py), traces (traces.py) and the metrics a
 kill left in Redis only (backfill.py).
 """
@@ -47,13 +47,12 @@ from streams.schema import PolicyUpdate, Reward, SchemaError, WorkOrder
 from streams.theorems import Theorem, register
 from trainer.backfill import backfill
 from trainer.config import TrainerSettings
-from trainer.group_reads import Entries, read_group
 from trainer.held_out import Evaluations, eval_order, next_try
 from trainer.metrics import MetricsSink
 from trainer.orders import Order, at_quorum, expired, letter_losses, room, work_order
 from trainer.pipeline_figures import pipeline_figures
 from trainer.progress import ProgressWatch
-from trainer.run_state import STATE_FIELD, Checkpointer, RunState, check_fresh
+from trainer.run_state import STATE_FIELD, Checkpointer, Entries, RunState, check_fresh, read_group
 from trainer.traces import trace
 from trainer.version_metrics import health_figures, version_metrics
 

@@ -9,6 +9,10 @@ It is written in one MULTI with the stream entries of the version it completes (
 a restart never sees one without the others; with a replica, WAIT follows on the same connection. Only then
 are the entries the run read since the last checkpoint acked (`Checkpointer`): a trainer killed in between
 reads them again from its pending list.
+
+The run's reads are here too (`read_group`), because what they return is what the checkpoint acks: entries
+of the run's streams in group `trainer`, new ones or, at a resume, those read before and never acked. This is
+not streams.runtime's Consumer, which settles each entry as its handler returns.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import collections
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,9 @@ from trainer.orders import Order
 STATE_FIELD = "state"  # the field of `{ps:R}:trainer` that holds the checkpoint
 FINISHED_BEFORE = 3  # python -m trainer's exit status when the run id names a finished run
 log = structlog.get_logger("trainer.run_state")
+
+READ_COUNT = 500  # entries a stream read takes at once
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 class RunMismatch(RuntimeError):
@@ -205,3 +213,23 @@ class Checkpointer:
     def due(self, every_s: float) -> bool:
         """Entries wait for their ack and the last checkpoint is older than `every_s`."""
         return any(self.unacked.values()) and time.monotonic() - self.written_at > every_s
+
+
+async def read_group(
+    redis: Redis, consumer: str, streams: list[str], *, pending: bool, block_ms: int | None = None
+) -> AsyncIterator[dict[str, Entries]]:
+    """Entries of `streams` read in group `trainer`, one reply at a time ({stream: entries}, every stream
+    named): new ones (one read, blocking up to `block_ms`), or with `pending` those read before and never acked
+    (paged through the pending list to its end)."""
+    starts: dict[str, str | bytes] = {stream: "0" if pending else ">" for stream in streams}
+    while starts:
+        block = None if pending else block_ms
+        reply = await redis.xreadgroup(TRAINER, consumer, starts, count=READ_COUNT, block=block)
+        got = {(s.decode() if isinstance(s, bytes) else s): entries for s, entries in reply or []}
+        batch = {stream: got.get(stream, []) for stream in starts}
+        yield batch
+        for stream, entries in batch.items():
+            if pending and entries:
+                starts[stream] = entries[-1][0]
+            else:
+                del starts[stream]
