@@ -171,8 +171,7 @@ class Run(RunState):
     def _room(self, size: int) -> int:
         """How many orders top-up may issue around the newest version so that `size` are out (trainer/orders.py
         `room`)."""
-        running = sum(1 for o in self.orders.values() if not self._usable(o))
-        return room(size, self.orders.values(), self.version, self.settings.quorum, running)
+        return room(size, self.orders.values(), self.version, self.settings.quorum, self._usable)
 
     def _usable(self, order: Order) -> bool:
         """Complete (GRPO: with its samples): the next update decides about it."""

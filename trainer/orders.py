@@ -9,7 +9,7 @@ checkpointed by an older trainer resumes (tests/trainer/test_state_format.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -115,14 +115,14 @@ def split_fresh(complete: list[Order], version: int, max_staleness: int, limit: 
     return fresh[:limit], stale
 
 
-def room(size: int, orders: Iterable[Order], version: int, quorum: float, running: int) -> int:
-    """How many orders top-up may issue around `version` so that `size` are out, `running` of `orders` being
-    unfinished. At quorum 1 the run goes in lockstep: a version gets `size` orders and no more (a cut one is
-    replaced) and its update uses all of them, so the steps do not depend on timing (a run killed and resumed
-    makes the same steps). Below 1, orders finished early make room for new ones at once."""
+def room(size: int, orders: Iterable[Order], version: int, quorum: float, usable: Callable[[Order], bool]) -> int:
+    """How many orders top-up may issue around `version` so that `size` of `orders` are out. At quorum 1 the run
+    goes in lockstep: a version gets `size` orders and no more (a cut one is replaced) and its update uses all of
+    them, so the steps do not depend on timing (a run killed and resumed makes the same steps). Below 1, orders
+    finished early (`usable`: the next update decides about them) make room for new ones at once."""
     if quorum >= 1:
         return size - sum(1 for o in orders if o.center == version)
-    return size - running
+    return size - sum(1 for o in orders if not usable(o))
 
 
 def at_quorum(

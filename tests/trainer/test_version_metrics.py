@@ -137,11 +137,16 @@ def test_a_reward_counts_once_and_only_for_an_order_in_flight():
 
 def test_top_up_room_is_lockstep_at_quorum_1_and_counts_unfinished_orders_below():
     """At quorum 1 a version gets `size` orders, finished or not: 3 of center 4 out of 4 leaves room for 1 (the
-    center-3 order does not count). Below 1 only the unfinished count: 2 of them out of 4 leaves room for 2."""
+    center-3 order does not count). Below 1 only the unfinished count: b, c and d (a alone usable) out of 4
+    leave room for 1."""
     orders = [_order("a", 4, [1.0]), _order("b", 4, []), _order("c", 4, []), _order("d", 3, [])]
-    assert room(4, orders, version=4, quorum=1.0, running=2) == 1
-    assert room(4, orders, version=4, quorum=0.75, running=2) == 2
-    assert room(3, orders, version=4, quorum=1.0, running=2) == 0
+
+    def finished(o: Order) -> bool:
+        return o.work_id == "a"
+
+    assert room(4, orders, version=4, quorum=1.0, usable=finished) == 1
+    assert room(4, orders, version=4, quorum=0.75, usable=finished) == 1
+    assert room(3, orders, version=4, quorum=1.0, usable=finished) == 0
 
 
 def test_an_update_is_ready_at_its_quorum_of_fresh_orders_or_at_the_deadline():
