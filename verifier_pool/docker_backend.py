@@ -44,7 +44,7 @@ from verifier_pool.docker_daemon import LABEL_OWNER, LABEL_SANDBOX, LABEL_SANDBO
 from verifier_pool.repl import ReplStream, handshake
 from verifier_pool.sandbox import SandboxUnavailable
 from verifier_pool.sandbox_base import EXIT_GRACE_S, StdioSandbox
-from verifier_pool.sandbox_config import CHECKER_IMAGE, DockerSandboxConfig  # noqa: F401 - callers name it here
+from verifier_pool.sandbox_config import DockerSandboxConfig
 
 log = structlog.get_logger("verifier_pool.docker")
 

@@ -58,11 +58,12 @@ from streams.keys import Keys
 from streams.schema import Attempt, Reward
 from streams.theorems import register
 from tasks.countdown import countdown_problems
-from verifier_pool import docker_backend, docker_daemon, process
+from verifier_pool import docker_daemon, process
 from verifier_pool.config import TASKS_PER_SLOT, VerifierSettings
 from verifier_pool.pool import make_sandbox
 from verifier_pool.repl import LEAN_HANDSHAKE
 from verifier_pool.sandbox import SandboxTimeout
+from verifier_pool.sandbox_config import CHECKER_IMAGE
 
 SYNTHETIC_REPL = Path(__file__).with_name("synthetic_repl.py")  # stdlib only: it runs in any sandbox's Python
 PROBLEMS = 256
@@ -281,7 +282,7 @@ def usage(args: argparse.Namespace) -> str | None:
         return f"--attempts and --cache-hits must be at least {least} (4 per consumer task)"
     if args.backend == "process" and process.available() is None:
         return "no process sandbox here: install bubblewrap (see verifier_pool/process.py)"
-    if args.backend == "docker" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if args.backend == "docker" and (why := docker_daemon.why_unavailable(CHECKER_IMAGE)):
         return f"no docker sandbox here: {why}"
     return None
 

@@ -34,7 +34,7 @@ from verifier_pool.judgement import Judgement
 from verifier_pool.lean_audit import SecondLine
 from verifier_pool.pool import COUNTDOWN_HANDSHAKE, PROJECT_ROOT, _base_python, _python_paths
 from verifier_pool.sandbox import SandboxUnavailable
-from verifier_pool.sandbox_config import DockerSandboxConfig, ProcessSandboxConfig
+from verifier_pool.sandbox_config import CHECKER_IMAGE, DockerSandboxConfig, ProcessSandboxConfig
 
 pytestmark = pytest.mark.skipif(process.available() is None, reason="neither bubblewrap nor unshare works here")
 
@@ -92,7 +92,7 @@ async def rewards_by_attempt(redis, keys) -> dict[str, Reward]:
 
 @pytest.mark.parametrize("sandbox", ["process", "docker"])
 async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys, sandbox):
-    if sandbox == "docker" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if sandbox == "docker" and (why := docker_daemon.why_unavailable(CHECKER_IMAGE)):
         pytest.skip(f"docker sandbox: {why}")
     await register(redis, keys, [Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)])
     proofs = [
@@ -206,7 +206,7 @@ async def wait_for(condition, timeout_s: float, what: str) -> None:
 async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, keys, failure, capsys, monkeypatch):
     """End to end through the service: no reward, nothing cached, redelivered, then dead-lettered with the
     sandbox's failure as the reason; the worker stays up and its health check is red meanwhile."""
-    if failure == "missing image" and (why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)):
+    if failure == "missing image" and (why := docker_daemon.why_unavailable(CHECKER_IMAGE)):
         pytest.skip(f"docker sandbox: {why}")
     if failure == "no docker daemon":
         monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
@@ -266,7 +266,7 @@ async def test_a_sandbox_that_cannot_start_is_never_a_reward(redis, redis_url, k
 async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, redis_url, keys):
     """The same worker, once the missing image is built: its next check starts the sandbox, the attempt gets
     its real verdict, the health check turns green, and the verdict is cached under the image's id."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     import docker
 
@@ -293,7 +293,7 @@ async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, 
             return service.stats()["transient_failures"] >= 1
 
         await wait_for(failed_once, 60, "a failed delivery")
-        image = client.images.get(docker_backend.CHECKER_IMAGE)
+        image = client.images.get(CHECKER_IMAGE)
         image.tag(MISSING_IMAGE)  # "built" now: the next delivery starts the sandbox
 
         async def rewarded() -> bool:
@@ -327,7 +327,7 @@ async def test_a_slot_recovers_once_its_image_exists_and_caches_under_it(redis, 
 async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, keys):
     """The verdict cache key holds the sandbox's identity: a verdict cached by one image is served to the same
     image and never to a rebuilt one (a new image id), which judges afresh."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     import io
 
@@ -335,7 +335,7 @@ async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, ke
 
     client = docker.from_env()
     rebuilt = f"proofstream-pytest-rebuilt-{uuid.uuid4().hex[:8]}:latest"
-    dockerfile = f"FROM {docker_backend.CHECKER_IMAGE}\nLABEL proofstream.pytest-rebuilt={rebuilt}\n"
+    dockerfile = f"FROM {CHECKER_IMAGE}\nLABEL proofstream.pytest-rebuilt={rebuilt}\n"
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=rebuilt, rm=True)
     theorem = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
     await register(redis, keys, [theorem])
@@ -355,7 +355,7 @@ async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, ke
         return reward
 
     try:
-        old, new = checker(docker_backend.CHECKER_IMAGE), checker(rebuilt)
+        old, new = checker(CHECKER_IMAGE), checker(rebuilt)
         await asyncio.gather(old.sandbox.start(), new.sandbox.start())
         assert old.sandbox.identity != new.sandbox.identity and old.environment != new.environment
         first = await judge(old, 0)
@@ -377,10 +377,10 @@ async def test_a_rebuilt_image_is_never_served_the_old_images_verdicts(redis, ke
 async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_failed_start():
     """No cache key while what would judge is unknown: before the first start, after a start that failed
     (a removed image), and while that lasts; the image's identity again once a start succeeds."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     good = DockerSandboxConfig(
-        image=docker_backend.CHECKER_IMAGE,
+        image=CHECKER_IMAGE,
         argv=docker_backend.COUNTDOWN_ARGV,
         handshake=COUNTDOWN_HANDSHAKE,
         memory_limit_bytes=256 << 20,
@@ -409,10 +409,10 @@ async def test_environment_is_unknown_until_the_sandbox_answered_and_after_a_fai
 async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs():
     """After a crash the check runs again on a fresh sandbox; when that one cannot start, the verdict is the
     infrastructure's `error`, not the second crash the proof would otherwise be blamed for."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())  # the image's python3 runs the test double
-    good = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
+    good = DockerSandboxConfig(image=CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
     sandbox = docker_backend.DockerSandbox(good)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)
@@ -434,12 +434,10 @@ async def test_a_crash_whose_replacement_cannot_start_is_an_error_not_the_proofs
 async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
     """The docker sandbox recycles inside the next request (after max_requests): the REPL that answers it knows
     none of the env ids the checker holds. Each check still gets its verdict, never an `error`."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", Path(FAKE_REPL).read_text())
-    config = DockerSandboxConfig(
-        image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20, max_requests=4
-    )
+    config = DockerSandboxConfig(image=CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20, max_requests=4)
     sandbox = docker_backend.DockerSandbox(config)
     checker = LeanChecker(sandbox, proof_timeout_s=10, header_timeout_s=10, second_line=REPL_WORD)
     theorem = Theorem("t", "lean", statement=STATEMENT, header=HEADER)

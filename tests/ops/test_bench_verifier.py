@@ -21,7 +21,8 @@ import redis as redis_sync
 from ops.bench import verifier as bench_verifier
 from ops.cli import build_parser, main
 from tasks.countdown_check import check
-from verifier_pool import docker_backend, docker_daemon, process
+from verifier_pool import docker_daemon, process
+from verifier_pool.sandbox_config import CHECKER_IMAGE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,7 +43,7 @@ KEYS = {
     "load_avg_1m_before",
 }
 
-_NO_DOCKER = docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE)
+_NO_DOCKER = docker_daemon.why_unavailable(CHECKER_IMAGE)
 BACKENDS = [
     pytest.param("process", marks=pytest.mark.skipif(process.available() is None, reason="no bwrap or unshare")),
     pytest.param("docker", marks=pytest.mark.skipif(_NO_DOCKER is not None, reason=f"docker: {_NO_DOCKER}")),

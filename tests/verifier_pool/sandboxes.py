@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from tests import fixtures
-from verifier_pool import docker_backend, docker_daemon, process_argv
+from verifier_pool import docker_daemon, process_argv
 from verifier_pool.docker_backend import DockerSandbox
 from verifier_pool.process import ProcessSandbox
-from verifier_pool.sandbox_config import ISOLATION_TOOLS, DockerSandboxConfig, ProcessSandboxConfig
+from verifier_pool.sandbox_config import CHECKER_IMAGE, ISOLATION_TOOLS, DockerSandboxConfig, ProcessSandboxConfig
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 FAKE_REPL = fixtures.FAKE_REPL
 REPL_DIR = FAKE_REPL.parent  # the folder bound into the process sandboxes
 PYTHON = os.path.realpath(sys.executable)  # the interpreter itself: the venv's symlinks are not bound
-IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", docker_backend.CHECKER_IMAGE)
+IMAGE = os.environ.get("PROOFSTREAM_CHECKER_IMAGE", CHECKER_IMAGE)
 # In a container: the fake REPL's source as the image's python3 `-c` argument, so nothing is mounted.
 FAKE_REPL_ARGV = ("python3", "-c", FAKE_REPL.read_text())
 RUN = f"pytest-{uuid.uuid4().hex[:8]}"  # the owner labels of this test process's containers start with it

@@ -26,7 +26,7 @@ from verifier_pool.config import VerifierSettings
 from verifier_pool.lean_audit import LeanAudit, SecondLine, judge_audit
 from verifier_pool.pool import PROJECT_ROOT, _python_paths, second_line
 from verifier_pool.repl import LEAN_HANDSHAKE
-from verifier_pool.sandbox_config import DockerSandboxConfig, ProcessSandboxConfig
+from verifier_pool.sandbox_config import CHECKER_IMAGE, DockerSandboxConfig, ProcessSandboxConfig
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -178,10 +178,10 @@ async def test_a_verdict_on_the_repls_word_is_never_cached_as_an_audited_one(che
 async def test_the_pickle_comes_out_of_a_docker_sandbox_and_is_taken(checkers):
     """The REPL in a container (the fake REPL run by the checker image's python3): the pickle in its tmpfs /tmp
     is read and removed from inside it (`docker cp` cannot see a tmpfs)."""
-    if why := docker_daemon.why_unavailable(docker_backend.CHECKER_IMAGE):
+    if why := docker_daemon.why_unavailable(CHECKER_IMAGE):
         pytest.skip(f"docker sandbox: {why}")
     fake_repl = ("python3", "-c", FAKE_REPL.read_text())
-    config = DockerSandboxConfig(image=docker_backend.CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
+    config = DockerSandboxConfig(image=CHECKER_IMAGE, argv=fake_repl, memory_limit_bytes=256 << 20)
     checker = LeanChecker(
         docker_backend.DockerSandbox(config), proof_timeout_s=10, header_timeout_s=10, second_line=audited()
     )
