@@ -41,6 +41,9 @@ with open(__file__, "rb") as _source:
 
 MAX_BATCH = 64  # jobs in one batch request; the worker sends at most its read batch (16 by default)
 MAX_EXPRESSION_CHARS = 200  # a longer "expression" is not an answer to a 3-6 number problem
+EXCERPT_CHARS = 40  # the model's words in a detail: one JSON-quoted line, cut here
+# A refusal's rule, the first word of its detail: the only part of a detail that tools count as a category.
+RULES = ("format", "syntax", "equation", "numbers", "value")
 MAX_STATED = 3  # "3 * 4 = 12": sides after the expression, each an expression its value must equal
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
 
@@ -102,6 +105,13 @@ def _first_folded(text: str, tag: str, start: int) -> int:
     return -1 if m is None else m.start()
 
 
+def excerpt(text: str) -> str:
+    """The model's words as they appear in a detail: JSON-quoted (one line, escapes visible), cut at
+    EXCERPT_CHARS with an ellipsis, so a detail never carries the model's line breaks or lengths into a log,
+    a table or a category."""
+    return json.dumps(text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…", ensure_ascii=False)
+
+
 def extract_answer(text: str) -> str | None:
     """The expression inside the last <answer>...</answer>, or the whole text if it has no tags."""
     return _sides(text)[0]
@@ -142,7 +152,7 @@ def _false_statement(stated: list[str], value: Fraction) -> str | None:
             if _evaluate(ast.parse(side, mode="eval"), []) != value:
                 return side
         except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
-            return side[:60]
+            return side
     return None
 
 
@@ -161,16 +171,18 @@ def check(numbers: list[int], target: int, answer_text: str) -> CountdownResult:
     # Deep nesting: CPython's parser answers SyntaxError ("too many nested parentheses"), RecursionError or
     # MemoryError by version and depth; each is the expression's fault, judged, never a checker crash.
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError) as e:
-        return CountdownResult(False, "syntax", f"{type(e).__name__}: {e}"[:200])
+        return CountdownResult(False, "syntax", f"{type(e).__name__} in {excerpt(expr)}")
     if (false := _false_statement(stated, value)) is not None:
-        return CountdownResult(False, "equation", f"{expr} = {float(value):g}, not {false}", float(value))
+        return CountdownResult(
+            False, "equation", f"{excerpt(expr)} = {float(value):g}, not {excerpt(false)}", float(value)
+        )
     if Counter(used) != Counter(numbers):
         return CountdownResult(
             False, "numbers", f"uses {sorted(used)}, must use each of {sorted(numbers)} once", float(value)
         )
     if value != target:
-        return CountdownResult(False, "value", f"{expr} = {float(value):g}, not {target}", float(value))
-    return CountdownResult(True, "", f"{expr} = {target}", float(value))
+        return CountdownResult(False, "value", f"{excerpt(expr)} = {float(value):g}, not {target}", float(value))
+    return CountdownResult(True, "", f"{excerpt(expr)} = {target}", float(value))
 
 
 # Partial credit (TinyZero-style shaping, which the ES-at-scale paper's Countdown runs rely on: the base

@@ -28,6 +28,7 @@ import structlog
 
 from streams.theorems import Theorem
 from tasks import lean_proof
+from tasks.countdown_check import RULES as COUNTDOWN_RULES
 from verifier_pool import lean_audit, lean_check
 from verifier_pool.judgement import Judgement, proved, rejected
 from verifier_pool.lean_audit import SecondLine
@@ -162,7 +163,11 @@ def _countdown_judgement(reply: dict) -> Judgement:
         return Judgement("error", "", f"checker answered outside its protocol: {str(reply)[:200]}")
     if reply["ok"]:
         return proved(reply["detail"])
-    return Judgement("rejected", "wrong_answer", reply["detail"], score=float(reply.get("score") or 0.0))
+    # The detail leads with the checker's rule, one of its fixed words: tools count refusals by it, and never
+    # by the rest, which quotes the model's words (ops/views/verdicts.py).
+    rule = reply.get("reason") if reply.get("reason") in COUNTDOWN_RULES else "other"
+    detail = f"{rule}: {reply['detail']}"
+    return Judgement("rejected", "wrong_answer", detail, score=float(reply.get("score") or 0.0))
 
 
 class LeanChecker(_SandboxChecker):

@@ -329,9 +329,16 @@ def _shown(line: str) -> str:
     return line if all(c.isprintable() or c == "\t" for c in line) else orjson.dumps(line).decode()
 
 
+def one_line(text: str, width: int = 160) -> str:
+    """Free text (a checker's message, which may quote the model) on one line: as is when it is one printable
+    line within `width`, else JSON-quoted, its line breaks and escapes shown, and cut."""
+    return text if len(text) <= width and text.isprintable() else short(text, width=width)
+
+
 def samples(data: dict[str, Any]) -> str:
     """Each sample as a header line (who, what, the verdict), the model's text, the proof it was judged by,
-    and the checker's message; the text of each escaped where it is not printable (`_shown`)."""
+    and the checker's message; the text of each escaped where it is not printable (`_shown`), the checker's
+    message on one line (`one_line`)."""
     out = [f"{data['shown']} of {data['matched']} matching samples ({data['source']})"]
     for s in data["samples"]:
         who = s["work_id"] if s["member"] is None else f"{s['work_id']} (seed {s['member'][0]}, sign {s['member'][1]})"
@@ -353,7 +360,7 @@ def samples(data: dict[str, Any]) -> str:
             if s["proof"] != s["text"]:
                 out += ["   judged:"] + [f"     | {_shown(line)}" for line in s["proof"].split("\n")]
         if s["detail"]:
-            out.append(f"   checker: {_shown(s['detail'])}")
+            out.append(f"   checker: {one_line(s['detail'])}")
     return "\n".join(out)
 
 

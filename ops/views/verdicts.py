@@ -12,9 +12,11 @@ or one picked up from $PROOFSTREAM_RUN, is not enough for a deletion.
 Same with redis-cli: `redis-cli HLEN '{ps:R}:verdicts'`, then `redis-cli UNLINK '{ps:R}:verdicts'`.
 
 The counts read the newest rewards still in `{ps:R}:rewards` (the verifiers keep its `history_s`), with
-`XREVRANGE '{ps:R}:rewards' + - COUNT N`: each entry's `verdict`, `reason` and `detail` fields. A rule is a
-refusal's detail without the attempt's own words (a helper's name, a quoted token, a line number), so that
-"which check refuses most" reads at a glance.
+`XREVRANGE '{ps:R}:rewards' + - COUNT N`: each entry's `verdict`, `reason` and `detail` fields. A rule is made
+of fixed words only, so that "which check refuses most" reads at a glance: for a Countdown answer
+(`wrong_answer`) the checker's rule, the first word of its detail (`format`, `syntax`, `equation`, `numbers`,
+`value`; `other` for anything else); for the rest, the first line of the detail without the attempt's own
+words (a helper's name, a quoted token or excerpt, a line number), which Lean's message goes on after.
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from streams.cluster import transaction
 from streams.codec import decode
 from streams.keys import Keys
 from streams.schema import Reward, SchemaError
+from tasks.countdown_check import RULES as COUNTDOWN_RULES
 
 NEWEST = 10_000  # rewards counted by `reasons` (one XREVRANGE; a few MB at most)
 RULES = 15  # the most frequent rules shown
-# What of a refusal's detail is the attempt's own: a helper's name, a quoted token, where it stands.
-_OWN_WORDS = re.compile(r"helper `[^`]*`|`[^`]*`|'[^']*'|\bline \d+|\d+ characters")
+RULE_CHARS = 120
+# What of a refusal's detail is the attempt's own: a helper's name, a quoted token or a JSON-quoted excerpt,
+# where it stands.
+_OWN_WORDS = re.compile(r"""helper `[^`]*`|`[^`]*`|'[^']*'|"(?:[^"\\]|\\.)*"|\bline \d+|\d+ characters""")
 
 
 async def clear(redis: Redis, keys: Keys) -> dict[str, Any]:
@@ -71,7 +76,7 @@ async def reasons(redis: Redis, keys: Keys, newest: int = NEWEST) -> dict[str, A
         verdicts[reward.verdict] += 1
         if reward.verdict == "rejected":
             refused[reward.reason] += 1
-            rules[f"{reward.reason}: {rule_of(reward.detail)}"] += 1
+            rules[f"{reward.reason}: {rule_of(reward.reason, reward.detail)}"] += 1
     return {
         "run": keys.run,
         "counted": sum(verdicts.values()),
@@ -81,9 +86,14 @@ async def reasons(redis: Redis, keys: Keys, newest: int = NEWEST) -> dict[str, A
     }
 
 
-def rule_of(detail: str) -> str:
-    """A refusal's detail without the attempt's own words (_OWN_WORDS), at most 120 characters."""
-    return _OWN_WORDS.sub(lambda m: "helper" if m.group().startswith("helper") else "…", detail)[:120]
+def rule_of(reason: str, detail: str) -> str:
+    """A refusal's rule, in fixed words (the module's docstring): never the model's text, never a second line."""
+    if reason == "wrong_answer":
+        word = detail.split(":", 1)[0]
+        return word if word in COUNTDOWN_RULES else "other"
+    first = detail.split("\n", 1)[0]
+    rule = _OWN_WORDS.sub(lambda m: "helper" if m.group().startswith("helper") else "…", first)
+    return "".join(c if c.isprintable() else "…" for c in rule)[:RULE_CHARS]
 
 
 def render_reasons(data: dict[str, Any]) -> str:

@@ -124,6 +124,11 @@ async def test_countdown_pool_turns_attempts_into_rewards(redis, redis_url, keys
         "a3": ("rejected", 0.1, "wrong_answer"),  # the format alone
     }
     assert (got["a0"].cached, got["a2"].cached) == (False, True)  # the repeated proof cost no sandbox time
+    # a refusal's detail leads with the checker's rule word; the answer is quoted after it
+    assert (got["a1"].detail, got["a3"].detail) == (
+        'value: "3+4+7" = 14, not 19',
+        "syntax: ValueError in \"__import__('os')\"",
+    )
     [(_, fields)] = await redis.xrange(keys.dlq)
     assert "not registered" in decode(DeadLetter, fields).reason
     stats = service.stats()

@@ -46,7 +46,7 @@ def _pair(i: int, version: int, verdict: str) -> tuple[Attempt, Reward]:
         reason="" if verdict == "proved" else "wrong_answer",
         member=a.member,
         work_id=work,
-        detail="ok" if verdict == "proved" else f"value {4 * i} != 24",
+        detail=f'"{i} * 4" = 24' if verdict == "proved" else f'value: "{i} * 4" = {4 * i}, not 24',
         sandbox_id="process-0",
         verify_ms=0.5,
     )
@@ -69,14 +69,21 @@ def test_samples_from_a_run_directory_are_filtered_and_shown_with_their_text(tmp
     text = _ops("--run-dir", str(tmp_path), "-n", "1", "--version", "0").stdout  # the newest of version 0
     assert "es-v0-m2:0:0" in text and "es-v0-m1" not in text
     assert "     | <think>step one" in text and "     | step 2</think>" in text  # the model's text, line by line
-    assert "rejected (wrong_answer), reward 0.1" in text and "checker: value 8 != 24" in text
+    assert "rejected (wrong_answer), reward 0.1" in text and 'checker: value: "2 * 4" = 8, not 24' in text
     assert "judged:\n     | <answer>2 * 4</answer>" in text  # the proof it was judged by
     hostile = _pair(9, version=7, verdict="rejected")
-    hostile = (dataclasses.replace(hostile[0], text="fine\n\x1b]52;c;cm0gLXJmIH4=\x07\rgone"), hostile[1])
+    hostile = (
+        dataclasses.replace(hostile[0], text="fine\n\x1b]52;c;cm0gLXJmIH4=\x07\rgone"),
+        dataclasses.replace(hostile[1], detail="unsolved goals\nx : ℕ\n\x1b[2J⊢ " + "x" * 300),
+    )
     samples.append(samples.file_for(tmp_path, 7), [samples.sample(hostile[1], "1-0", hostile[0])])
     shown = _ops("--run-dir", str(tmp_path), "--version", "7").stdout
     assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown  # a model's escapes stay text
     assert "     | fine\n" in shown and '"\\u001b]52;c;cm0gLXJmIH4=\\u0007\\rgone"' in shown
+    # the checker's message: one quoted line, cut (ops/views/text.py one_line)
+    [checker] = [line for line in shown.splitlines() if line.startswith("   checker: ")]
+    assert checker.startswith('   checker: "unsolved goals\\nx : ℕ\\n\\u001b[2J⊢ xxx') and checker.endswith("x…")
+    assert len(checker) == len("   checker: ") + 160
     missing = _ops("--run-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "has no traces" in missing.stderr
 
@@ -113,9 +120,9 @@ async def test_samples_show_their_problem_and_a_text_filter_finds_them(one_redis
     assert [s["attempt_id"] for s in doc["samples"]] == ["es-v1-m3:0:0", "es-v1-m4:0:0"] and doc["matched"] == 2
     assert [s["problem"]["target"] for s in doc["samples"]] == [38, 24]  # cd-1 and cd-0
     by_detail = json.loads(
-        _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "^value 8 !=", "--json").stdout
+        _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "= 8, not", "--json").stdout
     )
-    assert [s["attempt_id"] for s in by_detail["samples"]] == ["es-v0-m2:0:0"]  # the checker's "value 8 != 24"
+    assert [s["attempt_id"] for s in by_detail["samples"]] == ["es-v0-m2:0:0"]  # the checker's "= 8, not 24"
     text = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--theorem", "cd-1", "-n", "1").stdout
     assert "   problem: reach 38 from 5, 7, 3, each number once" in text
     bad = _ops("--redis-url", one_redis_url, "--run", "samples-problems", "--text", "(")

@@ -104,3 +104,34 @@ async def test_reasons_count_the_newest_verdicts_and_the_refusals_by_reason_and_
     )
     # the three newest entries: the foreign one, then rewards 6 and 5
     assert (code, out.splitlines()[0]) == (0, "run counted: the newest 2 verdicts: proved 1, timeout 1")
+
+
+async def test_a_rule_is_fixed_words_whatever_the_model_wrote(redis, redis_url, capsys):
+    """Countdown refusals are counted by the checker's rule word, never by the answer quoted after it (nor
+    by an older detail that was all answer); a Lean message by its first line, the attempt's words out."""
+    keys = Keys("words")
+    details = [
+        ("wrong_answer", 'equation: "1 + 2" = 3, not "3\\n\\nThe answer is 3."'),
+        ("wrong_answer", 'equation: "7 - 1" = 6, not "\\u001b]52;c;cm0g…"'),
+        ("wrong_answer", 'value: "3 + 4" = 7, not 12'),
+        ("wrong_answer", 'value: "5 + 4" = 9, not 12'),
+        ("wrong_answer", "1 + 2 = 3, not 3\n\nThe answer is 3."),  # a detail of before this rule
+        ("wrong_answer", "format: no expression found"),
+        ("lean_error", "unknown identifier 'h\x1b[2J'\nx : ℕ\n⊢ x = x"),
+        ("lean_error", "unsolved goals\nx : ℕ\n⊢ 2 = 3"),
+    ]
+    for i, (reason, detail) in enumerate(details):
+        await redis.xadd(keys.rewards, encode(reward(i, "rejected", reason, detail)))
+    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "words", "--redis-url", redis_url, "--json")
+    assert code == 0
+    assert orjson.loads(out)["refused_by_rule"] == {
+        "wrong_answer: equation": 2,
+        "wrong_answer: value": 2,
+        "wrong_answer: other": 1,
+        "wrong_answer: format": 1,
+        "lean_error: unknown identifier …": 1,
+        "lean_error: unsolved goals": 1,
+    }
+    code, out, _ = await ops(capsys, "verdicts", "reasons", "--run", "words", "--redis-url", redis_url)
+    assert code == 0 and all(line.isprintable() for line in out.splitlines())  # one rule a line, no escapes
+    assert all(line.startswith(("run ", "refused by ", "  ")) for line in out.splitlines()), out

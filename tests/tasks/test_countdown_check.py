@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tasks.countdown_check import (
+    EXCERPT_CHARS,
+    RULES,
     check,
     extract_answer,
     last_tagged,
@@ -241,3 +243,37 @@ def test_the_checker_runs_from_its_two_files_alone(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
+
+
+HOSTILE = {
+    "the prompt's example, copied": "<answer>1 + 2 = 3\n\nThe answer is 3.</answer>",
+    "terminal escapes": "<answer>1 + 2 = \x1b]52;c;cm0gLXJmIH4=\x07\rgone</answer>",
+    "a long false side": "<answer>3 * 4 = " + "9 " * 5000 + "</answer>",
+    "a call": "<answer>__import__('os').system('x')\n</answer>",
+    "the right value, wrong numbers": "<answer>6 * 2</answer>",
+    "a wrong value": "<answer>3 + 4</answer>",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_detail_carries_the_answer_only_as_a_short_quoted_excerpt(name):
+    """A detail is read in logs, tables and `ops samples`: the model's words in it are one JSON-quoted line
+    of at most EXCERPT_CHARS (its line breaks and escapes written out, never raw), so a multi-line or hostile
+    answer never spills into a category or a terminal."""
+    result = check([3, 4], 12, HOSTILE[name])
+    assert not result.ok and result.reason in RULES
+    detail = result.detail
+    assert detail.isprintable() and len(detail) <= 2 * (EXCERPT_CHARS + 2) + 40, detail
+    for quoted in re.findall(r'"(?:[^"\\]|\\.)*"', detail):
+        assert len(json.loads(quoted)) <= EXCERPT_CHARS
+    outside = re.sub(r'"(?:[^"\\]|\\.)*"', "", detail)
+    assert "answer" not in outside and "os" not in outside and "gone" not in outside, detail
+
+
+def test_details_as_written_by_hand():
+    assert check([3, 4], 12, "<answer>1 + 2 = 3\n\nThe answer is 3.</answer>").detail == (
+        '"1 + 2" = 3, not "3\\n\\nThe answer is 3."'
+    )
+    assert check([3, 4], 12, "<answer>3 + 4</answer>").detail == '"3 + 4" = 7, not 12'
+    long_side = check([3, 4], 12, "<answer>3 * 4 = " + "9 " * 50 + "</answer>").detail
+    assert long_side == '"3 * 4" = 12, not "' + ("9 " * 20)[:39] + '…"'
