@@ -56,7 +56,10 @@ from streams.run_redis import NoRunData, reopen
 from streams.settings import RoleSettings, SettingsError, SettingsParser
 from weights.device import NoDevice
 
-NO_REDIS = "no Redis to inspect: pass --redis-url or set PROOFSTREAM_REDIS_URL"
+NO_REDIS = (
+    "no run to inspect: name a finished run's directory with --run-dir DIR (`ops runs` lists them), "
+    "or a live run's Redis with --redis-url URL (or PROOFSTREAM_REDIS_URL)"
+)
 
 
 class OpsSettings(RoleSettings):
@@ -323,6 +326,8 @@ def _files(sub) -> None:
     for name, fn, about in commands:
         p = sub.add_parser(name, help=about, description=about, parents=[_local()])
         p.set_defaults(local_fn=fn)
+        if name == "runs":  # `ops runs docs/results`, as `ls` takes a folder; --dir says the same
+            p.add_argument("folder", nargs="?", metavar="DIR", help="the folder of the runs (default runs)")
         p.add_argument("--dir", default="runs", help="the folder of the runs (default runs)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or a run's name under --dir")
     p.add_argument("--plot", metavar="PNG", help="where the plot goes (default: compare.png in --dir)")

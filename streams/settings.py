@@ -206,7 +206,8 @@ class RoleSettings(BaseModel):
         and where else it can be set: its PROOFSTREAM_* variable and its TOML key."""
         info = cls.model_fields[name]
         parts = [info.description] if info.description else []  # choices: in the metavar, {a,b}
-        parts.append(f"default {cls.default_text(name) if default is None else default}")
+        shown = cls.default_text(name) if default is None else default
+        parts.append(f"default {shown!r}" if shown == "default" else f"default {shown}")  # not "default default"
         key = f"{name} (top level)" if name in RoleSettings.model_fields else f"[{cls.section}] {name}"
         text = "; ".join(parts) + f" [{ENV_PREFIX}{name.upper()}, TOML {key}]"
         return text.replace("%", "%%")  # argparse formats help with %
@@ -312,7 +313,8 @@ class SettingsParser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
             options = [c.strip().strip("'") for c in choice.group(2).split(",")]
-            return message.split(" (choose", 1)[0] + _did_you_mean(choice.group(1), options)
+            near = _did_you_mean(choice.group(1), options)
+            return message.split(" (choose", 1)[0] + (near or f" (choose from {', '.join(options)})")
         return message
 
     def _flags(self) -> set[str]:

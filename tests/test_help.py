@@ -35,10 +35,11 @@ def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def default_in(help_text: str) -> str:
-    """The default a help text names: what follows its last `; default ` up to the `[PROOFSTREAM_...]` bracket."""
+    """The default a help text names: what follows its last `; default ` up to the `[PROOFSTREAM_...]` bracket
+    (the run's default, the word "default", is quoted there so that it never reads "default default")."""
     found = re.search(r"; default ((?:(?!; default ).)*?) \[PROOFSTREAM_", help_text)
     assert found, help_text
-    return found.group(1)
+    return "default" if found.group(1) == "'default'" else found.group(1)
 
 
 def test_the_trainers_help_shows_the_defaults_it_runs_with():

@@ -160,8 +160,8 @@ def listing(folder: Path) -> list[dict[str, Any]]:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    folder = Path(args.dir).expanduser()
+    folder = Path(getattr(args, "folder", None) or args.dir).expanduser()
     if not folder.is_dir():
-        return text.fail(f"{folder} does not exist: name the folder of the runs with --dir (default runs)", 2)
+        return text.fail(f"{folder} does not exist: name the folder of the runs (`ops runs DIR`; default runs)", 2)
     text.emit(args, {"dir": str(folder), "runs": listing(folder)}, text.runs)
     return 0

@@ -417,7 +417,8 @@ def runs(data: dict[str, Any]) -> str:
     if not data["runs"]:
         return f"no runs in {data['dir']} (a run directory holds {INFO}, {REPORT} or {METRICS})"
     lines = table(RUN_COLUMNS, [_row(r) for r in data["runs"]])
-    return "\n".join([f"{len(data['runs'])} runs in {data['dir']}", "", *lines])
+    count = len(data["runs"])
+    return "\n".join([f"{count} run{'' if count == 1 else 's'} in {data['dir']}", "", *lines])
 
 
 def compare(data: dict[str, Any]) -> str:

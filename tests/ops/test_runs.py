@@ -152,6 +152,12 @@ def test_runs_lists_each_run_with_its_status_and_result(folder):
     assert line.split()[:9] == ["a", "ES", "finished", "4/4", "512", "0.090", "->", "0.250", "0/8"]
     assert "4 min 40 s" in line
     assert "(ETA " in [x for x in text.splitlines() if x.startswith("b ")][0]
+    assert text.startswith("3 runs in ")
+    positional = _ops("runs", str(folder / "nested"))  # the folder as an argument, as `ls` takes one
+    assert positional.returncode == 0 and positional.stdout.startswith("1 run in "), positional.stderr
+    assert [x.split()[0] for x in positional.stdout.splitlines()[3:]] == ["c"]
+    missing = _ops("runs", str(folder / "nowhere"))
+    assert missing.returncode == 2 and "`ops runs DIR`" in missing.stderr
 
 
 def test_compare_prints_the_table_the_differences_and_writes_one_plot(folder):

@@ -188,6 +188,23 @@ def test_a_misspelled_flag_is_one_line_with_the_closest_flag(capsys):
     )
 
 
+def test_an_invalid_choice_names_the_closest_or_lists_them_all(capsys):
+    from streams.settings import SettingsParser
+
+    parser = SettingsParser(prog="p")
+    parser.add_argument("--verdict", choices=["proved", "rejected", "timeout"])
+    for given, said in (("rejectd", "(did you mean rejected?)"), ("wrong", "(choose from proved, rejected, timeout)")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--verdict", given])
+        assert capsys.readouterr().err == f"p: argument --verdict: invalid choice: '{given}' {said} (see p --help)\n"
+
+
+def test_a_default_that_is_a_word_of_the_sentence_is_quoted():
+    from streams.settings import RoleSettings
+
+    assert "; default 'default' [PROOFSTREAM_RUN" in RoleSettings.flag_help("run")
+
+
 def test_list_settings_from_env_are_json():
     assert VerifierLike.load(env={"PROOFSTREAM_TASKS": '["lean", "countdown"]'}).tasks == ["lean", "countdown"]
     with pytest.raises(SettingsError, match="PROOFSTREAM_TASKS must be JSON"):
