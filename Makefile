@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test run lint bench gpu-check clean
+.PHONY: install test run lint bench gpu-check lean-box clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -55,6 +55,14 @@ bench: $(STAMP)
 GPU_ARGS ?=
 gpu-check: $(STAMP)
 	$(BIN)/python -m ops.gpu_check --full $(GPU_ARGS)
+
+# On a machine with Docker that reaches GitHub: build the Lean image and run the Lean path end to end through
+# LeanChecker and lean-audit, figures to docs/results/lean-box/ (ops/deploy/lean_box.sh says the steps). Where
+# GitHub cannot be reached it runs the offline step and stops at the first that needs the network, saying so.
+# LEAN_BOX_ARGS="--from 5": an image built already; "--dry-run": print the steps.
+LEAN_BOX_ARGS ?=
+lean-box: $(STAMP)
+	PYTHON=$(BIN)/python bash ops/deploy/lean_box.sh $(LEAN_BOX_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -9,8 +9,8 @@
                   of a folder side by side, the dashboard; live from Redis or from a finished run's directory
     ops/bench/    the benchmarks, the flags and ending they share, and the synthetic roles and REPL they run
     ops/gpu/      the GPU check, the sharded trainer job it runs, and what carries it to an offline GPU box
-    ops/deploy/   deployment: the container images, docker_setup.sh, the Kubernetes manifests, the health checks
-                  and Redis sizing
+    ops/deploy/   deployment: the container images, docker_setup.sh, the Kubernetes manifests, the health checks,
+                  Redis sizing, and the Lean box recipe (lean_box.sh: the Lean image built and checked end to end)
 
 compose*.yaml stay at the repository's root, where compose looks for them.
 """

@@ -10,7 +10,8 @@ and the axioms it depends on. The worker judges the facts.
 
 NOT COMPILED HERE: no Lean toolchain runs on the machines this was written on. It is written against
 Lean v4.28.0, lean4checker v4.28.0 and the REPL v4.28.0 (REPL/Snapshots.lean, `CommandSnapshot.pickle`, for
-the pickle's layout); the image build compiles it and fails loudly if a name is wrong.
+the pickle's layout); the image build compiles it and fails loudly if a name is wrong. Each Lean name used
+here, and where the pinned sources define or use it, is in ../PINNED.md (with the ones only a compile tells).
 
 Wire: the REPL's framing. A request is one JSON object followed by a blank line; a reply is one JSON line
 followed by a blank line.
@@ -40,10 +41,17 @@ structure AuditRequest where
   pickle_hex : String
 deriving FromJson
 
-/-- The first three errors of a message log, as text. -/
+/-- Whether a message is an error (matched as the REPL's `Message.of` matches severities, REPL/JSON.lean). -/
+def isError (m : Message) : Bool :=
+  match m.severity with
+  | .error => true
+  | _ => false
+
+/-- The first three errors of a message log, as text: `line:column: message`, built from the fields the REPL
+reads at the pinned tag (`m.pos`, `m.data.toString`; REPL/JSON.lean, `Message.of`). -/
 def errorsOf (log : MessageLog) : IO String := do
-  let errors := (log.toList.filter (·.severity == .error)).take 3
-  let texts ← errors.mapM fun m => do return (← m.toString)
+  let errors := (log.toList.filter isError).take 3
+  let texts ← errors.mapM fun m => do return s!"{m.pos.line}:{m.pos.column}: {← m.data.toString}"
   return "; ".intercalate texts
 
 def hexValue (c : UInt8) : Option UInt8 :=
@@ -101,10 +109,15 @@ def orFail {α : Type} (key : String) : Except String α → AuditM α
   | .ok a => pure a
   | .error e => throw (key, e)
 
+/-- `x`'s result, or its IO error as text (caught in IO, as the REPL's `runProofStep` catches). -/
+def attempt {α : Type} (x : IO α) : IO (Except String α) := do
+  try
+    return .ok (← x)
+  catch e =>
+    return .error (toString e)
+
 def orFailIO {α : Type} (key : String) (x : IO α) : AuditM α := do
-  match ← x.toBaseIO with
-  | .ok a => pure a
-  | .error e => throw (key, toString e)
+  orFail key (← attempt x)
 
 /-- One audit. The pickle is the REPL's `CommandSnapshot.pickle`: `(imports, map₂, cmdState, cmdContext)`,
 nested pairs; only the first two are read, the rest is never touched. -/
@@ -133,7 +146,7 @@ unsafe def audit (req : AuditRequest) : AuditM Json := do
 /-- The lines up to the first blank one, as the REPL reads a query; "" at end of input. -/
 partial def readQuery (stdin : IO.FS.Stream) (acc : String := "") : IO String := do
   let line ← stdin.getLine
-  if line.isEmpty || line.trim.isEmpty then return acc
+  if line.trimAscii.isEmpty then return acc  -- `String.trim` is deprecated since v4.27 (the REPL's getLines)
   readQuery stdin (acc ++ line)
 
 unsafe def answer (query : String) : IO Json := do
