@@ -117,8 +117,11 @@ def words(learned: str, reward: dict[str, Any], exact: dict[str, Any]) -> str:
     """`learned: held-out reward +0.389 (noise ±0.050), 6 -> 8 of 32 solved (2 gained, 0 lost: within noise)`."""
     lead = "no change beyond noise" if learned == "no change" else learned
     moved = "beyond noise" if exact["p"] < EXACT_P else "within noise"
+    change = f"held-out reward {reward['change']:+.3f} (noise ±{reward['noise']:.3f})"
+    if reward["change"] == 0 and reward["noise"] == 0:  # no spread to measure: nothing moved at all
+        lead, change = "no change", "every problem scored the same at both evaluations"
     return (
-        f"{lead}: held-out reward {reward['change']:+.3f} (noise ±{reward['noise']:.3f}), "
+        f"{lead}: {change}, "
         f"{exact['solved_first']} -> {exact['solved_last']} of {exact['problems']} solved "
         f"({exact['gained']} gained, {exact['lost']} lost: {moved})"
     )
@@ -130,10 +133,16 @@ def quoted(answer: str) -> str:
     return orjson.dumps(cut).decode()
 
 
+def answer_of(sample: dict[str, Any]) -> str:
+    """What a sample answered, as answers are counted: the first non-empty line of the proof it was judged by
+    (`1 + 2 = 3` of "1 + 2 = 3\n\nThe answer is 3.": the same answer, whatever prose follows)."""
+    return next((line.strip() for line in sample.get("proof", "").splitlines() if line.strip()), "")
+
+
 def common_answers(found: Iterable[dict[str, Any]], top: int = 2) -> dict[str, Any] | None:
-    """The most common answers (the proof each was judged by) of one evaluation's samples, each problem once
-    (its last sample: a retried evaluation answers again); None without a sample that kept its text."""
-    by_problem = {s["theorem_id"]: s.get("proof", "").strip() for s in found if not s.get("text_missing")}
+    """The most common answers (`answer_of`) of one evaluation's samples, each problem once (its last sample: a
+    retried evaluation answers again); None without a sample that kept its text."""
+    by_problem = {s["theorem_id"]: answer_of(s) for s in found if not s.get("text_missing")}
     if not by_problem:
         return None
     counts = Counter(by_problem.values())

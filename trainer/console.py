@@ -140,5 +140,6 @@ class Console:
             self._above.close_line()
             sys.stderr, self._above = self._saved_stderr, None
         if self.bar is not None:
+            self.bar.set_postfix_str("", refresh=False)  # its ETA is over: the bar ends with the time it took
             self.bar.close()
             self.bar = None

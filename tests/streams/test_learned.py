@@ -77,6 +77,16 @@ def test_a_clear_gain_is_learned():
     assert learned.short(v) == "learned +0.356 ±0.075"
 
 
+def test_a_run_whose_every_problem_scored_the_same_says_so():
+    same = _eval(0, {"a": 0.1, "b": 0.5}, [])
+    v = learned.verdict({0: same, 2: same | {"version": 2}})
+    assert v["learned"] == "no change" and v["reward"]["noise"] == 0.0
+    assert v["words"] == (
+        "no change: every problem scored the same at both evaluations, 0 -> 0 of 2 solved (0 gained, 0 lost: "
+        "within noise)"
+    )
+
+
 def test_mcnemars_exact_p_by_hand():
     """2 P(X <= min) for X ~ Binomial(moved, 1/2): 6 gained none lost 2/64; 4 and 0: 2/16; 5 and 1: 2 x 7/64."""
     assert learned.mcnemar_p(6, 0) == pytest.approx(0.03125)
@@ -144,14 +154,15 @@ def _sample(version: int, theorem: str, proof: str, kind_eval: bool = True, **mo
 
 
 def test_the_most_common_answers_of_an_evaluation_from_the_traces(tmp_path):
-    """v0: 3 problems answered "1 + 2 = 3", 1 "3 + 4" (a training sample and a v1 sample left out); a retried
-    evaluation's problem counts once, its last answer. v2: a long, two-line answer shown quoted and cut."""
-    long_answer = "(25 - 5) * 4\n" + "x" * 60
+    """v0: 3 problems answered "1 + 2 = 3" (one with prose after it: an answer is its first line), 1 "3 + 4" (a
+    training sample and a v1 sample left out); a retried evaluation's problem counts once, its last answer. v2:
+    a long answer shown quoted and cut, a control character escaped."""
+    long_answer = "(25 - 5) * 4\t" + "x" * 60
     samples.append(
         samples.file_for(tmp_path, 0),
         [
             _sample(0, "a", "1 + 2 = 3"),
-            _sample(0, "b", "1 + 2 = 3"),
+            _sample(0, "b", "\n1 + 2 = 3\n\nThe answer is 3."),
             _sample(0, "c", "2 + 2"),
             _sample(0, "c", "1 + 2 = 3 ", attempt_id="eval-v0-r1:c"),  # the retry answers c again
             _sample(0, "d", "3 + 4"),
@@ -162,7 +173,7 @@ def test_the_most_common_answers_of_an_evaluation_from_the_traces(tmp_path):
     samples.append(samples.file_for(tmp_path, 2), [_sample(2, "a", long_answer), _sample(2, "b", long_answer)])
     assert learned.answers(tmp_path, [0, 2, 5]) == [
         'v0: 3 of 4 answers are "1 + 2 = 3", 1 is "3 + 4"; 2 distinct',
-        'v2: 2 of 2 answers are "(25 - 5) * 4\\nxxxxxxxxxxxxxxxxxxxxxxxxxx…"; 1 distinct',
+        'v2: 2 of 2 answers are "(25 - 5) * 4\\txxxxxxxxxxxxxxxxxxxxxxxxxx…"; 1 distinct',
         "v5: no answers kept",
     ]
     assert learned.answers(tmp_path / "elsewhere", [0]) == []  # no traces: nothing to say

@@ -126,7 +126,8 @@ def test_on_a_terminal_log_lines_go_above_the_bar():
     for line in drawn:
         assert not ("policy versions" in line and ("{" in line or "trainer:" in line)), line
         assert line in bars or _is_log_record(line) or line.startswith("trainer: "), line
-    assert bars[-1].startswith("policy versions: 3/3 |") and "the final evaluation, about 2 s" in bars[-1]
+    assert "policy versions: 3/3 |" in text and "elapsed, the final evaluation, about 2 s" in text  # drawn, then
+    assert bars[-1].startswith("policy versions: 3/3 |") and bars[-1].endswith(" elapsed")  # closed: its time
     events = [json.loads(line)["event"] for line in drawn if _is_log_record(line)]
     assert events == ["es_update", "es_update", "order_lost"]
     own = [line for line in drawn if line.startswith("trainer: ")]
