@@ -253,6 +253,7 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
             "held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 training samples"
         )
         assert page.text("result-verdict") == "Did it learn? no per-problem data: noise unknown"  # Redis: means only
+        assert page.text("learned-word") == "No per-problem data."  # the chart's question, answered
         wait.until(lambda d: len(page.lines()) == 4)
         drawn = {line["series"]: line["stroke"] for line in page.lines()}
         assert drawn == {k: COLORS[k] for k in ("reward_mean", "pass_rate", "held_out_reward", "held_out_exact")}
@@ -295,6 +296,7 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
             "Did it learn? learned: held-out reward +0.350 (noise ±0.262), 0 -> 2 of 8 solved (2 gained, 0 lost: "
             "within noise)"
         )
+        assert page.text("learned-word") == "Learned."
         assert page.text("result-answers") == (
             'answers: v0: 8 of 8 answers are "1 + 2 = 3"; 1 distinct; v1: 5 of 8 answers are "(2 + 3) * 4", '
             '3 are "1 + 2 = 3"; 2 distinct'
