@@ -291,3 +291,16 @@ def test_a_problem_is_shown_by_theorem_and_commands_that_change_a_copy_say_so(tm
     cleared = _ops("verdicts", "clear", "--run", "fin", "--run-dir", str(tmp_path / "fin"))
     assert "removed 0 cached verdicts" in cleared.stdout and "the run directory is unchanged" in cleared.stdout
     assert "copy" not in _ops("dlq", "list", "--run-dir", str(tmp_path / "fin")).stdout  # reading changes nothing
+
+
+def test_a_live_run_read_from_redis_finds_its_directory_on_its_own_host(tmp_path):
+    """`ops run --redis-url` on a live run: the evaluations' per-problem figures are in its run directory, found
+    where its settings put it when its trainer runs on this host; nowhere else."""
+    from ops.views.runs import local_dir
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "run.json").write_text("{}")
+    here = {"host": socket.gethostname()}
+    assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "r")}) == tmp_path / "r"
+    assert local_dir({"host": "another-host"}, {"run": "r", "run_dir": str(tmp_path / "r")}) is None
+    assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "gone")}) is None
