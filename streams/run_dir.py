@@ -3,7 +3,8 @@
     <run dir>/
       run.json              INFO: the settings and start of the trainer that runs it (written at each start)
       report.json           REPORT: written at the end: settings, version, counts, evaluations, wall time
-      metrics.jsonl         METRICS: one record a version (an update) or an evaluation (`"eval": true`), in order
+      metrics.jsonl         METRICS: one record a version (an update) or an evaluation (`"eval": true`, with each
+                            problem's reward and the problems solved: streams/learned.py), in order
       reward.png, staleness.png, throughput.png   PLOTS, drawn from metrics.jsonl at the end
       samples/              SAMPLES: the judged attempts, v<version>.jsonl.gz (streams/samples.py)
       logs/                 LOGS: the local pipeline's roles' logs (trainer/local.py)

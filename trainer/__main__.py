@@ -28,7 +28,7 @@ import redis.exceptions as rx
 import structlog
 from tqdm import tqdm
 
-from streams import files
+from streams import files, learned
 from streams.connect import connect, shown_url
 from streams.keys import Keys
 from streams.ride_out import UNAVAILABLE
@@ -38,6 +38,7 @@ from streams.settings import SettingsParser
 from tasks.problems import DataError
 from trainer import result
 from trainer.config import TrainerSettings
+from trainer.console import Console
 from trainer.data import load_theorems
 from trainer.es import ESRun
 from trainer.lease import TrainerLease, TrainerRunning
@@ -68,7 +69,7 @@ async def train(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    bar = _progress(settings.iterations)
+    bar = Console(settings.iterations, final_evaluation=settings.eval_every > 0)
     model_path = None
     if settings.algo == "grpo":
         model_path = await asyncio.to_thread(resolve_model, settings.model)
@@ -185,29 +186,6 @@ async def _set_when(event: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
-BAR = "{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed, ETA {remaining} ({rate_fmt})"
-
-
-def _progress(total: int):
-    """The policy versions as a bar with the time left. A resumed run's first report sets where the bar starts,
-    so its rate and ETA count only the versions made by this trainer."""
-    bar = tqdm(total=total, desc="policy versions", unit="version", file=sys.stderr, bar_format=BAR)
-    started = [False]
-
-    def update(version: int | None) -> None:
-        if version is None:
-            bar.close()
-        elif not started[0]:
-            started[0] = True
-            bar.initial = bar.n = version
-            bar.start_t = bar.last_print_t = bar._time()
-            bar.refresh()
-        else:
-            bar.update(version - bar.n)
-
-    return update
-
-
 def headline_of(settings: TrainerSettings, summary: dict) -> str:
     """The run's result in one line (trainer/result.py, as `python -m ops run` leads with it): where it got to
     and in how long, the held-out evaluation first, last and best, the problems solved, the samples."""
@@ -223,6 +201,19 @@ def headline_of(settings: TrainerSettings, summary: dict) -> str:
         wall_s=summary.get("wall_s"),
     )
     return result.headline(r)
+
+
+def verdict_lines(summary: dict, run_dir: Path, records: list[dict]) -> list[str]:
+    """Whether the run learned beyond its evaluation's noise (streams/learned.py: the first and last evaluation,
+    problem by problem, from metrics.jsonl `records`) and what the answers were at those two evaluations (from
+    the run's traces); [] before an evaluation."""
+    evals = learned.with_problems(summary.get("evals") or {}, records)
+    if not evals:
+        return []
+    lines = [f"did it learn? {learned.verdict(evals)['words']}"]
+    if shown := learned.answers(run_dir, sorted({min(evals), max(evals)})):
+        lines.append("answers: " + "; ".join(shown))
+    return lines
 
 
 def build_parser() -> SettingsParser:
@@ -339,6 +330,8 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
     sink.finish([report, *plots], interrupted=bool(summary.get("interrupted")))
     if headline := headline_of(settings, summary):
         print(f"trainer: {headline}", file=sys.stderr)
+        for line in verdict_lines(summary, run_dir, sink.records()):
+            print(f"trainer: {line}", file=sys.stderr)
         print(f"trainer: reading: {result.reading(settings.task)}", file=sys.stderr)
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:

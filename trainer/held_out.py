@@ -2,12 +2,16 @@
 
 An evaluation's work id is `eval-v<version>` for its first try and `eval-v<version>-r<try>` for the next ones:
 a lost evaluation is issued again under a new work id (the generators' markers would drop the same one as a
-repeat), up to `EVAL_TRIES` times. Its result is one record in metrics.jsonl (`"eval": true`).
+repeat), up to `EVAL_TRIES` times. Its result is one record in metrics.jsonl (`"eval": true`): the means, and
+for the comparison of the first and last evaluation (streams/learned.py) each problem's reward and the
+problems solved; the run's checkpoint keeps the means only (a record a problem in a state written every few
+seconds would grow with the run). When it lands the console says so in one line (`announce`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from streams.theorems import Theorem
@@ -42,17 +46,41 @@ def result(done: Order) -> dict[str, Any]:
     }
 
 
-def record(result: dict[str, Any]) -> dict[str, Any]:
-    """The evaluation's line in metrics.jsonl."""
-    return {"eval": True, **result, "time": time.time()}
+def record(result: dict[str, Any], done: Order | None = None) -> dict[str, Any]:
+    """The evaluation's line in metrics.jsonl; with its order `done`, also the seconds from its issue to now
+    (`took_s`: what the ETA counts for the final evaluation) and its figures by problem (`problem_rewards`,
+    `problems_solved`), which a record backfilled from the checkpoint lacks."""
+    now = time.time()
+    line = {"eval": True, **result, "time": now}
+    if done is not None and done.issued_at:
+        line["took_s"] = round(now - done.issued_at, 1)
+    if done is not None and done.by_theorem:
+        line["problem_rewards"] = {t: r for t, (r, _) in sorted(done.by_theorem.items())}
+        line["problems_solved"] = sorted(t for t, (_, proved) in done.by_theorem.items() if proved)
+    return line
+
+
+def landed(result: dict[str, Any], first: dict[str, Any] | None) -> str:
+    """The line the console prints when an evaluation lands: `held-out v4: reward 0.128, 1/32 solved (+0.041
+    vs v0)`."""
+    solved = round(result["held_out_exact"] * result["problems"])
+    line = (
+        f"held-out v{result['version']}: reward {result['held_out_reward']:.3f}, {solved}/{result['problems']} solved"
+    )
+    if first is not None and first["version"] != result["version"]:
+        line += f" ({result['held_out_reward'] - first['held_out_reward']:+.3f} vs v{first['version']})"
+    return line
 
 
 class Evaluations:
     """Which versions a run evaluates, and the results of those done, each written to metrics.jsonl once."""
 
-    def __init__(self, theorems: list[Theorem], sink: MetricsSink) -> None:
+    def __init__(
+        self, theorems: list[Theorem], sink: MetricsSink, announce: Callable[[str, float | None], None] | None = None
+    ) -> None:
         self.theorems = theorems
         self.sink = sink
+        self.announce = announce or (lambda line, took_s: None)  # (the landed line, seconds from issue to landing)
         # not checkpointed: the evaluations metrics.jsonl holds a line for (read back at a resume), so that one
         # written before a kill that the checkpoint missed is not written a second time when it is redone
         self.in_jsonl: set[int] = set()
@@ -68,7 +96,10 @@ class Evaluations:
         for work_id, o in list(state.evals.items()):
             if o.complete:
                 state.eval_results[o.center] = done = result(o)
+                line = record(done, o)
                 if o.center not in self.in_jsonl:  # written before a kill, and redone since: once
-                    self.sink.write(record(done))
+                    self.sink.write(line)
                     self.in_jsonl.add(o.center)
                 del state.evals[work_id]
+                first = state.eval_results[min(state.eval_results)]
+                self.announce(landed(done, first), line.get("took_s"))

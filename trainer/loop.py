@@ -77,7 +77,7 @@ class Run(RunState):
         train: list[Theorem],
         held_out: list[Theorem],
         sink: MetricsSink,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int | None], None] | None = None,
     ) -> None:
         super().__init__(settings.run)
         self.settings, self.redis, self.keys = settings, redis, Keys(settings.run)
@@ -92,7 +92,8 @@ class Run(RunState):
         }
         acked_later, replicas = [self.keys.rewards, self.keys.dlq], settings.settle_replicas
         self.checkpointer = Checkpointer(redis, self.keys.trainer_state, acked_later, replicas, settings.settle_wait_ms)
-        self.evaluations = Evaluations(held_out, sink)
+        # the console (trainer/console.py) also prints each evaluation as it lands; a bare callable does not
+        self.evaluations = Evaluations(held_out, sink, getattr(progress, "evaluated", None))
         self.watch = ProgressWatch(settings.stall_timeout_s, local=not settings.redis_url)
         self._watching_since = time.time()  # an order's timeout counts from here at the earliest
         self._verdicts: collections.Counter[str] = collections.Counter()  # of the rewards read since the update

@@ -43,6 +43,9 @@ class Order:
     rewards: dict[str, float] = field(default_factory=dict)  # attempt_id -> reward
     proved: int = 0
     issued_at: float = 0.0
+    # an evaluation's figures by problem, theorem id -> [reward, 1 if proved else 0] (streams/learned.py pairs
+    # them across evaluations); kept in the checkpoint only while it is non-empty, so other orders keep the format
+    by_theorem: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def is_eval(self) -> bool:
@@ -63,7 +66,10 @@ class Order:
         return float(np.mean(list(self.rewards.values()))) if self.rewards else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if not doc["by_theorem"]:
+            del doc["by_theorem"]
+        return doc
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Order:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from streams import learned
 from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES
 from trainer.config import with_preset
 from weights.model import DEFAULT_MODEL_NAME
@@ -85,19 +86,27 @@ def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
     return {"first": points[0], "last": points[-1], "best": best, "evaluations": len(points)}
 
 
-def eta_s(version: int, iterations: int, update_times: list[float], started: float | None, now: float) -> float | None:
-    """Seconds until the last version: the versions left at the mean interval of the newest updates (the first
-    interval counts from the trainer's start), less the time since the last one. None before any update."""
+def eta_s(
+    version: int,
+    iterations: int,
+    update_times: list[float],
+    started: float | None,
+    now: float,
+    eval_s: float | None = None,
+) -> float | None:
+    """Seconds until the run ends: the versions left at the mean interval of the newest updates (the first
+    interval counts from the trainer's start), less the time since the last one, plus `eval_s` for the final
+    evaluation (the newest evaluation's time from issue to landing). None before any update."""
     left = iterations - version
     if left <= 0:
-        return 0.0
+        return eval_s or 0.0
     times = sorted(update_times)[-(ETA_WINDOW + 1) :]
     if len(times) < 2:
         if not times or started is None or times[0] <= started:
             return None
         times = [started, *times]
     per_version = (times[-1] - times[0]) / (len(times) - 1)
-    return max(0.0, per_version * left - (now - times[-1]))
+    return max(0.0, per_version * left - (now - times[-1])) + (eval_s or 0.0)
 
 
 def summary(
@@ -111,15 +120,19 @@ def summary(
     wall_s: float | None = None,
     update_times: list[float] = (),
     now: float | None = None,
+    eval_s: float | None = None,
+    answers: list[str] = (),
 ) -> dict[str, Any]:
     """The result. `status`: live, finished, interrupted (stopped before its last version). `wall_s`: the
-    trainer's own measure once it ended, else the time since `started`."""
+    trainer's own measure once it ended, else the time since `started`. `evals` with their per-problem figures
+    (streams/learned.py `with_problems`) give the verdict with its noise; `answers`: what the answers were at
+    the first and last evaluation (`learned.answers`); `eval_s`: an evaluation's time, for the ETA."""
     now = time.time() if now is None else now
     iterations = int(settings.get("iterations") or 0)
     live = status == "live"
     if wall_s is None and started is not None and live:
         wall_s = now - started
-    eta = eta_s(version or 0, iterations, list(update_times), started, now) if live else None
+    eta = eta_s(version or 0, iterations, list(update_times), started, now, eval_s) if live else None
     return {
         "run": settings.get("run"),
         "algo": settings.get("algo"),
@@ -130,6 +143,8 @@ def summary(
         "iterations": iterations,
         "samples": int(counts.get("samples") or 0),
         "held_out": held_out(evals),
+        "verdict": learned.verdict(evals),
+        "answers": list(answers),
         "wall_s": wall_s,
         "started": started,
         "ended": started + wall_s if started is not None and wall_s is not None and not live else None,

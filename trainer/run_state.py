@@ -105,6 +105,8 @@ class RunState:
             return "duplicate_rewards"
         order.rewards[reward.attempt_id] = reward.reward
         order.proved += reward.verdict == "proved"
+        if order.is_eval:
+            order.by_theorem[reward.theorem_id] = [reward.reward, int(reward.verdict == "proved")]
         return ""
 
     def resuming(self, iterations: int) -> str:

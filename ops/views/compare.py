@@ -32,7 +32,7 @@ def compare(run_dirs: list[Path]) -> dict[str, Any]:
     and TensorBoard logs are."""
     runs = []
     for run_dir in run_dirs:
-        r = from_dir(run_dir)
+        r = from_dir(run_dir, with_answers=True)
         if r is None:
             raise FileNotFoundError(f"{run_dir} holds no run (no {INFO}, {REPORT} or {METRICS})")
         r["name"] = run_dir.name if run_dir.name not in {x["name"] for x in runs} else str(run_dir)

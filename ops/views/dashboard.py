@@ -2,7 +2,8 @@
 
 The page (one HTML file with its script inline: no build step, nothing fetched from elsewhere) asks the API
 every `--refresh-s` seconds and draws, first, whether the run learned: its result (trainer/result.py: what ran,
-how far, the held-out evaluation first -> last and best, the samples, the wall time or ETA, how to read the
+how far, the held-out evaluation first -> last and best, the verdict with its noise and the most common answers
+(streams/learned.py), the samples, the wall time or ETA, how to read the
 numbers) and a chart of the members' reward and exact success beside the held-out reward and exact success
 (axes with values, a tooltip on every point, x by version, training samples or minutes, the PNG plots'
 colours), with a run selector over the runs `ops runs` finds (`--dir`) and a second run to overlay; the
@@ -147,9 +148,10 @@ async def samples_of(redis: Redis, keys: Keys, run_dir: Path | None, filters: ju
 
 def other_run(folder: Path, name: str) -> dict[str, Any] | None:
     """A run under `folder` (one `ops runs` lists: no other path is read) from its files: result and series."""
-    wanted = next((r for r in runs.listing(folder) if r["name"] == name), None)
-    if wanted is None:
+    listed = next((r for r in runs.listing(folder) if r["name"] == name), None)
+    if listed is None:
         return None
+    wanted = runs.from_dir(Path(listed["dir"]), with_answers=True) | {"name": name}
     records = read_records(Path(wanted["dir"]))
     evals = {r["version"]: r for r in eval_records(records)}
     return {"result": wanted, "series": series(records, evals, wanted["started"])}

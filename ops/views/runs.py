@@ -21,6 +21,7 @@ import orjson
 from redis.asyncio import Redis
 
 from ops.views import text
+from streams import learned
 from streams.keys import Keys
 from streams.run_dir import INFO, PARTS, REPORT, eval_records, holds_run, read_json, read_records, update_records
 from trainer import result
@@ -41,8 +42,11 @@ def alive(info: dict[str, Any]) -> bool:
 # -- one run --------------------------------------------------------------------------------------------
 
 
-def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
-    """A run's result from its directory's files; None where the folder holds no run."""
+def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False) -> dict[str, Any] | None:
+    """A run's result from its directory's files, with its verdict (streams/learned.py: the per-problem figures
+    of its evaluations' records in metrics.jsonl); `with_answers`: also what the answers were at the first and
+    last evaluation (from its traces: a read `ops runs` does not make for every run). None where the folder
+    holds no run."""
     info, report = read_json(run_dir / INFO), read_json(run_dir / REPORT)
     records = read_records(run_dir)
     if info is None and report is None and not records:
@@ -71,6 +75,7 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
         status = "live" if info and alive(info) else "interrupted"
         last = max((r.get("time", 0) for r in records), default=None)
         wall_s = None if status == "live" or started is None or not last else last - started
+    evals = learned.with_problems(evals, records)
     out = result.summary(
         settings,
         version=version,
@@ -81,9 +86,31 @@ def from_dir(run_dir: Path, now: float | None = None) -> dict[str, Any] | None:
         wall_s=wall_s,
         update_times=[r["time"] for r in updates if "time" in r],
         now=now,
+        eval_s=eval_time(records),
+        answers=learned.answers(run_dir, ends(evals)) if with_answers else (),
     )
     out["dir"] = str(run_dir)
     return out
+
+
+def local_dir(info: dict[str, Any], settings: dict[str, Any]) -> Path | None:
+    """The run directory of a run whose trainer runs on this host, where it can be found from here (its
+    `run_dir` setting, else runs/<run>): a live run read from its Redis gets its evaluations' per-problem
+    figures and answers from there. None elsewhere."""
+    if info.get("host") != socket.gethostname():
+        return None
+    folder = Path(settings.get("run_dir") or Path("runs") / str(settings.get("run") or "")).expanduser()
+    return folder if holds_run(folder) else None
+
+
+def ends(evals: dict[int, Any]) -> list[int]:
+    """The versions of the first and last evaluation (one where they are the same)."""
+    return sorted({min(evals), max(evals)}) if evals else []
+
+
+def eval_time(records: list[dict[str, Any]]) -> float | None:
+    """The newest evaluation's time from issue to landing (`took_s`), for the ETA's final evaluation."""
+    return next((r["took_s"] for r in reversed(eval_records(records)) if r.get("took_s")), None)
 
 
 async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> dict[str, Any] | None:
@@ -110,15 +137,20 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         wall_s = (report or {}).get("wall_s") or (ended - started if ended and started else None)
     if started is None and report and wall_s is not None:  # a run without run.json: its report's time less its wall
         started = (run_dir / REPORT).stat().st_mtime - wall_s
+    files_at = run_dir or local_dir(info, settings)
+    records = read_records(files_at) if files_at else []  # the evaluations' per-problem figures, their times
+    evals = learned.with_problems(state.get("eval_results") or {}, records)
     out = result.summary(
         settings,
         version=state.get("version"),
         counts=state.get("counts") or {},
-        evals=state.get("eval_results") or {},
+        evals=evals,
         status=status,
         started=started,
         wall_s=wall_s,
         update_times=[t for t in times if t],
+        eval_s=eval_time(records),
+        answers=learned.answers(files_at, ends(evals)) if files_at else (),
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from streams import learned
 from streams.run_dir import INFO, METRICS, REPORT
 from streams.settings import shown_default
 from trainer.result import duration, evaluation_line
@@ -162,6 +163,9 @@ def result(r: dict[str, Any]) -> list[str]:
             f"  {evaluation_line(h)} ({h['last']['problems']} held-out problems, greedy; "
             f"{h['evaluations']} evaluations)"
         )
+        lines.append(f"  did it learn? {r['verdict']['words']}")
+        if r.get("answers"):
+            lines.append(f"  answers: {'; '.join(r['answers'])}")
     else:
         lines.append("  held-out: not evaluated yet")
     lines.append(f"  training: {r['samples']} samples")
@@ -404,12 +408,13 @@ def _row(r: dict[str, Any]) -> list[str]:
         f"{r['version']}/{r['iterations']}",
         str(r["samples"]),
         *_held_out_cells(r),
+        learned.short(r.get("verdict")) if r["held_out"] else "-",
         wall,
         started,
     ]
 
 
-RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD", "EXACT", "WALL", "STARTED"]
+RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD", "EXACT", "LEARNED", "WALL", "STARTED"]
 
 
 def runs(data: dict[str, Any]) -> str:
@@ -435,6 +440,11 @@ def compare(data: dict[str, Any]) -> str:
             else "none yet"
         )
         lines.append(f"  {r['name'].ljust(width)}  {shown}")
+    lines += ["", "did it learn (first -> last evaluation, problem by problem):"]
+    for r in rs:
+        lines.append(f"  {r['name'].ljust(width)}  {r['verdict']['words'] if r['held_out'] else 'not evaluated yet'}")
+        if r.get("answers"):
+            lines.append(f"  {''.ljust(width)}  answers: {'; '.join(r['answers'])}")
     if data["differ"]:
         lines += ["", "they differ in:"]
         for key, values in data["differ"].items():

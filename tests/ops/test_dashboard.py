@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from streams import samples
 from streams.codec import encode
 from streams.keys import Keys
 from streams.schema import Attempt, DeadLetter, Member, Reward
@@ -116,7 +117,8 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
 
 
 def _other_run(folder) -> None:
-    """A second run in the folder of runs, as its trainer left it on disk (the overlay reads only files)."""
+    """A second run in the folder of runs, as its trainer left it on disk (the overlay reads only files): its
+    evaluations with their per-problem figures (v0: 8 at 0.05; v1: p0, p1 solved, 6 at 0.2) and its traces."""
     (folder / "other").mkdir(parents=True)
     settings = {"run": "other", "algo": "grpo", "task": "countdown", "iterations": 2}
     (folder / "other" / "run.json").write_text(json.dumps({"run": "other", "settings": settings, "started": 0.0}))
@@ -125,7 +127,17 @@ def _other_run(folder) -> None:
         {"version": 1, "samples": 64, "reward_mean": 0.3, "pass_rate": 0.2, "time": 60},
         {"eval": True, "version": 1, "held_out_reward": 0.4, "held_out_exact": 0.25, "problems": 8, "time": 90},
     ]
+    records[0] |= {"problem_rewards": {f"p{i}": 0.05 for i in range(8)}, "problems_solved": []}
+    last = {f"p{i}": 1.0 if i < 2 else 0.2 for i in range(8)}
+    records[2] |= {"problem_rewards": last, "problems_solved": ["p0", "p1"]}
     (folder / "other" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    said = {0: ["1 + 2 = 3"] * 8, 1: ["(2 + 3) * 4"] * 5 + ["1 + 2 = 3"] * 3}
+    for v, answers in said.items():
+        found = [
+            {"attempt_id": f"eval-v{v}:{i}:0", "eval": True, "policy_version": v, "theorem_id": f"p{i}", "proof": a}
+            for i, a in enumerate(answers)
+        ]
+        samples.append(samples.file_for(folder / "other", v), found)
 
 
 def _redis_cli(url: str, *argv: str) -> str:
@@ -240,6 +252,8 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         assert page.text("result-held-out") == (
             "held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 training samples"
         )
+        assert page.text("result-verdict") == "Did it learn? no per-problem data: noise unknown"  # Redis: means only
+        assert page.text("learned-word") == "No per-problem data."  # the chart's question, answered
         wait.until(lambda d: len(page.lines()) == 4)
         drawn = {line["series"]: line["stroke"] for line in page.lines()}
         assert drawn == {k: COLORS[k] for k in ("reward_mean", "pass_rate", "held_out_reward", "held_out_exact")}
@@ -276,6 +290,17 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
         wait.until(lambda d: (page.text("result-head") or "").startswith("GRPO on countdown"))
         assert {line["run"] for line in page.lines()} == {"other"} and len(page.lines()) == 4
         assert page.text("result-held-out").startswith("held-out reward 0.050 (v0) → 0.400 (v1); exact 0/8 → 2/8")
+        # d = 0.95 twice, 0.15 six times: mean 2.8 / 8 = 0.35; deviations 0.6 and -0.2, squares summing to
+        # 0.72 + 0.24 = 0.96; sd = sqrt(0.96 / 7) = 0.370328, noise 2 sd / sqrt(8) = 0.261861 < 0.35: learned
+        assert page.text("result-verdict") == (
+            "Did it learn? learned: held-out reward +0.350 (noise ±0.262), 0 -> 2 of 8 solved (2 gained, 0 lost: "
+            "within noise)"
+        )
+        assert page.text("learned-word") == "Learned."
+        assert page.text("result-answers") == (
+            'answers: v0: 8 of 8 answers are "1 + 2 = 3"; 1 distinct; v1: 5 of 8 answers are "(2 + 3) * 4", '
+            '3 are "1 + 2 = 3"; 2 distinct'
+        )
         page.set("run-select", "")
         wait.until(lambda d: {line["run"] for line in page.lines()} == {RUN})
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
+from streams import samples
 from streams.embedded import EmbeddedRedis
 from streams.keys import Keys
 from streams.theorems import Theorem
@@ -54,8 +55,9 @@ def _settings(run: str, **changes) -> dict:
     }
 
 
-def _evaluation(version: int, reward: float, solved: int, at: float) -> dict:
-    return {
+def _evaluation(version: int, reward: float, solved: int, at: float, rewards: list[float] | None = None) -> dict:
+    """An evaluation's record; with `rewards` (one a problem, p0..p7: 1.0 is solved) its per-problem figures too."""
+    record = {
         "eval": True,
         "version": version,
         "held_out_reward": reward,
@@ -63,6 +65,13 @@ def _evaluation(version: int, reward: float, solved: int, at: float) -> dict:
         "problems": 8,
         "time": at,
     }
+    if rewards is not None:
+        record["problem_rewards"] = {f"p{i}": r for i, r in enumerate(rewards)}
+        record["problems_solved"] = [f"p{i}" for i, r in enumerate(rewards) if r == 1.0]
+    return record
+
+
+PER_PROBLEM = ("problem_rewards", "problems_solved")  # in metrics.jsonl only: report.json keeps the means
 
 
 def _write_run(
@@ -93,9 +102,14 @@ def _write_run(
 
 @pytest.fixture
 def folder(tmp_path):
-    """Three runs: `a` finished, `b` live (its trainer process runs), `c` killed (its process is gone)."""
+    """Three runs: `a` finished, `b` live (its trainer process runs), `c` killed (its process is gone). `a`'s
+    first and last evaluation have per-problem figures: 8 at 0.09, then p0 solved and 7 at 1/7 (mean 0.25)."""
     t0 = NOW - 3600
-    evals = [_evaluation(0, 0.09, 0, t0 + 10), _evaluation(2, 0.3, 2, t0 + 130), _evaluation(4, 0.25, 1, t0 + 250)]
+    evals = [
+        _evaluation(0, 0.09, 0, t0 + 10, [0.09] * 8),
+        _evaluation(2, 0.3, 2, t0 + 130),
+        _evaluation(4, 0.25, 1, t0 + 250, [1.0] + [1 / 7] * 7),
+    ]
     _write_run(
         tmp_path / "a",
         "a",
@@ -108,7 +122,7 @@ def folder(tmp_path):
             "counts": {"samples": 512},
             "interrupted": False,
             "wall_s": 280.0,
-            "evals": {str(e["version"]): e for e in evals},
+            "evals": {str(e["version"]): {k: v for k, v in e.items() if k not in PER_PROBLEM} for e in evals},
         },
     )
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "python -m trainer"])
@@ -151,7 +165,13 @@ def test_runs_lists_each_run_with_its_status_and_result(folder):
     [line] = [x for x in text.splitlines() if x.startswith("a ")]
     assert line.split()[:9] == ["a", "ES", "finished", "4/4", "512", "0.090", "->", "0.250", "0/8"]
     assert "4 min 40 s" in line
-    assert "(ETA " in [x for x in text.splitlines() if x.startswith("b ")][0]
+    # d = 0.91 once (p0: 0.09 -> 1) and 1/7 - 0.09 = 0.052857 seven times: mean 1.28 / 8 = 0.16; deviations 0.75
+    # and -0.107143: sum of squares 0.5625 + 7 x 0.011480 = 0.642857, sd = sqrt(0.642857 / 7) = 0.303046,
+    # noise 2 x 0.303046 / sqrt(8) = 0.214286 > 0.16: no change
+    assert "0/8 -> 1/8  no change +0.160 ±0.214  4 min 40 s" in line
+    [b_line] = [x for x in text.splitlines() if x.startswith("b ")]
+    assert "(ETA " in b_line and "0.100 -> 0.100" in b_line
+    assert a["verdict"]["learned"] == "no change" and b["verdict"]["words"] == "one evaluation: nothing to compare yet"
     assert text.startswith("3 runs in ")
     positional = _ops("runs", str(folder / "nested"))  # the folder as an argument, as `ls` takes one
     assert positional.returncode == 0 and positional.stdout.startswith("1 run in "), positional.stderr
@@ -167,6 +187,10 @@ def test_compare_prints_the_table_the_differences_and_writes_one_plot(folder):
     assert done.returncode == 0, done.stderr
     assert "alpha: 0.002 | 0.004" in done.stdout  # a takes the cpu preset's, b set its own
     assert "a  reward 0.300, exact 2/8 at v2" in done.stdout  # a's best evaluation
+    assert (
+        "  a  no change beyond noise: held-out reward +0.160 (noise ±0.214), 0 -> 1 of 8 solved (1 gained, 0 lost: "
+        "within noise)\n  b  one evaluation: nothing to compare yet\n"
+    ) in done.stdout
     assert f"plot: {plot}" in done.stdout and plot.stat().st_size > 5000
     assert "so 0.1 is the tags alone or an expression without them" in done.stdout
     doc = json.loads(_ops("compare", "a", "b", "--dir", str(folder), "--json", "--plot", str(plot)).stdout)
@@ -208,6 +232,13 @@ def _finished_with_redis(run_dir: Path) -> None:
         evals=[],
         report={"version": 4, "counts": {"samples": 512}, "interrupted": False, "wall_s": 397.0, "evals": evals},
     )
+    answers = {0: ["1 + 2 = 3"] * 6 + ["3 * 8"] * 2, 4: ["1 + 2 = 3"] * 7 + ["8 * 3 * 1"]}  # its traces: what it wrote
+    for v, said in answers.items():
+        found = [
+            {"attempt_id": f"eval-v{v}:{i}:0", "eval": True, "policy_version": v, "theorem_id": f"p{i}", "proof": a}
+            for i, a in enumerate(said)
+        ]
+        samples.append(samples.file_for(run_dir, v), found)
     (run_dir / "redis").mkdir()
     server = EmbeddedRedis(data_dir=run_dir / "redis").start()
     try:
@@ -241,9 +272,14 @@ def test_run_on_a_finished_run_leads_with_its_result_and_blanks_idle(tmp_path):
     assert lines[2] == (
         "  held-out reward 0.100 (v0) -> 0.200 (v4); exact 0/8 -> 1/8 (8 held-out problems, greedy; 2 evaluations)"
     )
-    assert lines[3] == "  training: 512 samples"
-    assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[4]
-    assert lines[5].startswith("  reading: Countdown's reward is shaped credit: <answer> tags 0.1, plus 0.1")
+    assert lines[3] == "  did it learn? no per-problem data: noise unknown"  # a run from before they were kept
+    assert lines[4] == (
+        '  answers: v0: 6 of 8 answers are "1 + 2 = 3", 2 are "3 * 8"; 2 distinct; '
+        'v4: 7 of 8 answers are "1 + 2 = 3", 1 is "8 * 3 * 1"; 2 distinct'
+    )
+    assert lines[5] == "  training: 512 samples"
+    assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[6]
+    assert lines[7].startswith("  reading: Countdown's reward is shaped credit: <answer> tags 0.1, plus 0.1")
     assert "IDLE: not kept in a finished run's data" in done.stdout
     doc = json.loads(_ops("streams", "--json", "--run-dir", str(tmp_path / "fin")).stdout)
     group = doc["streams"]["rewards"]["groups"]["trainer"]
@@ -261,3 +297,16 @@ def test_a_problem_is_shown_by_theorem_and_commands_that_change_a_copy_say_so(tm
     cleared = _ops("verdicts", "clear", "--run", "fin", "--run-dir", str(tmp_path / "fin"))
     assert "removed 0 cached verdicts" in cleared.stdout and "the run directory is unchanged" in cleared.stdout
     assert "copy" not in _ops("dlq", "list", "--run-dir", str(tmp_path / "fin")).stdout  # reading changes nothing
+
+
+def test_a_live_run_read_from_redis_finds_its_directory_on_its_own_host(tmp_path):
+    """`ops run --redis-url` on a live run: the evaluations' per-problem figures are in its run directory, found
+    where its settings put it when its trainer runs on this host; nowhere else."""
+    from ops.views.runs import local_dir
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "run.json").write_text("{}")
+    here = {"host": socket.gethostname()}
+    assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "r")}) == tmp_path / "r"
+    assert local_dir({"host": "another-host"}, {"run": "r", "run_dir": str(tmp_path / "r")}) is None
+    assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "gone")}) is None

@@ -50,6 +50,10 @@ def test_the_local_run_finishes_and_stops_all_its_children(tmp_path):
     assert f"report {tmp_path / 'report.json'}" in err and "reward.png" in err
     evals = [r for r in map(orjson.loads, (tmp_path / "metrics.jsonl").read_bytes().splitlines()) if r.get("eval")]
     assert {e["version"] for e in evals} >= {0, 2} and all(e["problems"] == 2 for e in evals)
+    assert all(len(e["problem_rewards"]) == 2 and set(e["problems_solved"]) <= set(e["problem_rewards"]) for e in evals)
+    # stderr is a pipe here: no bar, a plain line a version and one an evaluation, then the verdict
+    assert "\r" not in err and "trainer: version 2 of 2 after " in err and "trainer: held-out v2: reward " in err
+    assert "\ntrainer: did it learn? " in err
 
 
 @needs_model

@@ -63,6 +63,9 @@ def test_the_eta_is_the_versions_left_at_the_recent_pace_less_the_time_since_the
     # only the newest ETA_WINDOW intervals count: a slow start (1000 s) no longer weighs once 5 fast ones follow
     slow_start = [1000.0, 2000.0, 2010.0, 2020.0, 2030.0, 2040.0, 2050.0]
     assert result.eta_s(7, 8, slow_start, started=0.0, now=2050.0) == 10.0
+    # the final evaluation comes after the last version: the newest evaluation took 95 s, so 270 + 95
+    assert result.eta_s(5, 8, times, started=900.0, now=1430.0, eval_s=95.0) == 365.0
+    assert result.eta_s(8, 8, times, started=900.0, now=2000.0, eval_s=95.0) == 95.0  # only the evaluation is left
 
 
 def test_a_live_summary_counts_its_wall_time_from_the_start_and_a_finished_one_keeps_its_own():

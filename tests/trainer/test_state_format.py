@@ -89,6 +89,16 @@ def test_an_order_round_trips_through_its_checkpoint_keys():
     assert (running.complete, running.score) == (False, 0.0)
 
 
+def test_an_evaluation_in_flight_keeps_its_problems_in_the_checkpoint_and_others_keep_their_keys():
+    """An evaluation's figures by problem (theorem id -> [reward, proved]) ride in its checkpoint record while it
+    is in flight, after the other keys, so a resumed run still pairs every problem; an order without any keeps
+    the record above, key for key."""
+    doc = {**ES_STATE["evals"][0], "rewards": {"eval-v2-r1:0:0": 1.0}, "proved": 1, "by_theorem": {"h": [1.0, 1]}}
+    order = Order.from_dict(orjson.loads(orjson.dumps(doc)))
+    assert order.to_dict() == doc and list(order.to_dict()) == list(doc)
+    assert "by_theorem" not in Order.from_dict(ES_STATE["evals"][0]).to_dict()
+
+
 def test_a_checkpoint_loads_and_is_written_back_byte_for_byte(tmp_path):
     run = _es_run(tmp_path)
     run._load(orjson.loads(orjson.dumps(ES_STATE)))

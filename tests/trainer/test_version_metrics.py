@@ -158,3 +158,41 @@ def test_an_update_is_ready_at_its_quorum_of_fresh_orders_or_at_the_deadline():
     assert at_quorum(usable, 4, 1, 5, 1, 0.75, past_deadline=False) is None
     assert at_quorum(usable, 4, 2, 5, 1, 0.75, past_deadline=True) == "deadline"
     assert at_quorum(usable, 4, 3, 5, 1, 0.75, past_deadline=True) is None
+
+
+def test_an_evaluation_keeps_each_problem_and_says_its_line_when_it_lands(tmp_path):
+    """Version 0 scores 0.1 and 0.1 (mean 0.1, none solved); version 4 answers h0 with 1.0 (proved) and h1 with
+    0.5: mean 0.75, 1 of 2 solved, +0.65 against version 0. Its record keeps each problem; the checkpoint's
+    result only the means; a training order keeps nothing by problem (its checkpoint keys unchanged)."""
+    from streams.schema import Reward
+    from streams.theorems import Theorem
+    from trainer.held_out import Evaluations, eval_order
+    from trainer.metrics import MetricsSink
+    from trainer.run_state import RunState
+
+    held_out = [Theorem(f"h{i}", "countdown", numbers=[1, 2], target=3) for i in range(2)]
+    said: list[tuple[str, float | None]] = []
+    sink = MetricsSink(tmp_path / "run")
+    evaluations = Evaluations(held_out, sink, lambda line, took_s: said.append((line, took_s)))
+    state = RunState("r")
+    state.orders["es-v4-m0"] = _order("es-v4-m0", 4, [])
+    for version, scores in ((0, [(0.1, "rejected"), (0.1, "rejected")]), (4, [(1.0, "proved"), (0.5, "rejected")])):
+        order = eval_order(version, held_out)
+        state.evals[order.work_id] = order
+        for i, (value, verdict) in enumerate(scores):
+            attempt = f"{order.work_id}:{i}:0"
+            state.add(Reward(attempt, f"h{i}", version, verdict, value, work_id=order.work_id))  # type: ignore[arg-type]
+        evaluations.collect(state)
+    state.add(Reward("es-v4-m0:0:0", "t", 4, "proved", 1.0, work_id="es-v4-m0"))
+    assert "by_theorem" not in state.orders["es-v4-m0"].to_dict()
+    records = sink.records()
+    assert [(r["version"], r["problem_rewards"], r["problems_solved"]) for r in records] == [
+        (0, {"h0": 0.1, "h1": 0.1}, []),
+        (4, {"h0": 1.0, "h1": 0.5}, ["h0"]),
+    ]
+    assert all(r["took_s"] >= 0 for r in records)
+    assert state.eval_results[4] == {"version": 4, "held_out_reward": 0.75, "held_out_exact": 0.5, "problems": 2}
+    assert [line for line, _ in said] == [
+        "held-out v0: reward 0.100, 0/2 solved",
+        "held-out v4: reward 0.750, 1/2 solved (+0.650 vs v0)",
+    ]
