@@ -10,7 +10,7 @@ with a `meta` side table (theorem_id -> {"split", "format", "where", ...}) for w
 Formats `load_jsonl` reads, detected per line (one JSON object a line; a file whose first character is `[`
 is read as one JSON array, the way Lean Workbook ships `lean_workbook.json`):
 
-- miniF2F / ProofNet (DeepSeek-Prover-V1.5 `datasets/*.jsonl`, the copies in ../shared/data): `name`, `split`,
+- miniF2F / ProofNet (DeepSeek-Prover-V1.5 `datasets/*.jsonl`, the copies in data/): `name`, `split`,
   `informal_prefix` (a `/-- ... -/` doc comment), `formal_statement`, `goal`, `header`. miniF2F statements end
   in ":= by\\n"; ProofNet's end in ":=" and get " by" appended. Verified on the files themselves.
 - Lean Workbook (internlm/Lean-Workbook). The canonical `lean_workbook.json` is a JSON array of objects with

@@ -17,7 +17,7 @@ from tasks import countdown, lean, prompts
 from tasks.countdown_check import check
 from tasks.lean_proof import IntegrityError, extract_proof_body
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "minif2f.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "data" / "minif2f.jsonl"
 ROWS = [json.loads(line) for line in DATA.read_text().splitlines()[:1]] if DATA.exists() else []
 LEAN = [
     Theorem(r["name"], "lean", statement=r["formal_statement"], header=r["header"], informal=r["informal_prefix"])

@@ -16,7 +16,7 @@ from tasks.problems import DataError
 from trainer import data
 from trainer.data import held_out_split, load_jsonl
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "data"  # the copies kept in the repository (data/README.md)
 MINIF2F = SHARED / "minif2f.jsonl"
 PROOFNET = SHARED / "proofnet.jsonl"
 MINIF2F_HEADER = (
