@@ -361,10 +361,12 @@ class Scan:
         self.item = ""  # IDENT of the configuration item being read
         self.field = False  # in a value, an identifier was read that only `:=` may follow (a field name)
         self.attribute = False  # the last token was `@[`
+        self.ctor = ""  # the `.name` a configuration value's last token was (a literal that names a constant)
 
     def __call__(self, token: Token) -> str | None:
         """The reason to refuse `token` here, or None. Comments are the caller's to skip; a symbol token has been
         given to `self.context.symbol` by the caller (which needs its answer), words are followed here."""
+        self.ctor = ""
         if token.kind == "ident":
             self.context.word(token.text)
         return forbidden(token) or self._context(token)
@@ -407,6 +409,7 @@ class Scan:
             return None
         if token.kind == "ident":
             self.field = self.text[token.start - 1] != "."  # `.ctor` is a literal, else a field name
+            self.ctor = "" if self.field else token.text
             return None
         if token.kind != "symbol":
             return bad
