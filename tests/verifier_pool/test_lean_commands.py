@@ -707,3 +707,98 @@ def test_print_axioms_of_a_helper_the_text_declared_is_dropped_before_and_after_
     assert prepare(f"#print axioms Nat.gcd_comm\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
     assert prepare(f"#print axioms h\nlemma h : 1 = 1 := rfl\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
     assert prepare(f"lemma h : 1 = 1 := rfl\n#print h\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
+
+
+# --- exploit classes reported against Lean verifiers in 2025-2026 ----------------------------------------------
+# Each: refused by the scan wherever it stands (the preamble's new forms included), and by the second line
+# where the scan could miss it. The third class (a proof that compiles C with the toolchain's compiler and
+# patches the checker with ptrace) is shown harmless by the sandbox in
+# tests/verifier_pool/test_sandbox_probes.py::test_no_process_outside_the_sandbox_can_be_traced.
+
+CSIMP = "@[csimp] theorem fake : @Nat.add = @Nat.mul := by\n  sorry\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "body", "detail"),
+    [
+        # a `@[csimp]` lemma swaps the compiled code `native_decide` evaluates: refused at the attribute, wherever
+        (CSIMP, "  native_decide\n", f"{S}csimp"),
+        (CSIMP.replace("@[csimp]", "@[simp, csimp]"), "  native_decide\n", f"{S}csimp"),
+        (f"namespace X\n{CSIMP}end X\n", "  decide\n", f"{S}csimp"),
+        (f"noncomputable section\n{CSIMP}", "  decide\n", f"{S}csimp"),
+        ("attribute [csimp] Nat.add_comm\n", "  native_decide\n", f"{S}attribute (a new command)"),
+        ("def f := 1\n", "  exact (by decide +native)\n", "forbidden: decide +native"),
+        ("", "  exact Lean.ofReduceBool _ _ rfl\n", "forbidden: ofReduceBool"),
+        # so does `@[implemented_by]`, the same swap without a proof of equality
+        ("@[implemented_by Nat.mul] def add' (a b : ℕ) : ℕ := a + b\n", "  native_decide\n", f"{S}implemented_by"),
+    ],
+)
+def test_a_csimp_lemma_smuggled_through_native_decide_is_refused(before, body, detail):
+    assert prepare(f"{before}{GCD}{body}", GCD) == refused(detail)
+
+
+def test_native_decide_that_reaches_lean_anyway_is_refused_by_its_axiom():
+    """The second line: `native_decide` proofs depend on `Lean.ofReduceBool`, in `#print axioms` and the audit."""
+    report = {"env": 2, "messages": [_info(f"'{NAME}' depends on axioms: [propext, Lean.ofReduceBool]")]}
+    assert judge_axioms(report, NAME) == refused("trusts the compiler: Lean.ofReduceBool")
+
+
+@pytest.mark.parametrize(
+    ("before", "detail"),
+    [
+        ("axiom cheat : False\n", f"{S}axiom"),
+        ("@[simp] axiom cheat : False\n", f"{S}axiom"),
+        ("noncomputable axiom cheat : False\n", f"{S}axiom"),
+        ("private axiom cheat : False\n", f"{S}private (a new command)"),
+        ("namespace X\naxiom cheat : False\nend X\n", f"{S}axiom"),
+        ("noncomputable section\naxiom cheat : False\n", f"{S}axiom"),
+        ("section\ndef f := 1\naxiom cheat : False\nend\n", "helper `f`: forbidden: axiom"),  # read on into `f`
+        ("def f : False := by\n  exact cheat\naxiom cheat : False\n", f"{S}axiom"),
+        ("add_aesop_rules safe apply cheat\naxiom cheat : False\n", f"{S}axiom"),
+        ("set_option autoImplicit true in\naxiom cheat : False\n", f"{S}axiom"),
+        ("opaque cheat : False\n", f"{S}opaque"),
+        ("lemma h : False := by\n  exact «sorryAx» _ false\n", "helper `h`: forbidden: sorryAx"),
+    ],
+)
+def test_an_axiom_above_the_protected_statement_is_refused(before, detail):
+    reason = "sorry" if detail.endswith("sorryAx") else "integrity"
+    assert prepare(f"{before}{GCD}  exact cheat.elim\n", GCD) == refused(detail, reason)
+
+
+def test_an_axiom_that_reaches_lean_anyway_is_refused_by_the_axioms_report():
+    report = {"env": 2, "messages": [_info(f"'{NAME}' depends on axioms: [propext, cheat]")]}
+    assert judge_axioms(report, NAME) == refused("uses axioms: cheat")
+
+
+@pytest.mark.parametrize(
+    ("before", "body", "detail"),
+    [
+        # the code that would compile and run the patch: every way to run it is refused, in every form
+        ("", '  run_tac do\n    let _ ← IO.Process.output { cmd := "cc", args := #["p.c"] }\n', "forbidden: run_tac"),
+        ('#eval IO.Process.output { cmd := "cc", args := #["p.c"] }\n', "  norm_num\n", f"{S}#eval"),
+        (
+            'def patch : IO Unit := do\n  let _ ← IO.Process.spawn { cmd := "cc" }\n',
+            "  norm_num\n",
+            "helper `patch`: forbidden: IO",
+        ),
+        ("initialize patch : Unit ← pure ()\n", "  norm_num\n", f"{S}initialize"),
+        ("run_cmd Lean.Elab.Command.liftTermElabM (pure ())\n", "  norm_num\n", f"{S}run_cmd"),
+        (
+            "def patch : Lean.Elab.Tactic.TacticM Unit := pure ()\n",
+            "  aesop (add safe patch)\n",
+            "forbidden: aesop rule `patch` names a definition of the attempt (aesop may run it as a tactic)",
+        ),
+        (
+            "namespace Lean.Meta.Simp.Config\ndef patch : Lean.Meta.Simp.Config := {}\nend Lean.Meta.Simp.Config\n",
+            "  simp (config := .patch)\n",
+            "forbidden: config value `.patch` may name a definition of the attempt (configuration is evaluated)",
+        ),
+        ("@[init patch] def p : ℕ := 1\n", "  norm_num\n", f"{S}attribute @[init patch"),
+    ],
+)
+def test_code_that_would_compile_c_and_ptrace_the_checker_has_no_way_to_run(before, body, detail):
+    assert prepare(f"{before}{GCD}{body}", GCD) == refused(detail)
+
+
+def _info(data: str) -> dict:
+    return {"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": {"line": 1, "column": 10}, "data": data}
