@@ -65,10 +65,10 @@ class Declared:
             return f"aesop rule `{ident[:40]}` names a definition of the attempt (aesop may run it as a tactic)"
         return None
 
-    def ctor_problem(self, name: str) -> str | None:
-        """Why a configuration value `.name` may not stand, or None."""
-        if name in self.definitions:
-            return f"config value `.{name[:40]}` may name a definition of the attempt (configuration is evaluated)"
+    def ctor_problem(self, written: str) -> str | None:
+        """Why a configuration value's literal name (`.name`, `true`, `Bool.true`, as written) may not stand."""
+        if (constant(written.removeprefix(".")) or [""])[-1] in self.definitions:
+            return f"config value `{written[:40]}` may name a definition of the attempt (configuration is evaluated)"
         return None
 
 

@@ -565,12 +565,15 @@ class _Plain:
         if cmd["field"]:
             cmd["field"] = False
             return None if t.text == ":=" else bad
-        if t.kind == "number" or t.text in ("true", "false"):
+        if t.kind == "number":
+            return None
+        if t.kind == "ident" and t.text in ("true", "false", "Bool.true", "Bool.false"):
+            cmd["ctor"] = t.text
             return None
         if t.kind == "ident":
             cmd["field"] = self.text[t.start - 1] != "."
             if not cmd["field"]:
-                cmd["ctor"] = t.text
+                cmd["ctor"] = "." + t.text
             return None
         if t.text in ("{", "}"):
             return None
@@ -764,9 +767,9 @@ class _Plain:
             cmd["after_then"] = False
         cmd["ctor"] = ""
         reason = self._rules(cmd, t)
-        if reason is None and cmd["ctor"] in self.definitions:
+        if reason is None and cmd["ctor"] and _last(cmd["ctor"]) in self.definitions:
             reason = (
-                f"config value `.{cmd['ctor'][:40]}` may name a definition of the attempt (configuration is evaluated)"
+                f"config value `{cmd['ctor'][:40]}` may name a definition of the attempt (configuration is evaluated)"
             )
         return None if reason is None else Refused(f"forbidden: {reason}", self._where(cmd))
 
@@ -944,6 +947,12 @@ class _Plain:
             return Refused(f"forbidden: {('end ' + name).strip()} closes no scope open here", self._where(cmd))
         self.scopes.pop()
         return None
+
+
+def _last(written: str) -> str:
+    """The last component of a literal name as written (`.evil`, `Bool.true`), "" for none."""
+    parts = _named(written[1:] if written.startswith(".") else written)
+    return parts[-1] if parts else ""
 
 
 def _named(name: str) -> list[str]:

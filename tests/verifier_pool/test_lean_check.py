@@ -835,6 +835,9 @@ COMMAND_PIECES = [
     "def evil := 1\n",
     "evil ",
     ".",
+    "def true := 1\n",
+    "(config := {decide := Bool.true})",
+    "._root_",
 ]
 
 

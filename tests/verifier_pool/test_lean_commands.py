@@ -641,6 +641,14 @@ def test_each_form_alone_is_accepted(form):
             "  simp (config := { .evil with })\n",
             "forbidden: config value `.evil` may name a definition of the attempt (configuration is evaluated)",
         ),
+        # `true` is a name too: in namespace `X`, `X.true` where the attempt declared one
+        (
+            "namespace X\ndef true : Bool := false\n"
+            "lemma h : 1 = 1 := by\n  simp (config := { decide := true })\nend X\n",
+            "  norm_num\n",
+            "helper `h`: forbidden: config value `true` may name a definition of the attempt "
+            "(configuration is evaluated)",
+        ),
         (
             "",
             "  have : True := by\n    let rec evil : ℕ := 1\n    trivial\n  omega (config := .evil)\n",
@@ -657,6 +665,7 @@ def test_an_evaluator_that_names_a_definition_of_the_attempt_is_refused(before, 
     [
         "  aesop (add unsafe 50% apply Nat.le_of_lt_succ, safe f)\n",  # `f` is a lemma here: a rule aesop applies
         "  simp (config := .arith)\n",  # a library configuration, not one of the attempt's names
+        "  simp (config := { decide := Bool.true })\n",  # Harmonic's Aristotle writes Booleans so
         "  unfold f at *\n  aesop (add norm simp Nat.add_zero)\n",
     ],
 )
