@@ -113,6 +113,7 @@ class _Command:
     declaration_only: bool = False  # a prefix or attribute came first: only a declaration may follow
     rule_depth: int | None = None  # inside an aesop rule clause `(add ...)` opened at this bracket depth
     opened: bool = False  # the last token opened a bracket `(`
+    last: str = ""  # the last token's text
     previous: str = ""  # the last identifier
     aux_next: bool = False  # the next identifier names an auxiliary declaration (`let rec`, `where`)
     in_where: bool = False  # past a `where`: each line's first identifier may name an auxiliary declaration
@@ -226,6 +227,7 @@ class _Commands:
             return _not_a_command(token.text, token.kind, token.line, dedent, where)
         self.cmd = _Command(kind, token.start, token.col, Scan(self.text, TERM))
         self.cmd.end = token.start + len(token.text)
+        self.cmd.last = token.text
         if kind in ("print", "scope"):
             self.cmd.words.append(token.text)
         elif kind == "attributed":  # `@[attr] decl` after the proof: the attribute rule refuses it at its name
@@ -307,8 +309,17 @@ class _Commands:
         if token.kind == "ident" and (refusal := self._names(cmd, token, first)) is not None:
             return refusal
         cmd.opened = token.kind == "symbol" and token.text.endswith("(")
-        if token.text == AESOP_PHASE and not first and self._at_phase(cmd):
-            return None  # aesop's rule phase, not Lean's `unsafe` (which would start a line: `unsafe def`)
+        previous, cmd.last = cmd.last, token.text
+        if (
+            token.text == AESOP_PHASE
+            and not first
+            and previous in (AESOP_CLAUSE, AESOP_COMMAND)
+            and self._at_phase(cmd)
+        ):
+            # aesop's rule phase, first in its rule (`add_aesop_rules unsafe`, `(add unsafe`): no term can stand
+            # there (Lean's `unsafe t` is a leading term of `leadPrec`, no argument), and no `unsafe def` starts a
+            # line there
+            return None
         reason = cmd.scan(token) or (cmd.scan.ctor and self.declared.ctor_problem(cmd.scan.ctor))
         return None if not reason else Refusal(f"forbidden: {reason}", self._where(cmd))
 

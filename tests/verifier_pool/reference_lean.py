@@ -474,6 +474,7 @@ class _Plain:
             "declaration_only": False,
             "rule_depth": None,
             "opened": False,
+            "last": "",
             "previous": "",
             "aux_next": False,
             "in_where": False,
@@ -703,6 +704,7 @@ class _Plain:
             return Refused(f"forbidden: {reason}", self.where_new)
         self.cmd = self._new("helper" if kind == "definition" else kind, t.start, t.col)
         self.cmd["end"] = t.start + len(t.text)
+        self.cmd["last"] = t.text
         self.cmd["definition"] = kind == "definition"
         self.cmd["pending"] = kind == "noncomputable"
         if kind in ("print", "scope"):
@@ -756,7 +758,9 @@ class _Plain:
             if refusal is not None:
                 return refusal
         cmd["opened"] = t.kind in ("run", "symbol") and t.text[-1] == "("
-        phase = t.kind == "ident" and t.text == "unsafe" and not first and self._at_rule(cmd)
+        after = cmd["last"] in ("add", "add_aesop_rules")
+        cmd["last"] = t.text
+        phase = t.kind == "ident" and t.text == "unsafe" and not first and after and self._at_rule(cmd)
         if phase and len(cmd["stack"]) - 1 == (cmd["rule_depth"] or 0):
             return None  # aesop's rule phase
         if t.kind == "ident":

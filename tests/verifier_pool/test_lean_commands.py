@@ -592,6 +592,8 @@ CLASSES = [
     ("def ev : Lean.Elab.Tactic.TacticM Unit := pure ()\nadd_aesop_rules safe ev\n", "aesop rule `ev`"),
     ("add_aesop_rules unsafe 50% (unsafe foo)\n", "unsafe"),
     ("add_aesop_rules safe h\nunsafe def u : ℕ := 1\n", "unsafe"),  # a line's `unsafe` is Lean's, not a phase
+    ("def h : ℕ := by\n  exact (add <| unsafe 1)\n", "unsafe"),  # Lean's `unsafe t` term, after a word `add`
+    ("def h : ℕ × ℕ := (add 1, unsafe 2)\n", "unsafe"),
 ]
 PAIRS = [(form, exploit, named) for form in FORMS for exploit, named in CLASSES]
 
