@@ -49,7 +49,7 @@ know to take a term) whose value is not a literal; a term that goes on at a line
 outside any bracket (Lean reads it on after an operator); instances, structures and attributes other than the
 tags, `where` attributes; a namespace open at the statement (Lean would name the theorem `X.name`); aesop rules
 that name a definition of the attempt, and `.name` configuration values sharing a definition's last component;
-`unsafe` as aesop's phase at a line's start; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
+`unsafe` as aesop's phase anywhere but first in its rule; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
 """
 
 from __future__ import annotations
