@@ -7,11 +7,17 @@ The order a verifier runs them in (`prepare` does steps 1-3):
    that states the theorem otherwise is `statement_mismatch`, naming the first word that differs.
 2. The scan (verifier_pool.lean_commands, with the token rules of verifier_pool.lean_scan): the text is cut
    into commands where Lean's parser cuts it (a line left of the proof's column ends the proof). Before the
-   statement, `import` lines are dropped; `open`, harmless options and helper `lemma`/`theorem` declarations
-   are kept, each scanned like a proof body; after the proof, `#print axioms <the target>` is dropped and
-   helper declarations are kept; any other command is refused. Every kept text is scanned for holes, code
-   that runs at elaboration time (commands, attributes, tactic configuration terms, run-a-term tactics),
-   syntax definitions, new axioms, compiler trust, debug and warning options.
+   statement, `import` lines are dropped; `open` (`open scoped`), harmless options, the binder options
+   `autoImplicit`/`relaxedAutoImplicit` (for the helpers only), helper `lemma`/`theorem`/`def`/`abbrev`
+   declarations (`noncomputable` too, tagged `@[simp]`/`@[reducible]`/`@[local simp]` or not),
+   `namespace X ... end X` and sections (a section left open is closed before the statement, a namespace
+   left open is refused), `add_aesop_rules` and `#print axioms <a helper>` are kept or dropped
+   (verifier_pool.lean_preamble says why each is harmless); after the proof, `#print axioms` of the target
+   or a helper and the `end` of a section left open are dropped, helper lemmas are kept; any other command
+   is refused. Every kept text is scanned for holes, code that runs at elaboration time (commands, attributes
+   other than those tags, tactic configuration terms, run-a-term tactics, an aesop `tactic` rule or a rule or
+   `.name` configuration value naming a definition of the attempt), syntax definitions, new axioms, compiler
+   trust, debug and warning options.
 3. `assemble(statement, body, before=helpers)` (tasks.lean_proof): the command, built from trusted parts and
    the kept ones: the helpers (with the model's `open`s and options in a section of their own, so they never
    reach the statement), the harmless options set on the theorem with `in`, the canonical statement, the
@@ -40,8 +46,10 @@ What these checks do NOT catch:
 What they refuse that Lean would accept (false positives we accept for a scan that needs no grammar): a named
 argument where the scan cannot tell a term from a tactic (at the start of a line, after a tactic it does not
 know to take a term) whose value is not a literal; a term that goes on at a line left of the proof's column
-outside any bracket (Lean reads it on after an operator); helper `def`s, attributes, `where` attributes;
-Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
+outside any bracket (Lean reads it on after an operator); instances, structures and attributes other than the
+tags, `where` attributes; a namespace open at the statement (Lean would name the theorem `X.name`); aesop rules
+that name a definition of the attempt, and `.name` configuration values sharing a definition's last component;
+`unsafe` as aesop's phase anywhere but first in its rule; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
 """
 
 from __future__ import annotations
@@ -127,13 +135,13 @@ def prepare(
     before = scan_before(attempt.before, names)
     if isinstance(before, Refusal):
         return _refused(before)
-    if before.helpers and not closed("".join(before.commands)):  # it would read on into the statement
+    if (before.helpers or before.rules) and not closed("".join(before.commands)):  # it would read on into the statement
         return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
     try:
         target = theorem_name(formal_statement)
     except ValueError:
         target = ""  # a statement of no name: no `#print axioms` after the proof is its own
-    body = scan_body(attempt.body, target, names, term=attempt.term)
+    body = scan_body(attempt.body, target, names, term=attempt.term, before=before)
     if isinstance(body, Refusal):
         return _refused(body)
     if not body.body_tokens:  # no Lean run can prove anything with whitespace and comments
@@ -148,9 +156,9 @@ def _before(kept: Kept) -> str:
     """The kept commands from before the statement, if any is a helper; in a section of their own when they
     `open` namespaces or set options, so that these reach the helpers and never the canonical statement (which
     Lean reads as the header has it; the options it needs are set on it with `in`)."""
-    if not kept.helpers:
+    if not (kept.helpers or kept.rules):
         return ""
-    text = "".join(kept.commands)
+    text = "".join(kept.commands) + kept.closing
     return f"section\n{text}end\n" if kept.scoped else text
 
 

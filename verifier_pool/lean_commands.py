@@ -2,11 +2,14 @@
 
 Two texts are read (tasks.lean_proof splits the attempt at the canonical statement):
 - the text before the statement (`scan_before`): `import` lines are dropped (the trusted header replaces
-  them); `open`, options from a short harmless list, and helper declarations (`lemma`/`theorem`, each scanned
-  by the rules of a proof body) are kept, in order; anything else is refused, naming it.
+  them); `open`, options from a short harmless list, helper declarations (`lemma`/`theorem`/`def`/`abbrev`,
+  each scanned by the rules of a proof body, with tag attributes), scopes and `add_aesop_rules` are kept, in
+  order (verifier_pool.lean_preamble: the rules for definitions, tags, scopes and aesop rules); anything else
+  is refused, naming it.
 - the proof body and what follows it (`scan_body`): the proof ends where Lean ends it, and each command after
-  it is judged: a trailing `#print axioms <the target>` is dropped (the verifier asks its own, as a separate
-  command); a helper declaration is kept; anything else is refused.
+  it is judged: a trailing `#print axioms <the target or a helper>` is dropped (the verifier asks its own, as
+  a separate command), and so is the `end` of a section the text left open before the statement; a helper
+  lemma is kept; anything else is refused.
 
 Where a command ends, as Lean's parser sees it: a tactic block (`:= by`) holds the lines at or right of its
 first tactic's column (Lean's `sepByIndent`: `checkColGe`); a line that starts left of it, outside any open
@@ -23,6 +26,17 @@ import re
 from dataclasses import dataclass, field
 
 from tasks.lean_text import Token, lex, name_parts
+from verifier_pool.lean_preamble import (
+    AESOP_CLAUSE,
+    AESOP_COMMAND,
+    AESOP_PHASE,
+    BINDER_OPTIONS,
+    DEFINITION_WORDS,
+    Declared,
+    Scopes,
+    attributes_problem,
+    constant,
+)
 from verifier_pool.lean_scan import COMMAND_WORDS, LINE_START_WORDS, RUN_CHARS, TACTIC, TERM, Scan, forbidden
 
 HELPER_WORDS = frozenset({"theorem", "lemma"})
@@ -43,7 +57,7 @@ HARMLESS_OPTION_PREFIXES = ("linter.", "pp.")
 # What continues a declaration after its proof (Lean's `declBody` suffixes), at any column.
 SUFFIX_WORDS = frozenset({"where", "termination_by", "decreasing_by"})
 # Words that start a command wherever the text is not inside a declaration's proof.
-_COMMAND_STARTS = COMMAND_WORDS | {"open", "set_option", "import", "scoped"}
+_COMMAND_STARTS = COMMAND_WORDS | {"open", "set_option", "import", "scoped", AESOP_COMMAND}
 _OPTION_VALUE = re.compile(r"[0-9]+|true|false")
 
 
@@ -61,7 +75,8 @@ class Refusal:
 class Kept:
     """What a text keeps: its commands' texts in order (each at its own column, ending in a newline), the
     options to set on the target theorem, whether an `open` or option is among them (they need a section),
-    how many helper declarations."""
+    how many helper declarations and aesop rule commands; before the statement, the `end`s that close the
+    sections it leaves open (and their names, for the `end`s after the proof), and the names it declares."""
 
     commands: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
@@ -69,11 +84,17 @@ class Kept:
     helpers: int = 0
     body_end: int = -1  # scan_body: where the proof body ends (its last token's end); -1: the whole text
     body_tokens: int = 0  # scan_body: the body's code tokens (none: an empty proof)
+    rules: int = 0
+    closing: str = ""
+    sections: tuple[str, ...] = ()
+    declared: Declared = field(default_factory=Declared)
 
 
 @dataclass
 class _Command:
-    kind: str  # body | import | open | option | helper | print | attributed
+    kind: (
+        str  # body | import | open | option | helper | print | attributed | attributes | noncomputable | scope | aesop
+    )
     start: int  # offset of its first token (the first prefix's)
     col: int
     scan: Scan
@@ -87,14 +108,34 @@ class _Command:
     assign: bool = False  # the last token was its `:=` at depth 0
     await_block: bool = False  # `:= by` read: the next token gives the block's column
     block_col: int | None = None
+    definition: bool = False  # a helper `def`/`abbrev`
+    noncomputable: bool = False  # a scope or definition after `noncomputable`
+    declaration_only: bool = False  # a prefix or attribute came first: only a declaration may follow
+    rule_depth: int | None = None  # inside an aesop rule clause `(add ...)` opened at this bracket depth
+    opened: bool = False  # the last token opened a bracket `(`
+    last: str = ""  # the last token's text
+    previous: str = ""  # the last identifier
+    aux_next: bool = False  # the next identifier names an auxiliary declaration (`let rec`, `where`)
+    in_where: bool = False  # past a `where`: each line's first identifier may name an auxiliary declaration
 
 
 class _Commands:
     """`lex`'s `stop` callback over one text: splits it into commands, scans each, keeps the first refusal."""
 
-    def __init__(self, text: str, phase: str, names: frozenset[str], target: str, term: bool = False) -> None:
+    def __init__(
+        self,
+        text: str,
+        phase: str,
+        names: frozenset[str],
+        target: str,
+        term: bool = False,
+        declared: Declared | None = None,
+        sections: tuple[str, ...] = (),
+    ) -> None:
         self.text, self.phase, self.names, self.target = text, phase, names, target  # phase: before | body
-        self.kept = Kept()
+        self.kept = Kept(declared=declared if declared is not None else Declared())
+        self.declared = self.kept.declared
+        self.scopes = Scopes(sections)
         self.refusal: Refusal | None = None
         self.line = 0  # the line the last code token ended on
         self.cmd: _Command | None = None
@@ -119,6 +160,16 @@ class _Commands:
             self.refusal = None if reason is None else Refusal(f"forbidden: {reason}")
         elif cmd is not None:
             self.refusal = self._close(cmd, last=True)
+        if self.refusal is None and self.phase == "before":
+            self._at_statement()
+
+    def _at_statement(self) -> None:
+        """The scopes the text leaves open: a namespace is refused, sections are closed before the statement."""
+        if (reason := self.scopes.at_statement()) is not None:
+            self.refusal = Refusal(f"forbidden: {reason}", "before the statement")
+        else:
+            self.kept.closing = self.scopes.closing()
+            self.kept.sections = tuple(name for _, name in self.scopes.stack)
 
     def _step(self, token: Token, first: bool) -> Refusal | None:
         cmd = self.cmd
@@ -131,8 +182,10 @@ class _Commands:
                 return self._begin(token, dedent=cmd.block_col)
         elif first:
             cmd.scan.context.newline()
-        if (token.kind == "ident" or token.kind == "hash") and self._starts_command(cmd, token):
+        if (token.kind == "ident" or token.kind == "hash" or token.text == "@[") and self._starts_command(cmd, token):
             return self._core(cmd, token) if cmd.pending else self._begin(token)
+        if cmd.kind == "scope" and token.kind != "ident":
+            return self._begin(token)  # a scope command ends at its name: Lean reads one identifier at most
         return self._inside(cmd, token, first)
 
     def _dedent(self, cmd: _Command, token: Token) -> bool:
@@ -146,11 +199,15 @@ class _Commands:
         return token.kind == "ident" and (token.text in _COMMAND_STARTS or forbidden(token) is not None)
 
     def _starts_command(self, cmd: _Command, token: Token) -> bool:
+        if cmd.kind == "attributes" and not cmd.pending:
+            return False  # inside `@[...]`: `local` is the attribute's kind
         if token.kind == "hash":
             return True
+        if token.text == "@[":  # before the statement, a helper's attributes at a line's start
+            return self.phase == "before" and token.col == 0
         if token.kind != "ident":
             return False
-        if token.text in COMMAND_WORDS:
+        if token.text in COMMAND_WORDS or token.text == AESOP_COMMAND:
             return True
         if token.text in LINE_START_WORDS and token.col == 0:
             return True
@@ -170,32 +227,58 @@ class _Commands:
             return _not_a_command(token.text, token.kind, token.line, dedent, where)
         self.cmd = _Command(kind, token.start, token.col, Scan(self.text, TERM))
         self.cmd.end = token.start + len(token.text)
-        if kind == "print":
+        self.cmd.last = token.text
+        if kind in ("print", "scope"):
             self.cmd.words.append(token.text)
-        elif kind == "attributed":  # `@[attr] decl`: the attribute rule refuses it at its name
+        elif kind == "attributed":  # `@[attr] decl` after the proof: the attribute rule refuses it at its name
             self.cmd.scan(token)
+        elif kind == "definition":
+            self.cmd.kind, self.cmd.definition = "helper", True
+        elif kind == "noncomputable":
+            self.cmd.pending = True
         return None
 
     def _kind(self, token: Token) -> str | None:
         """The kind of command `token` starts, or None for one never accepted here."""
         if token.kind == "hash":
-            return "print" if token.text == "#print" and self.phase == "body" else None
+            return "print" if token.text == "#print" else None
         if token.text == "@[":
-            return "attributed"
+            return "attributes" if self.phase == "before" else "attributed"
         if token.text in HELPER_WORDS:
             return "helper"
-        if token.text == "import":
-            return "import" if self.phase == "before" else None
+        if token.text == "end" and (self.phase == "before" or self.scopes.stack):
+            return "scope"  # after the proof: an `end` of a section the text opened before the statement
+        if self.phase == "before":
+            before = {"import": "import", "noncomputable": "noncomputable", AESOP_COMMAND: "aesop"}
+            before |= {"namespace": "scope", "section": "scope"} | dict.fromkeys(DEFINITION_WORDS, "definition")
+            if token.text in before:
+                return before[token.text]
         return {"open": "open", "set_option": "option"}.get(token.text)
 
     def _core(self, cmd: _Command, token: Token) -> Refusal | None:
-        """`token` is the command an `open ... in` or `set_option ... in` prefix applies to."""
+        """`token` is the command a prefix applies to: `open ... in`, `set_option ... in`, `@[tags]`,
+        `noncomputable` (a definition, or a section when nothing came before it)."""
         kind = self._kind(token)
-        if kind not in ("helper", "open", "option"):
+        if kind not in self._after(cmd, token):
             return Refusal(f"forbidden: {forbidden(token) or f'{token.text} (a new command)'}", self._where(cmd))
-        cmd.kind, cmd.pending, cmd.tokens, cmd.name, cmd.value = kind, False, 0, "", ""
+        cmd.declaration_only |= kind != "scope"
+        cmd.kind, cmd.pending, cmd.tokens, cmd.name, cmd.value = kind, kind == "noncomputable", 0, "", ""
         cmd.end = token.start + len(token.text)
+        if kind == "definition":
+            cmd.kind, cmd.definition = "helper", True
+        elif kind == "scope":
+            cmd.noncomputable = True
+            cmd.words.append(token.text)
         return None
+
+    @staticmethod
+    def _after(cmd: _Command, token: Token) -> tuple[str, ...]:
+        """The kinds of command that may follow the prefix `cmd`."""
+        if cmd.kind == "noncomputable":
+            return ("definition",) if cmd.declaration_only or token.text != "section" else ("definition", "scope")
+        if cmd.kind == "attributes":
+            return ("helper", "definition", "noncomputable")
+        return ("helper", "open", "option", "definition", "attributes", "noncomputable")
 
     def _where(self, cmd: _Command) -> str:
         if cmd.kind == "body":
@@ -206,6 +289,9 @@ class _Commands:
 
     def _inside(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
         """A token of the current command: its kind's bookkeeping, then the token rules."""
+        if cmd.kind == "attributes" and not cmd.pending:  # before its `]`: only tags
+            cmd.end = token.start + len(token.text)
+            return self._attribute(cmd, token)
         if token.kind == "symbol" and (at := cmd.scan.context.symbol(token.text, cmd.block_col)) >= 0:
             line = token.line + token.text.count("\n", 0, at)
             where = "before the statement" if self.phase == "before" else "after the proof"
@@ -218,16 +304,73 @@ class _Commands:
             self.kept.body_tokens += 1
         elif (refusal := self._bookkeeping(cmd, token, first)) is not None:
             return refusal
-        if cmd.kind in ("import", "print"):
+        if cmd.kind in ("import", "print", "scope"):
             return None  # dropped or judged whole when it ends: its words are no code
-        reason = cmd.scan(token)
-        return None if reason is None else Refusal(f"forbidden: {reason}", self._where(cmd))
+        if token.kind == "ident" and (refusal := self._names(cmd, token, first)) is not None:
+            return refusal
+        cmd.opened = token.kind == "symbol" and token.text.endswith("(")
+        previous, cmd.last = cmd.last, token.text
+        if (
+            token.text == AESOP_PHASE
+            and not first
+            and previous in (AESOP_CLAUSE, AESOP_COMMAND)
+            and self._at_phase(cmd)
+        ):
+            # aesop's rule phase, first in its rule (`add_aesop_rules unsafe`, `(add unsafe`): no term can stand
+            # there (Lean's `unsafe t` is a leading term of `leadPrec`, no argument), and no `unsafe def` starts a
+            # line there
+            return None
+        reason = cmd.scan(token) or (cmd.scan.ctor and self.declared.ctor_problem(cmd.scan.ctor))
+        return None if not reason else Refusal(f"forbidden: {reason}", self._where(cmd))
+
+    def _attribute(self, cmd: _Command, token: Token) -> Refusal | None:
+        """A token of `@[...]` before the statement: tag attributes only, then a declaration."""
+        where = self._where(cmd)
+        if (reason := forbidden(token)) is not None:
+            return Refusal(f"forbidden: {reason}", where)
+        if token.kind == "ident" or token.text == ",":
+            cmd.words.append(token.text)
+            return None
+        if token.text != "]":
+            return Refusal(f"forbidden: attribute @[{' '.join([*cmd.words, token.text])[:40]}", where)
+        if (reason := attributes_problem(cmd.words)) is not None:
+            return Refusal(f"forbidden: {reason}", where)
+        cmd.pending = True
+        return None
+
+    def _at_phase(self, cmd: _Command) -> bool:
+        """Whether the command is where aesop reads a rule phase: at its rule's own bracket depth."""
+        return self._in_rule(cmd) and cmd.scan.context.depth == (cmd.rule_depth or 0)
+
+    def _in_rule(self, cmd: _Command) -> bool:
+        """Whether the command is at an aesop rule: an `add_aesop_rules` command, or in an `(add ...)` clause."""
+        if cmd.rule_depth is not None and cmd.scan.context.depth < cmd.rule_depth:
+            cmd.rule_depth = None
+        return cmd.kind == "aesop" or cmd.rule_depth is not None
+
+    def _names(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
+        """The names an identifier declares (`let rec`, `where`) or names in an aesop rule."""
+        if cmd.aux_next or (cmd.in_where and first):
+            self.declared.add(token.text)
+            cmd.aux_next = False
+        elif token.text == "rec" and cmd.previous == "let" or token.text == "where":
+            cmd.aux_next, cmd.in_where = True, cmd.in_where or token.text == "where"
+        if token.text == AESOP_CLAUSE and cmd.opened:
+            cmd.rule_depth = cmd.scan.context.depth
+        elif self._in_rule(cmd) and (reason := self.declared.rule_problem(token.text)) is not None:
+            return Refusal(f"forbidden: {reason}", self._where(cmd))
+        cmd.previous = token.text
+        return None
 
     def _bookkeeping(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
         """What a token of a helper, `open`, option or `#print` command says about the command itself."""
         assign, cmd.assign = cmd.assign, False
         depth = cmd.scan.context.depth
         if cmd.kind == "print":
+            cmd.words.append(token.text)
+        elif cmd.kind == "scope" and (reason := forbidden(token)) is not None:
+            return Refusal(f"forbidden: {reason}", self._where(cmd))
+        elif cmd.kind == "scope":
             cmd.words.append(token.text)
         elif cmd.kind == "helper" and cmd.tokens == 1:
             cmd.name = token.text if token.kind == "ident" else ""
@@ -249,20 +392,26 @@ class _Commands:
         constant a name of the statement means (the audit would catch it; this says so before any Lean run)."""
         if not cmd.name:
             return Refusal("forbidden: a declaration without a name", self._where(cmd))
-        parts = name_parts(cmd.name)
-        parts = parts[1:] if parts[:1] == ["_root_"] else parts
+        parts = constant(cmd.name)
+        parts = parts if name_parts(cmd.name)[:1] == ["_root_"] else self.scopes.prefix() + parts
+        self.declared.helpers.add(tuple(parts))
+        if cmd.definition:
+            self.declared.add(cmd.name)
         for k in range(len(parts)):
             if (suffix := ".".join(parts[k:])) in self.names:
                 return Refusal(f"forbidden: redeclares `{suffix}`, a name the statement uses", self._where(cmd))
         return None
 
     def _option_problem(self, cmd: _Command) -> Refusal | None:
-        if not cmd.name.startswith(HARMLESS_OPTION_PREFIXES) and cmd.name not in HARMLESS_OPTIONS:
+        binder = cmd.name in BINDER_OPTIONS
+        if not cmd.name.startswith(HARMLESS_OPTION_PREFIXES) and cmd.name not in HARMLESS_OPTIONS and not binder:
             return Refusal(
                 f"forbidden: set_option {cmd.name} (options allowed outside a proof: "
-                f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)",
+                f"{', '.join(sorted(HARMLESS_OPTIONS | BINDER_OPTIONS))}, linter.*, pp.*)",
                 self._where(cmd),
             )
+        if binder and cmd.value not in ("true", "false"):
+            return Refusal(f"forbidden: set_option {cmd.name} {cmd.value[:40]} (true or false)", self._where(cmd))
         if not _OPTION_VALUE.fullmatch(cmd.value):
             return Refusal(
                 f"forbidden: set_option {cmd.name} {cmd.value[:40]} (a number, true or false)", self._where(cmd)
@@ -278,6 +427,14 @@ class _Commands:
             return None
         if cmd.pending:
             return self._close_prefix(cmd, last)
+        if cmd.kind == "attributes":
+            return Refusal("forbidden: attribute @[ left open", self._where(cmd))
+        if cmd.kind == "scope":
+            reason = self.scopes.command(cmd.words[0], cmd.words[1:], cmd.noncomputable)
+            if reason is not None:
+                return Refusal(f"forbidden: {reason}", self._where(cmd))
+            if self.phase == "body":
+                return None  # the `end` of a section closed before the statement already
         if cmd.kind == "option" and (refusal := self._option_problem(cmd)) is not None:
             return refusal
         if cmd.kind == "helper" and not cmd.name:
@@ -293,28 +450,36 @@ class _Commands:
                 "reads the theorem's name, or prints it)",
                 self._where(cmd),
             )
-        if cmd.kind == "option":
+        if cmd.kind == "option" and cmd.name not in BINDER_OPTIONS:
             self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
         if cmd.kind != "import":
             self.kept.commands.append(" " * cmd.col + self.text[cmd.start : cmd.end] + "\n")
             self.kept.scoped |= cmd.kind in ("open", "option")
             self.kept.helpers += cmd.kind == "helper"
+            self.kept.rules += cmd.kind == "aesop"
         return None
 
     def _close_prefix(self, cmd: _Command, last: bool) -> Refusal | None:
         """A prefix with no command after it. Before the statement it applies to the target theorem: an option is
         set on it (with `in`), an `open` is dropped (the statement is the trusted one, read as the header has
-        it). Anywhere else it prefixes nothing Lean accepts."""
+        it). Anywhere else it prefixes nothing Lean accepts. An attribute or `noncomputable` before the statement
+        would apply to the canonical theorem."""
+        if cmd.kind in ("attributes", "noncomputable"):
+            what = "attribute @[" + " ".join(cmd.words) + "]" if cmd.kind == "attributes" else "noncomputable"
+            return Refusal(f"forbidden: {what} before no helper", self._where(cmd))
         if not (last and self.phase == "before"):
             return Refusal("forbidden: `in` followed by no declaration", self._where(cmd))
-        if cmd.kind == "option":
+        if cmd.kind == "option" and cmd.name not in BINDER_OPTIONS:
             self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
         return None
 
     def _close_print(self, cmd: _Command) -> Refusal | None:
         """`#print axioms <the target>` after the proof is dropped: the verifier asks it itself, in a separate
-        command whose answer the proof cannot write. Any other `#` command is refused."""
-        if len(cmd.words) == 3 and cmd.words[1] == "axioms" and _constant(cmd.words[2]) == _constant(self.target):
+        command whose answer the proof cannot write; so is `#print axioms <a helper declared before it>`
+        (Seed-Prover prints each lemma's). Any other `#` command is refused."""
+        if len(cmd.words) != 3 or cmd.words[1] != "axioms":
+            return Refusal("forbidden: #print", self._where(cmd))
+        if _constant(cmd.words[2]) == _constant(self.target) or self.declared.declares(cmd.words[2]):
             return None
         return Refusal("forbidden: #print", self._where(cmd))
 
@@ -347,11 +512,20 @@ def scan_before(text: str, names: frozenset[str]) -> Kept | Refusal:
     return _run(text, _Commands(text, "before", names, target=""))
 
 
-def scan_body(text: str, target: str, names: frozenset[str] = frozenset(), term: bool = False) -> Kept | Refusal:
+def scan_body(
+    text: str,
+    target: str,
+    names: frozenset[str] = frozenset(),
+    term: bool = False,
+    before: Kept | None = None,
+) -> Kept | Refusal:
     """The proof body (a tactic block, or a term with `term`) and the commands after it: where the body ends
     (`Kept.body_end`) and which trailing commands go to Lean, or why the attempt is refused. `target`: the
-    theorem's name, whose `#print axioms` may end the text."""
-    return _run(text, _Commands(text, "body", names, target, term=term))
+    theorem's name, whose `#print axioms` may end the text. `before`: what the text before the statement kept
+    (the names it declared; the sections it left open, whose `end`s after the proof are dropped)."""
+    declared = Declared() if before is None else before.declared
+    sections = () if before is None else before.sections
+    return _run(text, _Commands(text, "body", names, target, term=term, declared=declared, sections=sections))
 
 
 def statement_names(statement: str) -> frozenset[str]:

@@ -164,6 +164,8 @@ FORBIDDEN_OPTION_PREFIXES = ("debug.", "warn.")
 TACTIC_ITEMS = frozenset({"disch", "discharger"})
 # In a configuration value, symbols other than `{`, `}` and `:=` (a structure instance's) may be only these.
 _LITERAL_SYMBOLS = re.compile(r"[\[\],. \t\r\n]*+")  # with Lean's whitespace, inside a merged run
+# Boolean literals of a configuration value (Harmonic's Aristotle writes `{ decide := Bool.true }`).
+_BOOLS = frozenset({"true", "false", "Bool.true", "Bool.false"})
 HOLES = frozenset({"forbidden: sorry", "forbidden: admit", "forbidden: stop", "forbidden: sorryAx"})
 
 TACTIC, TERM = "tactic", "term"
@@ -361,10 +363,14 @@ class Scan:
         self.item = ""  # IDENT of the configuration item being read
         self.field = False  # in a value, an identifier was read that only `:=` may follow (a field name)
         self.attribute = False  # the last token was `@[`
+        self.ctor = (
+            ""  # the name a configuration value's last token was (`.ctor`, `true`: literals that name constants)
+        )
 
     def __call__(self, token: Token) -> str | None:
         """The reason to refuse `token` here, or None. Comments are the caller's to skip; a symbol token has been
         given to `self.context.symbol` by the caller (which needs its answer), words are followed here."""
+        self.ctor = ""
         if token.kind == "ident":
             self.context.word(token.text)
         return forbidden(token) or self._context(token)
@@ -403,10 +409,14 @@ class Scan:
         if self.field:  # `{ name := ...`: the identifier was a field name only if `:=` follows
             self.field = False
             return None if token.text == ":=" else bad
-        if token.kind == "number" or (token.kind == "ident" and token.text in ("true", "false")):
+        if token.kind == "number":
+            return None
+        if token.kind == "ident" and token.text in _BOOLS:
+            self.ctor = token.text  # a name too: in a namespace `X`, `true` is `X.true` where one is declared
             return None
         if token.kind == "ident":
             self.field = self.text[token.start - 1] != "."  # `.ctor` is a literal, else a field name
+            self.ctor = "" if self.field else "." + token.text
             return None
         if token.kind != "symbol":
             return bad

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from tasks.lean_text import _SYMBOLS, MAX_NESTING, is_id_first, is_id_rest
 from verifier_pool.lean_commands import HARMLESS_OPTION_PREFIXES, HARMLESS_OPTIONS, HELPER_WORDS, SUFFIX_WORDS
+from verifier_pool.lean_preamble import BINDER_OPTIONS, DEFINITION_WORDS, TAG_ATTRIBUTES
 from verifier_pool.lean_scan import (
     _REASON_OF_COMPONENT,
     COMMAND_WORDS,
@@ -332,18 +333,29 @@ class Refused(NamedTuple):
     where: str = ""  # "" (the proof body), "helper `NAME`", "before the statement", "after the proof"
 
 
-Outcome = tuple  # ("kept", commands, options, scoped, helpers, body_end, body_tokens) | ("refused", reason, where)
+# ("kept", commands, options, scoped, helpers, body_end, body_tokens, rules, closing, sections, definitions)
+# | ("refused", reason, where)
+Outcome = tuple
 
 
 def scan_before(text: str, names: frozenset[str]) -> Outcome:
     """The text before the statement cut into commands: what each keeps, or the first refusal (the fields of
-    verifier_pool.lean_commands `Kept` and `Refusal`, in their order). `names`: the statement's names."""
+    verifier_pool.lean_commands `Kept` and `Refusal`, in their order; the declared definitions sorted).
+    `names`: the statement's names."""
     return _Plain(text, "before", names, "").run()
 
 
-def scan_body(text: str, target: str, names: frozenset[str] = frozenset(), term: bool = False) -> Outcome:
-    """The proof body (a term with `term`) and the commands after it, as `scan_before` says."""
-    return _Plain(text, "body", names, target, term=term).run()
+def scan_body(
+    text: str,
+    target: str,
+    names: frozenset[str] = frozenset(),
+    term: bool = False,
+    definitions: frozenset[str] = frozenset(),
+    sections: tuple[str, ...] = (),
+) -> Outcome:
+    """The proof body (a term with `term`) and the commands after it, as `scan_before` says; `definitions` and
+    `sections`: what the text before the statement declared and left open."""
+    return _Plain(text, "body", names, target, term=term, definitions=definitions, sections=sections).run()
 
 
 def scan_forbidden(body: str) -> str | None:
@@ -406,13 +418,28 @@ class _Plain:
     """One text's commands, judged one token at a time: where Lean ends each command, what it keeps, and the
     first reason to refuse one (what verifier_pool.lean_commands `_Commands` answers)."""
 
-    def __init__(self, text: str, phase: str, names: frozenset[str], target: str, term: bool = False) -> None:
+    def __init__(
+        self,
+        text: str,
+        phase: str,
+        names: frozenset[str],
+        target: str,
+        term: bool = False,
+        definitions: frozenset[str] = frozenset(),
+        sections: tuple[str, ...] = (),
+    ) -> None:
         self.text, self.phase, self.names, self.target = text, phase, names, target
         self.where_new = "before the statement" if phase == "before" else "after the proof"
         self.commands: list[str] = []
         self.options: list[str] = []
         self.scoped = False
         self.helpers = 0
+        self.rules = 0
+        self.closing = ""
+        self.sections: tuple[str, ...] = ()
+        self.definitions = set(definitions)
+        self.helper_names: list[list[str]] = []  # each helper's full name, as parts
+        self.scopes = [("section", name) for name in sections]  # (namespace | section, name), innermost last
         self.body_end = -1
         self.body_tokens = 0
         self.cmd = None
@@ -442,6 +469,16 @@ class _Plain:
             "item": "",
             "field": False,
             "attribute": False,
+            "definition": False,
+            "noncomputable": False,
+            "declaration_only": False,
+            "rule_depth": None,
+            "opened": False,
+            "last": "",
+            "previous": "",
+            "aux_next": False,
+            "in_where": False,
+            "ctor": "",
         }
 
     # -- the context ----------------------------------------------------------------------------------------
@@ -529,10 +566,15 @@ class _Plain:
         if cmd["field"]:
             cmd["field"] = False
             return None if t.text == ":=" else bad
-        if t.kind == "number" or t.text in ("true", "false"):
+        if t.kind == "number":
+            return None
+        if t.kind == "ident" and t.text in ("true", "false", "Bool.true", "Bool.false"):
+            cmd["ctor"] = t.text
             return None
         if t.kind == "ident":
             cmd["field"] = self.text[t.start - 1] != "."
+            if not cmd["field"]:
+                cmd["ctor"] = "." + t.text
             return None
         if t.text in ("{", "}"):
             return None
@@ -567,8 +609,18 @@ class _Plain:
                 return Refused("forbidden: attribute @[")
         elif cmd is not None and (refusal := self._close(cmd, last=True)) is not None:
             return refusal
+        if self.phase == "before":
+            spaces = [name for kind, name in self.scopes if kind == "namespace"]
+            if spaces:
+                x = spaces[-1]
+                return Refused(
+                    f"forbidden: namespace {x} open at the statement (close it with `end {x}` first)", self.where_new
+                )
+            self.closing = "".join(("end " + name).strip() + "\n" for _, name in self.scopes[::-1])
+            self.sections = tuple(name for _, name in self.scopes)
         kept = (self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens)
-        return ("kept", *kept)
+        declared = sorted(self.definitions), sorted(set(map(tuple, self.helper_names)))
+        return ("kept", *kept, self.rules, self.closing, self.sections, *declared)
 
     def _where(self, cmd: dict) -> str:
         if cmd["kind"] == "body":
@@ -581,6 +633,9 @@ class _Plain:
         cmd = self.cmd
         word = t.text if t.kind == "ident" else None
         starts = t.kind == "hash" or word in COMMAND_WORDS or (word in LINE_START_WORDS and t.col == 0)
+        starts = starts or word == "add_aesop_rules" or (t.text == "@[" and t.col == 0 and self.phase == "before")
+        if cmd is not None and cmd["kind"] == "attributes" and not cmd["pending"]:
+            return self._inside(cmd, t, first)  # up to its `]`, an attribute's words start nothing
         if cmd is None:
             opener = (
                 t.kind == "hash"
@@ -589,7 +644,7 @@ class _Plain:
                     word is not None
                     and (
                         word in COMMAND_WORDS
-                        or word in ("open", "set_option", "import", "scoped")
+                        or word in ("open", "set_option", "import", "scoped", "add_aesop_rules")
                         or forbidden(t) is not None
                     )
                 )
@@ -605,17 +660,26 @@ class _Plain:
         starts = starts or (word in ("open", "set_option", "import") and (not cmd["in_proof"] or cmd["pending"]))
         if starts and cmd["pending"]:
             return self._core(cmd, t)
-        if starts:
+        if starts or (cmd["kind"] == "scope" and t.kind != "ident"):
             return self._begin(t)
         return self._inside(cmd, t, first)
 
     def _kind(self, t: Token) -> str | None:
         if t.kind == "hash":
-            return "print" if t.text == "#print" and self.phase == "body" else None
+            return "print" if t.text == "#print" else None
         if t.text == "@[":
-            return "attributed"
+            return "attributes" if self.phase == "before" else "attributed"
         if t.kind == "ident" and t.text in HELPER_WORDS:
             return "helper"
+        if t.kind == "ident" and t.text == "end" and (self.phase == "before" or self.scopes):
+            return "scope"
+        if t.kind == "ident" and self.phase == "before":
+            if t.text in DEFINITION_WORDS:
+                return "definition"
+            if t.text in ("namespace", "section"):
+                return "scope"
+            if t.text in ("noncomputable", "add_aesop_rules"):
+                return "noncomputable" if t.text == "noncomputable" else "aesop"
         if t.kind == "ident" and t.text == "import":
             return "import" if self.phase == "before" else None
         return {"open": "open", "set_option": "option"}.get(t.text) if t.kind == "ident" else None
@@ -629,7 +693,7 @@ class _Plain:
             if (
                 reason is None
                 and t.kind == "ident"
-                and (t.text in COMMAND_WORDS or t.text in ("open", "set_option", "import", "scoped"))
+                and (t.text in COMMAND_WORDS or t.text in ("open", "set_option", "import", "scoped", "add_aesop_rules"))
             ):
                 reason = f"{t.text} (a new command)"
             if reason is None:
@@ -638,9 +702,12 @@ class _Plain:
                     f"forbidden: `{what}` at line {t.line}, " + _NO_COMMAND.format(col=dedent), self.where_new
                 )
             return Refused(f"forbidden: {reason}", self.where_new)
-        self.cmd = self._new(kind, t.start, t.col)
+        self.cmd = self._new("helper" if kind == "definition" else kind, t.start, t.col)
         self.cmd["end"] = t.start + len(t.text)
-        if kind == "print":
+        self.cmd["last"] = t.text
+        self.cmd["definition"] = kind == "definition"
+        self.cmd["pending"] = kind == "noncomputable"
+        if kind in ("print", "scope"):
             self.cmd["words"].append(t.text)
         if kind == "attributed":
             self.cmd["attribute"] = True
@@ -648,12 +715,28 @@ class _Plain:
 
     def _core(self, cmd: dict, t: Token) -> Refused | None:
         kind = self._kind(t)
-        if kind not in ("helper", "open", "option"):
+        if cmd["kind"] == "attributes":
+            allowed = ["helper", "definition", "noncomputable"]
+        elif cmd["kind"] == "noncomputable":
+            allowed = ["definition"] + (["scope"] if t.text == "section" and not cmd["declaration_only"] else [])
+        else:
+            allowed = ["helper", "open", "option", "definition", "attributes", "noncomputable"]
+        if kind not in allowed:
             return Refused(f"forbidden: {forbidden(t) or f'{t.text} (a new command)'}", self._where(cmd))
-        cmd.update(kind=kind, pending=False, tokens=0, name="", value="", end=t.start + len(t.text))
+        if kind != "scope":
+            cmd["declaration_only"] = True
+        else:
+            cmd["noncomputable"] = True
+            cmd["words"].append(t.text)
+        cmd.update(kind=kind, pending=kind == "noncomputable", tokens=0, name="", value="", end=t.start + len(t.text))
+        if kind == "definition":
+            cmd.update(kind="helper", definition=True)
         return None
 
     def _inside(self, cmd: dict, t: Token, first: bool) -> Refused | None:
+        if cmd["kind"] == "attributes" and not cmd["pending"]:
+            cmd["end"] = t.start + len(t.text)
+            return self._attribute(cmd, t)
         if t.kind in ("run", "symbol"):
             reason = self._symbol(cmd, t)
             if reason is not None:
@@ -668,16 +751,81 @@ class _Plain:
             refusal = self._bookkeeping(cmd, t, first)
             if refusal is not None:
                 return refusal
-        if cmd["kind"] in ("import", "print"):
+        if cmd["kind"] in ("import", "print", "scope"):
             return None
+        if t.kind == "ident":
+            refusal = self._declares(cmd, t, first)
+            if refusal is not None:
+                return refusal
+        cmd["opened"] = t.kind in ("run", "symbol") and t.text[-1] == "("
+        after = cmd["last"] in ("add", "add_aesop_rules")
+        cmd["last"] = t.text
+        phase = t.kind == "ident" and t.text == "unsafe" and not first and after and self._at_rule(cmd)
+        if phase and len(cmd["stack"]) - 1 == (cmd["rule_depth"] or 0):
+            return None  # aesop's rule phase
         if t.kind == "ident":
             if t.text in TERM_TACTICS:
                 self._set(cmd, "term")
             elif t.text in TACTIC_WORDS:
                 self._set(cmd, "tactic", sequence=True)
             cmd["after_then"] = False
+        cmd["ctor"] = ""
         reason = self._rules(cmd, t)
+        if reason is None and cmd["ctor"] and _last(cmd["ctor"]) in self.definitions:
+            reason = (
+                f"config value `{cmd['ctor'][:40]}` may name a definition of the attempt (configuration is evaluated)"
+            )
         return None if reason is None else Refused(f"forbidden: {reason}", self._where(cmd))
+
+    def _attribute(self, cmd: dict, t: Token) -> Refused | None:
+        reason = forbidden(t)
+        if reason is not None:
+            return Refused(f"forbidden: {reason}", self._where(cmd))
+        if t.kind == "ident" or t.text == ",":
+            cmd["words"].append(t.text)
+            return None
+        if t.text != "]":
+            return Refused(f"forbidden: attribute @[{' '.join(cmd['words'] + [t.text])[:40]}", self._where(cmd))
+        groups: list[list[str]] = [[]]
+        for w in cmd["words"]:
+            if w == ",":
+                groups.append([])
+            else:
+                groups[-1].append(w)
+        for group in groups:
+            if tuple(group) not in TAG_ATTRIBUTES:
+                return Refused(f"forbidden: attribute @[{' '.join(group)[:40]}", self._where(cmd))
+        cmd["pending"] = True
+        return None
+
+    def _at_rule(self, cmd: dict) -> bool:
+        if cmd["rule_depth"] is not None and len(cmd["stack"]) - 1 < cmd["rule_depth"]:
+            cmd["rule_depth"] = None
+        return cmd["kind"] == "aesop" or cmd["rule_depth"] is not None
+
+    def _declares(self, cmd: dict, t: Token, first: bool) -> Refused | None:
+        """`let rec` and `where` names, and the names in an aesop rule."""
+        if cmd["aux_next"] or (cmd["in_where"] and first):
+            self.definitions.update(_named(t.text)[-1:])
+            cmd["aux_next"] = False
+        elif (t.text == "rec" and cmd["previous"] == "let") or t.text == "where":
+            cmd["aux_next"] = True
+            cmd["in_where"] = cmd["in_where"] or t.text == "where"
+        if t.text == "add" and cmd["opened"]:
+            cmd["rule_depth"] = len(cmd["stack"]) - 1
+        elif self._at_rule(cmd):
+            if t.text == "tactic":
+                return Refused(
+                    "forbidden: aesop rule builder `tactic` (aesop runs the rule's compiled code)", self._where(cmd)
+                )
+            if set(_named(t.text)) & self.definitions:
+                return Refused(
+                    f"forbidden: aesop rule `{t.text[:40]}` names a definition of the attempt "
+                    "(aesop may run it as a tactic)",
+                    self._where(cmd),
+                )
+        cmd["previous"] = t.text
+        return None
 
     def _bookkeeping(self, cmd: dict, t: Token, first: bool) -> Refused | None:
         assign, cmd["assign"] = cmd["assign"], False
@@ -685,11 +833,21 @@ class _Plain:
         kind, n = cmd["kind"], cmd["tokens"]
         if kind == "print":
             cmd["words"].append(t.text)
+        elif kind == "scope":
+            reason = forbidden(t)
+            if reason is not None:
+                return Refused(f"forbidden: {reason}", self._where(cmd))
+            cmd["words"].append(t.text)
         elif kind == "helper" and n == 1:
             cmd["name"] = t.text if t.kind == "ident" else ""
             if not cmd["name"]:
                 return Refused("forbidden: a declaration without a name", self._where(cmd))
             parts = _named(cmd["name"])
+            if name_parts(cmd["name"])[:1] != ["_root_"]:
+                parts = [p for kind, name in self.scopes if kind == "namespace" for p in _named(name)] + parts
+            self.helper_names.append(parts)
+            if cmd["definition"]:
+                self.definitions.update(parts[-1:])
             for k in range(len(parts)):
                 if ".".join(parts[k:]) in self.names:
                     return Refused(
@@ -711,12 +869,15 @@ class _Plain:
 
     def _option(self, cmd: dict) -> Refused | None:
         name = cmd["name"]
-        if not (name in HARMLESS_OPTIONS or any(name.startswith(p) for p in HARMLESS_OPTION_PREFIXES)):
+        allowed = HARMLESS_OPTIONS | BINDER_OPTIONS
+        if not (name in allowed or any(name.startswith(p) for p in HARMLESS_OPTION_PREFIXES)):
             return Refused(
                 f"forbidden: set_option {name} (options allowed outside a proof: "
-                f"{', '.join(sorted(HARMLESS_OPTIONS))}, linter.*, pp.*)",
+                f"{', '.join(sorted(allowed))}, linter.*, pp.*)",
                 self._where(cmd),
             )
+        if name in BINDER_OPTIONS and cmd["value"] not in ("true", "false"):
+            return Refused(f"forbidden: set_option {name} {cmd['value'][:40]} (true or false)", self._where(cmd))
         if not (cmd["value"].isdigit() and cmd["value"].isascii()) and cmd["value"] not in ("true", "false"):
             return Refused(
                 f"forbidden: set_option {name} {cmd['value'][:40]} (a number, true or false)", self._where(cmd)
@@ -731,11 +892,21 @@ class _Plain:
             self.body_end = cmd["end"] if cmd["tokens"] else 0
             return None
         if cmd["pending"]:
+            if kind == "attributes":
+                return Refused(f"forbidden: attribute @[{' '.join(cmd['words'])}] before no helper", self._where(cmd))
+            if kind == "noncomputable":
+                return Refused("forbidden: noncomputable before no helper", self._where(cmd))
             if not (last and self.phase == "before"):
                 return Refused("forbidden: `in` followed by no declaration", self._where(cmd))
-            if kind == "option":
+            if kind == "option" and cmd["name"] not in BINDER_OPTIONS:
                 self.options.append(f"set_option {cmd['name']} {cmd['value']}")
             return None
+        if kind == "attributes":
+            return Refused("forbidden: attribute @[ left open", self._where(cmd))
+        if kind == "scope":
+            refusal = self._scope(cmd)
+            if refusal is not None or self.phase == "body":
+                return refusal
         if kind == "option" and (refusal := self._option(cmd)) is not None:
             return refusal
         if kind == "helper" and not cmd["name"]:
@@ -744,7 +915,11 @@ class _Plain:
             return Refused("forbidden: a declaration without a proof", self._where(cmd))
         if kind == "print":
             words = cmd["words"]
-            drop = len(words) == 3 and words[1] == "axioms" and _named(words[2]) == _named(self.target)
+            named = _named(words[2]) if len(words) == 3 else []
+            ours = named == _named(self.target) or any(
+                named and full[-len(named) :] == named and len(full) >= len(named) for full in self.helper_names
+            )
+            drop = len(words) == 3 and words[1] == "axioms" and ours
             return None if drop else Refused("forbidden: #print", self._where(cmd))
         if kind in ("open", "option") and self.phase == "body":
             word = "open" if kind == "open" else "set_option"
@@ -753,13 +928,35 @@ class _Plain:
                 "reads the theorem's name, or prints it)",
                 self._where(cmd),
             )
-        if kind == "option":
+        if kind == "option" and cmd["name"] not in BINDER_OPTIONS:
             self.options.append(f"set_option {cmd['name']} {cmd['value']}")
         if kind != "import":
             self.commands.append(" " * cmd["col"] + self.text[cmd["start"] : cmd["end"]] + "\n")
             self.scoped = self.scoped or kind in ("open", "option")
             self.helpers += kind == "helper"
+            self.rules += kind == "aesop"
         return None
+
+    def _scope(self, cmd: dict) -> Refused | None:
+        word, names = cmd["words"][0], cmd["words"][1:]
+        if len(names) > 1 or (word == "namespace" and not names):
+            return Refused(f"forbidden: {word} {' '.join(names)[:40]} (one name)", self._where(cmd))
+        name = "".join(names)
+        if cmd["noncomputable"] and word != "section":
+            return Refused(f"forbidden: noncomputable {word}", self._where(cmd))
+        if word != "end":
+            self.scopes.append((word, name))
+            return None
+        if not self.scopes or self.scopes[-1][1] != name:
+            return Refused(f"forbidden: {('end ' + name).strip()} closes no scope open here", self._where(cmd))
+        self.scopes.pop()
+        return None
+
+
+def _last(written: str) -> str:
+    """The last component of a literal name as written (`.evil`, `Bool.true`), "" for none."""
+    parts = _named(written[1:] if written.startswith(".") else written)
+    return parts[-1] if parts else ""
 
 
 def _named(name: str) -> list[str]:

@@ -34,6 +34,7 @@ from verifier_pool.lean_check import (
     scan_forbidden,
 )
 from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
+from verifier_pool.lean_preamble import Declared
 
 MINIF2F = Path("/work/shared/data/minif2f.jsonl")
 GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
@@ -812,6 +813,31 @@ COMMAND_PIECES = [
     "-- c\n",
     "/-",
     "-/",
+    # the preamble's forms: definitions, tags, scopes, binder options, aesop rules and what they may name
+    "abbrev ",
+    "noncomputable ",
+    "namespace X\n",
+    "section",
+    "end",
+    " X\n",
+    "simp",
+    "local ",
+    ", ",
+    "reducible]",
+    "@[simp] ",
+    "@[local simp, reducible] ",
+    "set_option autoImplicit false\n",
+    "add_aesop_rules ",
+    "unsafe ",
+    "tactic ",
+    "(add ",
+    "let rec ",
+    "def evil := 1\n",
+    "evil ",
+    ".",
+    "def true := 1\n",
+    "(config := {decide := Bool.true})",
+    "._root_",
 ]
 
 
@@ -829,7 +855,8 @@ def _outcome(result: Kept | Refusal) -> tuple:
     if isinstance(result, Refusal):
         return ("refused", result.reason, result.where)
     kept = (result.commands, result.options, result.scoped, result.helpers, result.body_end, result.body_tokens)
-    return ("kept", *kept)
+    declared = sorted(result.declared.definitions), sorted(result.declared.helpers)
+    return ("kept", *kept, result.rules, result.closing, result.sections, *declared)
 
 
 def test_commands_agree_with_the_per_character_reading_on_random_commands():
@@ -843,6 +870,10 @@ def test_commands_agree_with_the_per_character_reading_on_random_commands():
         for target, term in (("mathd_numbertheory_188", False), ("mathd_numbertheory_188", True), ("", False)):
             expected = reference_lean.scan_body(body, target, NAMES, term=term)
             assert _outcome(scan_body(body, target, NAMES, term=term)) == expected, (body, target, term)
+        # after a preamble that declared the definition `evil` and left an anonymous section open
+        preamble = Kept(sections=("",), declared=Declared({"evil"}))
+        expected = reference_lean.scan_body(body, NAME, NAMES, definitions=frozenset({"evil"}), sections=("",))
+        assert _outcome(scan_body(body, NAME, NAMES, before=preamble)) == expected, body
         assert scan_forbidden(before + body) == reference_lean.scan_forbidden(before + body), before + body
 
 

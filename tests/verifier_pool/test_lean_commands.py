@@ -68,10 +68,12 @@ def test_a_prefix_of_the_statement_sets_its_option_and_opens_nothing():
         f"set_option maxHeartbeats 400000 in\n{GCD}  norm_num\n"
     )
     assert prepare(f"open Nat in\n{GCD}  norm_num\n", GCD) == f"{GCD}  norm_num\n"  # the trusted statement's reading
-    assert prepare(f"set_option autoImplicit true in\n{GCD}  norm_num\n", GCD) == refused(
-        "before the statement: forbidden: set_option autoImplicit (options allowed outside a proof: "
-        "exponentiation.threshold, maxHeartbeats, maxRecDepth, synthInstance.maxHeartbeats, synthInstance.maxSize, "
-        "tactic.hygienic, linter.*, pp.*)"
+    # binder options never reach the statement: it reads as the header has it
+    assert prepare(f"set_option autoImplicit true in\n{GCD}  norm_num\n", GCD) == f"{GCD}  norm_num\n"
+    assert prepare(f"set_option allowUnsafeReducibility true in\n{GCD}  norm_num\n", GCD) == refused(
+        "before the statement: forbidden: set_option allowUnsafeReducibility (options allowed outside a proof: "
+        "autoImplicit, exponentiation.threshold, maxHeartbeats, maxRecDepth, relaxedAutoImplicit, "
+        "synthInstance.maxHeartbeats, synthInstance.maxSize, tactic.hygienic, linter.*, pp.*)"
     )
 
 
@@ -105,8 +107,9 @@ EXPLOITS_BEFORE = [
     ("instance : Decidable True := isTrue trivial\n", f"{S}instance (a new command)"),
     ("open Nat in\ninstance : Decidable True := isTrue trivial\n", f"{S}instance (a new command)"),
     ("attribute [instance] Classical.propDecidable\n", f"{S}attribute (a new command)"),
-    ("@[instance] lemma h : 1 = 1 := rfl\n", f"{S}attribute @["),  # `instance` starts a command of its own
-    ("@[simp] lemma h : 1 = 1 := rfl\n", f"{S}attribute @[simp"),
+    ("@[instance] lemma h : 1 = 1 := rfl\n", f"{S}attribute @[instance"),
+    ("@[simp, instance] lemma h : 1 = 1 := rfl\n", f"{S}attribute @[instance"),
+    ("@[simp ←] lemma h : 1 = 1 := rfl\n", f"{S}attribute @[simp ←"),
     ("lemma h : 1 = 1 := by\n  exact trivial\nwhere\n  @[simp] f : 1 = 1 := rfl\n", f"{H}attribute @[simp"),
     # options
     ("set_option debug.skipKernelTC true\n", f"{S}set_option debug.skipKernelTC"),
@@ -119,12 +122,10 @@ EXPLOITS_BEFORE = [
     ("lemma h : 1 = 1 := by\n  simp (config := { maxSteps := dbgTraceVal 1 })\n", f"{H}config term (config := ...)"),
     ("lemma h : True := by\n  trivial\n#eval 1\n", f"{S}#eval"),
     (f"#print axioms {NAME}\n", f"{S}#print"),
-    # declarations other than lemma/theorem, scopes, modifiers
-    ("def f : ℕ := 1\n", f"{S}def (a new command)"),
-    ("abbrev f : ℕ := 1\n", f"{S}abbrev (a new command)"),
-    ("noncomputable section\n", f"{S}noncomputable (a new command)"),
-    ("namespace Nat\n", f"{S}namespace (a new command)"),
+    # declarations other than lemma/theorem/def/abbrev, scopes left open, modifiers
+    ("namespace Nat\n", f"{S}namespace Nat open at the statement (close it with `end Nat` first)"),
     ("private lemma h : 1 = 1 := rfl\n", f"{S}private (a new command)"),
+    ("structure P where\n  x : ℕ\n", f"{S}structure (a new command)"),
     ("lemma h : 1 = 1\n", f"{H}a declaration without a proof"),
     # a literal left open would read on into the canonical statement
     (
@@ -475,3 +476,340 @@ def test_library_search_goes_to_lean_and_a_goal_it_admits_is_a_sorry(tactic):
         ).reason
         == "sorry"
     )
+
+
+# --- the prover's preamble: definitions, tags, scopes, binder options, aesop rules (issue 38) ------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "command_before"),
+    [
+        # aesop's `unsafe` is a rule phase; a global rule reaches the theorem's `aesop`, so it goes to Lean alone
+        (
+            "add_aesop_rules unsafe 50% apply Nat.le_of_lt_succ\n",
+            "",
+            "add_aesop_rules unsafe 50% apply Nat.le_of_lt_succ\n",
+        ),
+        # binder options: for the helpers only, never set on the theorem
+        (
+            "set_option autoImplicit false\nset_option relaxedAutoImplicit false\nlemma h : 1 = 1 := rfl\n",
+            "",
+            "section\nset_option autoImplicit false\nset_option relaxedAutoImplicit false\n"
+            "lemma h : 1 = 1 := rfl\nend\n",
+        ),
+        (
+            "open scoped BigOperators in\nlemma h : ∑ i ∈ Finset.range 1, i = 0 := by simp\n",
+            "",
+            "open scoped BigOperators in\nlemma h : ∑ i ∈ Finset.range 1, i = 0 := by simp\n",
+        ),
+        # a section the text leaves open is closed before the statement; its `end` after the proof is dropped
+        (
+            "noncomputable section\nopen Real\n\nnoncomputable def f (x : ℝ) : ℝ := Real.sqrt x\n",
+            "\nend\n",
+            # in a section of its own too, for the `open`
+            "section\nnoncomputable section\nopen Real\nnoncomputable def f (x : ℝ) : ℝ := Real.sqrt x\nend\nend\n",
+        ),
+        (
+            "section S\ndef f (n : ℕ) : ℕ := n + 1\nend S\n",
+            "",
+            "section S\ndef f (n : ℕ) : ℕ := n + 1\nend S\n",
+        ),
+        # a helper in a namespace, reached by its namespaced name; the namespace closed before the statement
+        (
+            "namespace Helpers\nabbrev N : ℕ := 12\nlemma hN : N = 12 := rfl\nend Helpers\n",
+            "",
+            "namespace Helpers\nabbrev N : ℕ := 12\nlemma hN : N = 12 := rfl\nend Helpers\n",
+        ),
+        # definitions by patterns, tag attributes
+        (
+            "@[simp] def f : ℕ → ℕ\n  | 0 => 1\n  | n + 1 => 2 * f n\n"
+            "@[reducible, local simp] noncomputable abbrev g := f\n",
+            "",
+            "@[simp] def f : ℕ → ℕ\n  | 0 => 1\n  | n + 1 => 2 * f n\n"
+            "@[reducible, local simp] noncomputable abbrev g := f\n",
+        ),
+    ],
+)
+def test_a_preamble_goes_to_lean_with_the_helpers_and_never_reaches_the_statement(before, after, command_before):
+    body = "  norm_num [Helpers.hN]\n" if "Helpers" in before else "  norm_num\n"
+    assert prepare(f"{before}{GCD}{body}{after}", GCD) == f"{command_before}{GCD}{body}"
+
+
+def test_a_preamble_without_helpers_or_rules_goes_nowhere():
+    before = "noncomputable section\nset_option autoImplicit false\nopen scoped Real\nnamespace A\nend A\n"
+    assert prepare(f"{before}{GCD}  norm_num\nend\n", GCD) == f"{GCD}  norm_num\n"
+
+
+# Each newly accepted form, with each exploit class inside it: the exploit is refused, naming it. `{x}` is where
+# the exploit stands; each form alone is accepted (test_each_form_alone_is_accepted), so the refusal is the
+# exploit's.
+FORMS = {
+    "namespace": "namespace Foo\n{x}end Foo\n",
+    "noncomputable section": "noncomputable section\n{x}",
+    "section": "section\n{x}end\n",
+    "open scoped": "open scoped BigOperators\n{x}",
+    "binder options": "set_option autoImplicit false\nset_option relaxedAutoImplicit true\n{x}",
+    "aesop rules": "add_aesop_rules unsafe 50% apply Nat.le_of_lt_succ\nadd_aesop_rules safe (rule_sets := [x]) h\n{x}",
+    "def": "def f (n : ℕ) : ℕ := n + 1\n{x}",
+    "noncomputable def": "noncomputable def g (x : ℝ) : ℝ := Real.sqrt x\n{x}",
+    "abbrev": "abbrev N : ℕ := 3\n{x}",
+    "tags": "@[simp] lemma s : 1 = 1 := rfl\n@[reducible] def r := 1\n@[local simp] theorem t : 2 = 2 := rfl\n{x}",
+}
+# (exploit, a fragment its refusal names), each written from the class it stands for
+CLASSES = [
+    ("axiom cheat : False\n", "axiom"),
+    ("opaque o : ℕ\n", "opaque"),
+    ("lemma h : 1 = 1 := by\n  sorry\n", "sorry"),
+    ("def h : ℕ := by\n  exact sorry\n", "sorry"),
+    ("def h : Bool := by\n  native_decide\n", "native_decide"),
+    ("def h : 2 + 2 = 4 := by\n  decide +native\n", "decide +native"),
+    ("def h : ℕ := Lean.ofReduceBool 1\n", "ofReduceBool"),
+    ("def gcd : ℕ := 1\n", "redeclares `gcd`"),
+    ("abbrev mathd_numbertheory_188 : ℕ := 1\n", "redeclares `mathd_numbertheory_188`"),
+    ('notation "gcd" => Nat.lcm\n', "notation"),
+    ('macro "norm_num" : tactic => `(tactic| sorry)\n', "macro"),
+    ("instance : Decidable True := isTrue trivial\n", "instance"),
+    ("noncomputable instance : Inhabited ℕ := ⟨1⟩\n", "instance"),
+    ("@[csimp] theorem c : @Nat.add = @Nat.add := rfl\n", "csimp"),
+    ("@[implemented_by Nat.add] def i (a b : ℕ) : ℕ := a\n", "implemented_by"),
+    ('@[extern "c"] def e (a : ℕ) : ℕ := a\n', "extern"),
+    ("@[tactic Lean.Parser.Tactic.omega] def t : Lean.Elab.Tactic.Tactic := fun _ => pure ()\n", "attribute @[tactic"),
+    ("@[simp, init] def i : ℕ := 1\n", "attribute @[init"),
+    ("@[command_elab Lean.Parser.Command.printAxioms] def p := 1\n", "command_elab"),
+    ("@[env_linter] def l := 1\n", "attribute @[env_linter"),
+    ("@[aesop safe] def a := 1\n", "attribute @[aesop"),
+    ("attribute [simp] Nat.add_comm\n", "attribute (a new command)"),
+    ("set_option debug.skipKernelTC true\n", "set_option debug.skipKernelTC"),
+    ("def h : ℕ := by\n  run_tac pure ()\n  exact 1\n", "run_tac"),
+    ("def h : 1 = 1 := by\n  simp (config := { maxSteps := dbgTraceVal 1 })\n", "config term"),
+    ('def h : IO Unit := IO.println "x"\n', "IO"),
+    ("#eval 1\n", "#eval"),
+    ("unsafe def u : ℕ := 1\n", "unsafe"),
+    ("partial def p (n : ℕ) : ℕ := p n\n", "partial"),
+    ("private def p : ℕ := 1\n", "private"),
+    ("def h : ℕ := 1\nderiving instance Repr for Nat\n", "deriving"),
+    ("add_aesop_rules safe tactic Foo.bar\n", "aesop rule builder `tactic`"),
+    ("def ev : Lean.Elab.Tactic.TacticM Unit := pure ()\nadd_aesop_rules safe ev\n", "aesop rule `ev`"),
+    ("add_aesop_rules unsafe 50% (unsafe foo)\n", "unsafe"),
+    ("add_aesop_rules safe h\nunsafe def u : ℕ := 1\n", "unsafe"),  # a line's `unsafe` is Lean's, not a phase
+    ("def h : ℕ := by\n  exact (add <| unsafe 1)\n", "unsafe"),  # Lean's `unsafe t` term, after a word `add`
+    ("def h : ℕ × ℕ := (add 1, unsafe 2)\n", "unsafe"),
+]
+PAIRS = [(form, exploit, named) for form in FORMS for exploit, named in CLASSES]
+
+
+@pytest.mark.parametrize(("form", "exploit", "named"), PAIRS, ids=[f"{f}|{n}" for f, _, n in PAIRS])
+def test_each_exploit_class_inside_each_accepted_form_is_refused_naming_it(form, exploit, named):
+    judgement = prepare(FORMS[form].format(x=exploit) + f"{GCD}  aesop\n", GCD)
+    assert isinstance(judgement, Judgement) and judgement.verdict == "rejected", judgement
+    assert judgement.reason == ("sorry" if named == "sorry" else "integrity")
+    assert named in judgement.detail, judgement.detail
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_alone_is_accepted(form):
+    assert isinstance(prepare(FORMS[form].format(x="") + f"{GCD}  aesop\n", GCD), str)
+
+
+# A definition's compiled code runs only if something evaluates it. Two evaluators name a constant rather than
+# code, so a name the attempt declared as a definition (or a `where`/`let rec` declaration) is refused there:
+@pytest.mark.parametrize(
+    ("before", "body", "detail"),
+    [
+        # an aesop rule in a tactic's `(add ...)` clause: the default builder would run a `TacticM Unit` constant
+        (
+            "def evil : Lean.Elab.Tactic.TacticM Unit := pure ()\n",
+            "  aesop (add safe evil)\n",
+            "forbidden: aesop rule `evil` names a definition of the attempt (aesop may run it as a tactic)",
+        ),
+        (
+            "namespace X\ndef evil : Lean.Elab.Tactic.TacticM Unit := pure ()\nend X\n",
+            "  aesop (add unsafe 10% X.evil)\n",
+            "forbidden: aesop rule `X.evil` names a definition of the attempt (aesop may run it as a tactic)",
+        ),
+        (
+            "",
+            "  aesop (add safe tactic Foo.bar)\n",
+            "forbidden: aesop rule builder `tactic` (aesop runs the rule's compiled code)",
+        ),
+        # a configuration value `.name` resolves in the configuration type's namespace, where a definition can be
+        (
+            "namespace Lean.Meta.Simp.Config\ndef evil : Lean.Meta.Simp.Config := {}\nend Lean.Meta.Simp.Config\n",
+            "  simp (config := .evil)\n",
+            "forbidden: config value `.evil` may name a definition of the attempt (configuration is evaluated)",
+        ),
+        (
+            "lemma h : True := by\n  trivial\nwhere\n  evil : Lean.Meta.Simp.Config := {}\n",
+            "  simp (config := { .evil with })\n",
+            "forbidden: config value `.evil` may name a definition of the attempt (configuration is evaluated)",
+        ),
+        # `true` is a name too: in namespace `X`, `X.true` where the attempt declared one
+        (
+            "namespace X\ndef true : Bool := false\n"
+            "lemma h : 1 = 1 := by\n  simp (config := { decide := true })\nend X\n",
+            "  norm_num\n",
+            "helper `h`: forbidden: config value `true` may name a definition of the attempt "
+            "(configuration is evaluated)",
+        ),
+        (
+            "",
+            "  have : True := by\n    let rec evil : ℕ := 1\n    trivial\n  omega (config := .evil)\n",
+            "forbidden: config value `.evil` may name a definition of the attempt (configuration is evaluated)",
+        ),
+    ],
+)
+def test_an_evaluator_that_names_a_definition_of_the_attempt_is_refused(before, body, detail):
+    assert prepare(f"{before}{GCD}{body}", GCD) == refused(detail)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  aesop (add unsafe 50% apply Nat.le_of_lt_succ, safe f)\n",  # `f` is a lemma here: a rule aesop applies
+        "  simp (config := .arith)\n",  # a library configuration, not one of the attempt's names
+        "  simp (config := { decide := Bool.true })\n",  # Harmonic's Aristotle writes Booleans so
+        "  unfold f at *\n  aesop (add norm simp Nat.add_zero)\n",
+    ],
+)
+def test_aesop_rules_and_configuration_naming_no_definition_of_the_attempt_go_to_lean(body):
+    before = "lemma f : 1 = 1 := rfl\n"
+    assert prepare(f"{before}{GCD}{body}", GCD) == f"{before}{GCD}{body}"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "detail"),
+    [
+        ("@[simp]\n", "", "before the statement: forbidden: attribute @[simp] before no helper"),
+        ("noncomputable\n", "", "before the statement: forbidden: noncomputable before no helper"),
+        ("namespace A\nend B\n", "", "before the statement: forbidden: end B closes no scope open here"),
+        ("end\n", "", "before the statement: forbidden: end closes no scope open here"),
+        ("namespace A B\nend A\n", "", "before the statement: forbidden: namespace A B (one name)"),
+        ("noncomputable namespace A\n", "", "before the statement: forbidden: namespace (a new command)"),
+        ("@[simp] noncomputable section\n", "", "before the statement: forbidden: section (a new command)"),
+        ("section\n", "\nend\nend\n", "after the proof: forbidden: end (a new command)"),
+        ("", "\nend\n", "after the proof: forbidden: end (a new command)"),
+        (
+            "set_option autoImplicit 0\n",
+            "",
+            "before the statement: forbidden: set_option autoImplicit 0 (true or false)",
+        ),
+        (
+            "add_aesop_rules safe h\n",
+            "\nadd_aesop_rules safe h\n",
+            "after the proof: forbidden: add_aesop_rules (a new command)",
+        ),
+        ("@[simp\nlemma h : 1 = 1 := rfl\n", "", "before the statement: forbidden: attribute @[simp lemma h :"),
+    ],
+)
+def test_scopes_prefixes_and_attributes_that_lean_would_misread_are_refused(before, after, detail):
+    assert prepare(f"{before}{GCD}  norm_num{after}", GCD) == refused(detail)
+
+
+def test_print_axioms_of_a_helper_the_text_declared_is_dropped_before_and_after_the_proof():
+    """Seed-Prover's IMO files print each lemma's axioms, between the lemmas and after the theorem."""
+    before = (
+        "lemma h₁ : 1 = 1 := rfl\n#print axioms h₁\nnamespace A\nlemma h₂ : 2 = 2 := rfl\nend A\n#print axioms A.h₂\n"
+    )
+    after = f"\nlemma h₃ : 3 = 3 := rfl\n#print axioms h₃\n#print axioms {NAME}\n#print axioms h₁\n"
+    kept_before = "lemma h₁ : 1 = 1 := rfl\nnamespace A\nlemma h₂ : 2 = 2 := rfl\nend A\n"
+    expected = f"{kept_before}{GCD}  norm_num\nlemma h₃ : 3 = 3 := rfl\n"
+    assert prepare(f"{before}{GCD}  norm_num{after}", GCD) == expected
+    # a name the text did not declare, or declared later, is still refused
+    assert prepare(f"#print axioms Nat.gcd_comm\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
+    assert prepare(f"#print axioms h\nlemma h : 1 = 1 := rfl\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
+    assert prepare(f"lemma h : 1 = 1 := rfl\n#print h\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
+
+
+# --- exploit classes reported against Lean verifiers in 2025-2026 ----------------------------------------------
+# Each: refused by the scan wherever it stands (the preamble's new forms included), and by the second line
+# where the scan could miss it. The third class (a proof that compiles C with the toolchain's compiler and
+# patches the checker with ptrace) is shown harmless by the sandbox in
+# tests/verifier_pool/test_sandbox_probes.py::test_no_process_outside_the_sandbox_can_be_traced.
+
+CSIMP = "@[csimp] theorem fake : @Nat.add = @Nat.mul := by\n  sorry\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "body", "detail"),
+    [
+        # a `@[csimp]` lemma swaps the compiled code `native_decide` evaluates: refused at the attribute, wherever
+        (CSIMP, "  native_decide\n", f"{S}csimp"),
+        (CSIMP.replace("@[csimp]", "@[simp, csimp]"), "  native_decide\n", f"{S}csimp"),
+        (f"namespace X\n{CSIMP}end X\n", "  decide\n", f"{S}csimp"),
+        (f"noncomputable section\n{CSIMP}", "  decide\n", f"{S}csimp"),
+        ("attribute [csimp] Nat.add_comm\n", "  native_decide\n", f"{S}attribute (a new command)"),
+        ("def f := 1\n", "  exact (by decide +native)\n", "forbidden: decide +native"),
+        ("", "  exact Lean.ofReduceBool _ _ rfl\n", "forbidden: ofReduceBool"),
+        # so does `@[implemented_by]`, the same swap without a proof of equality
+        ("@[implemented_by Nat.mul] def add' (a b : ℕ) : ℕ := a + b\n", "  native_decide\n", f"{S}implemented_by"),
+    ],
+)
+def test_a_csimp_lemma_smuggled_through_native_decide_is_refused(before, body, detail):
+    assert prepare(f"{before}{GCD}{body}", GCD) == refused(detail)
+
+
+def test_native_decide_that_reaches_lean_anyway_is_refused_by_its_axiom():
+    """The second line: `native_decide` proofs depend on `Lean.ofReduceBool`, in `#print axioms` and the audit."""
+    report = {"env": 2, "messages": [_info(f"'{NAME}' depends on axioms: [propext, Lean.ofReduceBool]")]}
+    assert judge_axioms(report, NAME) == refused("trusts the compiler: Lean.ofReduceBool")
+
+
+@pytest.mark.parametrize(
+    ("before", "detail"),
+    [
+        ("axiom cheat : False\n", f"{S}axiom"),
+        ("@[simp] axiom cheat : False\n", f"{S}axiom"),
+        ("noncomputable axiom cheat : False\n", f"{S}axiom"),
+        ("private axiom cheat : False\n", f"{S}private (a new command)"),
+        ("namespace X\naxiom cheat : False\nend X\n", f"{S}axiom"),
+        ("noncomputable section\naxiom cheat : False\n", f"{S}axiom"),
+        ("section\ndef f := 1\naxiom cheat : False\nend\n", "helper `f`: forbidden: axiom"),  # read on into `f`
+        ("def f : False := by\n  exact cheat\naxiom cheat : False\n", f"{S}axiom"),
+        ("add_aesop_rules safe apply cheat\naxiom cheat : False\n", f"{S}axiom"),
+        ("set_option autoImplicit true in\naxiom cheat : False\n", f"{S}axiom"),
+        ("opaque cheat : False\n", f"{S}opaque"),
+        ("lemma h : False := by\n  exact «sorryAx» _ false\n", "helper `h`: forbidden: sorryAx"),
+    ],
+)
+def test_an_axiom_above_the_protected_statement_is_refused(before, detail):
+    reason = "sorry" if detail.endswith("sorryAx") else "integrity"
+    assert prepare(f"{before}{GCD}  exact cheat.elim\n", GCD) == refused(detail, reason)
+
+
+def test_an_axiom_that_reaches_lean_anyway_is_refused_by_the_axioms_report():
+    report = {"env": 2, "messages": [_info(f"'{NAME}' depends on axioms: [propext, cheat]")]}
+    assert judge_axioms(report, NAME) == refused("uses axioms: cheat")
+
+
+@pytest.mark.parametrize(
+    ("before", "body", "detail"),
+    [
+        # the code that would compile and run the patch: every way to run it is refused, in every form
+        ("", '  run_tac do\n    let _ ← IO.Process.output { cmd := "cc", args := #["p.c"] }\n', "forbidden: run_tac"),
+        ('#eval IO.Process.output { cmd := "cc", args := #["p.c"] }\n', "  norm_num\n", f"{S}#eval"),
+        (
+            'def patch : IO Unit := do\n  let _ ← IO.Process.spawn { cmd := "cc" }\n',
+            "  norm_num\n",
+            "helper `patch`: forbidden: IO",
+        ),
+        ("initialize patch : Unit ← pure ()\n", "  norm_num\n", f"{S}initialize"),
+        ("run_cmd Lean.Elab.Command.liftTermElabM (pure ())\n", "  norm_num\n", f"{S}run_cmd"),
+        (
+            "def patch : Lean.Elab.Tactic.TacticM Unit := pure ()\n",
+            "  aesop (add safe patch)\n",
+            "forbidden: aesop rule `patch` names a definition of the attempt (aesop may run it as a tactic)",
+        ),
+        (
+            "namespace Lean.Meta.Simp.Config\ndef patch : Lean.Meta.Simp.Config := {}\nend Lean.Meta.Simp.Config\n",
+            "  simp (config := .patch)\n",
+            "forbidden: config value `.patch` may name a definition of the attempt (configuration is evaluated)",
+        ),
+        ("@[init patch] def p : ℕ := 1\n", "  norm_num\n", f"{S}attribute @[init patch"),
+    ],
+)
+def test_code_that_would_compile_c_and_ptrace_the_checker_has_no_way_to_run(before, body, detail):
+    assert prepare(f"{before}{GCD}{body}", GCD) == refused(detail)
+
+
+def _info(data: str) -> dict:
+    return {"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": {"line": 1, "column": 10}, "data": data}

@@ -83,6 +83,20 @@ async def test_no_host_unix_socket_answers(make_sandbox, tmp_path):
         assert (await _probe(sandbox, f"abstract={name}")).startswith("failed")
 
 
+async def test_no_process_outside_the_sandbox_can_be_traced(make_sandbox):
+    """The 2025 exploit against Lean verifiers that compiles C with the toolchain's compiler and patches the
+    checker's memory with ptrace: code run from a proof can do anything its REPL process can (the Lean image
+    ships a C compiler), so what matters is what it reaches. Not the worker that judges (this process), nor
+    another sandbox (the audit runs in one of its own, started for it): PTRACE_ATTACH to either fails, while the
+    host sees both. Tracing its own child is the control (it fails too where ptrace is blocked altogether)."""
+    sandbox, neighbour = await make_sandbox(), await make_sandbox()
+    control = await _probe(sandbox, "ptrace=child")
+    targets = [os.getpid(), *([neighbour.pid] if getattr(neighbour, "pid", None) else [])]
+    for pid in targets:
+        assert Path(f"/proc/{pid}").exists(), pid  # the host sees it
+        assert (await _probe(sandbox, f"ptrace={pid}")).startswith("failed"), (pid, control)
+
+
 @pytest.fixture
 def host_secrets():
     """Files the host can read in places a sandbox must not show: /root, /home, /run, the checkout's .git."""
