@@ -114,7 +114,7 @@ _HASH = re.compile(f"#{ID_REST_CLASS}*+")
 # Symbol characters that begin no other token and no symbol of several characters (`:=`, `@[`, `]'`, `''`),
 # joined by whitespace: `merge` takes such a run as one token, from its first symbol to its last.
 _INERT = rf"(?:[!$%&()*+,.;<=>?\[\\^`|~]++|-(?!-)|/(?!-)|#(?!{ID_FIRST_CLASS}))"
-_INERT_RUN = re.compile(rf"{_INERT}++(?:[ \t\r\n]++{_INERT}++)*+")
+_INERT_RUN = re.compile(rf"{_INERT}++(?:[ \t\r]++{_INERT}++)*+")  # within a line: a line's first token is its own
 _LINE_COMMENTS = re.compile(r"--[^\n]*+(?:[ \t\r\n]++--[^\n]*+)*+")
 # For `comments()`: at depth 0, a run of whole tokens that can hold no comment and start no literal, the way
 # `_Lexer.code` would split it (identifiers without `«` parts and not a raw string's `r`, numbers, `#` words,

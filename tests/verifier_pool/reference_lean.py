@@ -369,7 +369,8 @@ _NO_COMMAND = "left of the proof's column {col}: Lean ends the proof there and r
 
 
 def _items(text: str) -> list[Token]:
-    """The code tokens, with each run of one-character symbols joined by whitespace only as one `run` token."""
+    """The code tokens, with each run of one-character symbols joined by spaces and tabs only (never a line
+    break: a line's first token is its own) as one `run` token."""
     items: list[Token] = []
     last = None  # the previous token, comments included
     for t in lex(text):
@@ -379,7 +380,7 @@ def _items(text: str) -> list[Token]:
             and last is not None
             and last.kind == "symbol"
             and last.text in _INERT_CHARS
-            and text[last.start + 1 : t.start].strip(" \t\r\n") == ""
+            and text[last.start + 1 : t.start].strip(" \t\r") == ""
         )
         if joins:
             run = items[-1]

@@ -813,3 +813,15 @@ def test_code_that_would_compile_c_and_ptrace_the_checker_has_no_way_to_run(befo
 
 def _info(data: str) -> dict:
     return {"severity": "info", "pos": {"line": 1, "column": 0}, "endPos": {"line": 1, "column": 10}, "data": data}
+
+
+def test_an_alternative_after_an_empty_line_is_read_where_it_stands():
+    """Seed-Prover's checked imo_1997_p5 has a `| inr h =>` alternative after an empty line whose line before
+    ends in `)`. The scan once merged `)` and `|` across the empty line into one symbol token, so the
+    alternative's line seemed to hold no token at the proof's column, and a valid proof was refused. A run of
+    symbols is now one token within a line only."""
+    statement = "theorem t (p q : Prop) (h : p ∨ q) : q ∨ (p ∨ q) := by"
+    body = "\n  cases h with\n  | inl hp =>\n    exact Or.inr (Or.inl hp)\n\n  | inr hq =>\n    exact Or.inl hq\n"
+    assert prepare(statement + body, statement) == statement + body
+    dedented = body.replace("\n  | inr", "\n | inr")  # left of the proof's column: Lean ends the proof there
+    assert isinstance(prepare(statement + dedented, statement), Judgement)
