@@ -284,3 +284,63 @@ async def test_a_truncated_or_malformed_server_answer_is_a_clear_error(redis, se
     async with Mangler(server.port, mode) as proxy:
         got = await run_service(redis, proxy.url, {"a": (t, proof(t))})
     assert dead(got["a"], "kimina", why), got["a"]
+
+
+# --- what the real server relays, read directly ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["verify", "check"])
+async def test_the_server_answers_in_the_bodys_lines_on_both_endpoints(server, api):
+    """2.1.3 has no `_apply_header_offset` (PR #56 of the repository is not in the released package): a
+    message's line counts the body's lines, the "body" convention of `kimina.Layout`, on /verify and
+    /api/check alike. Our padding keeps the two conventions apart, so the line says which one it is."""
+    t = THEOREMS[0]
+    code, layout = kimina.assemble_snippet(t.header, f"{t.statement}\n  norm_num -- FIXTURE:error", t.theorem_id)
+    client = kimina.KiminaClient(server.url, timeout_s=5, api=api)
+    try:
+        result = await client.verify(code)
+    finally:
+        await client.aclose()
+    lines = [m["pos"]["line"] for m in result["response"]["messages"]]
+    assert lines and {layout.convention_of(line) for line in lines} == {"body"}, (lines, layout)
+    assert kimina.judge_result(result, t.theorem_id, layout).reason == "lean_error"
+
+
+async def test_no_repl_free_in_time_is_a_per_snippet_error_not_http_429(tmp_path):
+    """One REPL, held by a proof until the server's timeout (3 s), and a server that waits 1 s for a free
+    one: the second snippet's result is `No available REPLs` inside an HTTP 200 (2.1.3 never answers 429),
+    which our client reads as infrastructure: `error`, never a reward."""
+    t = THEOREMS[0]
+    with RealKimina(tmp_path, max_repls=1, max_wait_s=1) as server:
+        checker = kimina.KiminaChecker(
+            server.url, timeout_s=3, client=kimina.KiminaClient(server.url, timeout_s=3, batch_window_ms=0)
+        )
+        try:
+            held = asyncio.create_task(checker.check(t, proof(t, "norm_num -- FIXTURE:hang")))
+            while server.repls_started() == 0:  # the first snippet holds the only REPL
+                await asyncio.sleep(0.05)
+            refused = await checker.check(t, proof(t))
+            assert (refused.verdict, refused.detail) == ("error", "kimina: No available REPLs")
+            assert (await held).verdict == "timeout"
+        finally:
+            await checker.kill()
+
+
+@pytest.mark.parametrize("api", ["check", "verify"])
+async def test_a_request_we_gave_up_on_holds_its_repl_until_the_servers_timeout(tmp_path, api):
+    """Our HTTP wait (2 s) ends before the server's timeout (4 s) on the server's only REPL: `error` for us.
+    The server keeps that REPL to its own timeout on both endpoints (/api/check's disconnect poll never saw our
+    client leave: no `Client disconnected` in its log), so the next snippet, allowed 1 s to find a REPL, gets
+    `No available REPLs` (`error`, never a reward). Our default HTTP wait (2 x timeout + 60 s) outlasts the
+    server's timeout, so a pool of ours does not cause this."""
+    t = THEOREMS[0]
+    with RealKimina(tmp_path, max_repls=1, max_wait_s=1) as server:
+        client = kimina.KiminaClient(server.url, timeout_s=4, api=api, http_timeout_s=2, batch_window_ms=0)
+        checker = kimina.KiminaChecker(server.url, timeout_s=4, client=client)
+        try:
+            gave_up = await checker.check(t, proof(t, "norm_num -- FIXTURE:hang"))
+            assert gave_up.verdict == "error" and "ReadTimeout" in gave_up.detail, gave_up
+            after = await checker.check(t, proof(t))
+            assert (after.verdict, after.detail) == ("error", "kimina: No available REPLs"), after
+        finally:
+            await checker.kill()
