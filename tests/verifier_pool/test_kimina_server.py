@@ -16,6 +16,7 @@ ends promptly with the reason the checker gave; the restart case allows redelive
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 
 import pytest
@@ -46,6 +47,7 @@ THEOREMS = [
     for n in (10, 11, 12)
 ]
 KEY = "sk-kimina-test-8c1f"
+RUNS = itertools.count()
 
 
 def proof(theorem: Theorem, tactics: str = "norm_num") -> str:
@@ -69,11 +71,18 @@ async def redis(one_redis_url):
 
 
 async def run_service(
-    redis, url: str, proofs: dict[str, tuple[Theorem, str]], *, env: dict | None = None, **flags
+    redis,
+    url: str,
+    proofs: dict[str, tuple[Theorem, str]],
+    *,
+    env: dict | None = None,
+    stats: dict | None = None,
+    **flags,
 ) -> dict[str, tuple]:
     """Publish `proofs` (attempt id -> (theorem, output)), run a verifier service on kimina until each attempt
-    has a reward or a dead letter, and return attempt id -> (verdict, reward, reason) or ("dead", reason)."""
-    keys = Keys(f"k{abs(hash(url)) % 10_000}-{len(proofs)}")
+    has a reward or a dead letter, and return attempt id -> (verdict, reward, reason) or ("dead", reason);
+    `stats` gets the service's figures."""
+    keys = Keys(f"kimina-{next(RUNS)}")  # a run of its own: earlier runs' rewards and dead letters are not its
     await register(redis, keys, THEOREMS)
     attempts = [
         Attempt(attempt_id=a, work_id="w", theorem_id=t.theorem_id, policy_version=0, sample_index=i, proof=p)
@@ -102,6 +111,8 @@ async def run_service(
                 await asyncio.sleep(0.05)  # polling the outcome streams, not ordering events
     finally:
         await service.stop()
+    if stats is not None:
+        stats.update(service.stats())
     out: dict[str, tuple] = {}
     for _, fields in await redis.xrange(keys.rewards):
         r = decode(Reward, fields)
@@ -220,10 +231,14 @@ async def test_a_server_killed_and_restarted_mid_run_loses_nothing_and_scores_no
             await asyncio.to_thread(server.start)
 
         restarter = asyncio.create_task(crash_and_restart())
-        got = await run_service(redis, server.url, proofs, max_deliveries=4, claim_idle_ms=1000, proof_timeout_s=10)
+        figures: dict = {}
+        got = await run_service(
+            redis, server.url, proofs, stats=figures, max_deliveries=4, claim_idle_ms=1000, proof_timeout_s=10
+        )
         await restarter
     finally:
         server.stop()
+    assert figures["transient_failures"] >= 1  # the crash cut checks in flight (retried, not judged)
     assert set(got) == set(proofs)  # nothing lost
     for attempt_id, outcome in got.items():
         assert outcome == ("proved", 1.0, "") or dead(outcome, "kimina"), (attempt_id, outcome)
