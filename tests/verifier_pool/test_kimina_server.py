@@ -174,7 +174,7 @@ async def test_past_our_http_timeout_is_an_error_and_the_server_serves_on(redis,
 
 
 async def test_n_slots_against_fewer_server_repls_cross_no_verdict(redis, tmp_path):
-    """4 consumer slots, 18 attempts on 3 theorems, one POST of many snippets, 2 REPLs: every attempt gets its
+    """4 consumer slots, 18 attempts on 3 theorems, batched POSTs, 2 REPLs: every attempt gets its
     own verdict (a crossed answer would name another theorem in its axioms report: `error`), none waits
     forever."""
     kinds = {"proved": "norm_num", "sorry": "norm_num -- FIXTURE:sorry", "error": "norm_num -- FIXTURE:error"}
@@ -190,7 +190,7 @@ async def test_n_slots_against_fewer_server_repls_cross_no_verdict(redis, tmp_pa
         want[f"a{i}"] = expected[kind]
     with RealKimina(tmp_path, max_repls=2) as server:
         got = await run_service(redis, server.url, proofs, concurrency=4, read_batch=4)
-        assert server.repls_started() <= 2 + 1  # the pool's bound (a REPL whose header failed may be replaced)
+        assert 1 <= server.repls_started() <= 2  # the server's bound held (2 in every run recorded)
     assert got == want
 
 
