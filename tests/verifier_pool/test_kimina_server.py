@@ -322,13 +322,13 @@ async def test_the_server_answers_in_the_bodys_lines_on_both_endpoints(server, a
 
 
 async def test_no_repl_free_in_time_is_a_per_snippet_error_not_http_429(tmp_path):
-    """One REPL, held by a proof until the server's timeout (3 s), and a server that waits 1 s for a free
+    """One REPL, held by a proof until the server's timeout (6 s), and a server that waits 1 s for a free
     one: the second snippet's result is `No available REPLs` inside an HTTP 200 (2.1.3 never answers 429),
     which our client reads as infrastructure: `error`, never a reward."""
     t = THEOREMS[0]
     with RealKimina(tmp_path, max_repls=1, max_wait_s=1) as server:
         checker = kimina.KiminaChecker(
-            server.url, timeout_s=3, client=kimina.KiminaClient(server.url, timeout_s=3, batch_window_ms=0)
+            server.url, timeout_s=6, client=kimina.KiminaClient(server.url, timeout_s=6, batch_window_ms=0)
         )
         try:
             held = asyncio.create_task(checker.check(t, proof(t, "norm_num -- FIXTURE:hang")))
@@ -343,15 +343,15 @@ async def test_no_repl_free_in_time_is_a_per_snippet_error_not_http_429(tmp_path
 
 @pytest.mark.parametrize("api", ["check", "verify"])
 async def test_a_request_we_gave_up_on_holds_its_repl_until_the_servers_timeout(tmp_path, api):
-    """Our HTTP wait (2 s) ends before the server's timeout (4 s) on the server's only REPL: `error` for us.
+    """Our HTTP wait (2 s) ends before the server's timeout (8 s) on the server's only REPL: `error` for us.
     The server keeps that REPL to its own timeout on both endpoints (/api/check's disconnect poll never saw our
     client leave: no `Client disconnected` in its log), so the next snippet, allowed 1 s to find a REPL, gets
     `No available REPLs` (`error`, never a reward). Our default HTTP wait (2 x timeout + 60 s) outlasts the
     server's timeout, so a pool of ours does not cause this."""
     t = THEOREMS[0]
     with RealKimina(tmp_path, max_repls=1, max_wait_s=1) as server:
-        client = kimina.KiminaClient(server.url, timeout_s=4, api=api, http_timeout_s=2, batch_window_ms=0)
-        checker = kimina.KiminaChecker(server.url, timeout_s=4, client=client)
+        client = kimina.KiminaClient(server.url, timeout_s=8, api=api, http_timeout_s=2, batch_window_ms=0)
+        checker = kimina.KiminaChecker(server.url, timeout_s=8, client=client)
         try:
             gave_up = await checker.check(t, proof(t, "norm_num -- FIXTURE:hang"))
             assert gave_up.verdict == "error" and "ReadTimeout" in gave_up.detail, gave_up
