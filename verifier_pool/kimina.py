@@ -1,9 +1,17 @@
-"""The `kimina` backend: Lean checked by an existing kimina-lean-server (project-numina, 2.0.0) over HTTP.
+"""The `kimina` backend: Lean checked by an existing kimina-lean-server (project-numina) over HTTP.
 
-Read from project-numina/kimina-lean-server at fb2393de (2026-01-11; server/split.py, server/routers/check.py,
-server/auth.py, client/kimina_client/models.py). The server pools REPLs itself: it splits each snippet into its
-leading blank and `import` lines (one REPL per import header, the header elaborated once) and the rest, the body,
-which runs as one command with `env: 0` on top of that header (`split_snippet`). We do not use its validity test
+Written from reading project-numina/kimina-lean-server at fb2393de (2026-01-11, version string 2.0.0;
+server/split.py, server/routers/check.py, server/auth.py, client/kimina_client/models.py), then run against
+the released server 2.1.3 (PyPI `kimina-ast-server`, its REPLs a REPL stand-in:
+tests/verifier_pool/test_kimina_server.py; docs/VERIFIER.md has each case's verdict). What 2.1.3 showed
+that reading had not: it answers in the body's lines (Positions); no REPL free within its max_wait is a
+per-snippet `No available REPLs` and a REPL that crashes or answers non-JSON a per-snippet `Snippet
+execution failed: ...`, both inside HTTP 200, never 429 or 500 (both `error` here); a request we stop
+waiting for keeps its REPL until the server's own timeout, on /verify and /api/check alike.
+
+The server pools REPLs itself: it splits each snippet into its leading blank and `import` lines (one REPL per
+import header, the header elaborated once) and the rest, the body, which runs as one command with `env: 0` on
+top of that header (`split_snippet`). We do not use its validity test
 (../shared/LEAN_REPL.md, "Known weaknesses"): we send text assembled from trusted parts and judge the REPL
 response it relays with `lean_check`, as LeanChecker does:
 
@@ -18,10 +26,11 @@ response it relays with `lean_check`, as LeanChecker does:
 - Concurrent checks from all consumer tasks of a process share one `KiminaClient`, which sends the snippets
   that arrive within `batch_window_ms` in one POST (at most `max_batch`).
 
-Positions: servers answer in one of two conventions under the same version string 2.0.0. Up to PR #56
-(e2cdc1f, 2025-10-24) a message's line counts the body's lines ("body"); since then `_apply_header_offset` adds
-the number of header lines the split cut off ("snippet": lines of the whole snippet). `Layout` says why we can
-tell them apart from every answer, and `judge_result` why a wrong guess can never make a `proved`.
+Positions: servers answer in one of two conventions. Up to PR #56 (e2cdc1f, 2025-10-24) a message's line counts
+the body's lines ("body"); since then the repository's `_apply_header_offset` adds the number of header lines
+the split cut off ("snippet": lines of the whole snippet). The released 2.1.3 has no such offset: "body".
+`Layout` says why we can tell them apart from every answer, and `judge_result` why a wrong guess can never
+make a `proved`.
 
 Auth: with `api_key`, every POST carries `Authorization: Bearer <key>`, as kimina's own client sends it; the
 server (`require_key`, when it has LEAN_SERVER_API_KEY) strips `Bearer ` and compares, and answers 401 to a
@@ -29,10 +38,12 @@ missing or different key (`GET /health` needs none). A 401 or 403 is infrastruct
 line saying whether the key is missing or refused. The key is never logged nor put in a verdict's detail.
 
 Classification: a result whose `error` says the command `timed out` is the proof's `timeout`; a header that
-timed out, any other per-snippet error (the REPL died, ran out of memory), HTTP 401/403 (key), 429 (no REPL
-free), 5xx, an unreachable server or an answer outside the API is `error` (infrastructure: retried later, never a
-reward of 0). A whole request that fails with HTTP 500 (kimina fails the request when one snippet breaks its
-REPL) is sent again one snippet per request, so only the snippet that breaks it gets `error`.
+timed out, any other per-snippet error (the REPL died or answered garbage, ran out of memory, no REPL free),
+HTTP 401/403 (key), 429 (no REPL free, from servers or proxies that say so), 5xx, an unreachable server or an
+answer outside the API (cut short, not JSON) is `error` (infrastructure: retried later, never a reward of 0).
+A whole request that fails with HTTP 500 (a server that fails the request when one snippet breaks its REPL;
+2.1.3 answers that snippet alone) is sent again one snippet per request, so only the snippet that breaks it
+gets `error`.
 
 The checker also answers for `checker.sandbox` (start: GET /health; kill: close the client; stats), which is
 what the consumer service starts, kills and counts: here the server is the sandbox.
@@ -62,7 +73,7 @@ from verifier_pool.sandbox import SandboxStats, SandboxUnavailable
 
 log = structlog.get_logger("verifier_pool.kimina")
 
-PATHS = {"verify": "/verify", "check": "/api/check"}  # 2.0.0 serves both; /verify is the older, documented one
+PATHS = {"verify": "/verify", "check": "/api/check"}  # 2.0.0 and 2.1.3 serve both; /verify is the older one
 DETAIL_CHARS = 300
 AUTH_REFUSED = (401, 403)  # kimina's require_key answers 401; a proxy in front of it may say 403
 AUTH_MISSING = (
@@ -80,8 +91,8 @@ NO_IMPORTS = (
 
 
 class KiminaUnavailable(SandboxUnavailable):
-    """The server gave no result for a snippet: unreachable, HTTP 429 (no REPL free in time), 5xx, or an answer
-    outside its API. Infrastructure: the attempt is retried later, never a reward of 0."""
+    """The server gave no result for a snippet: unreachable, HTTP 401/403, 429, 5xx, or an answer outside its
+    API (cut short, not JSON). Infrastructure: the attempt is retried later, never a reward of 0."""
 
     def __init__(self, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -132,7 +143,7 @@ class KiminaClient:
         self.window_s = batch_window_ms / 1000
         self.max_batch = max_batch
         self.api = api
-        # A snippet may wait for a free REPL (the server answers 429 past its max_wait), then elaborate the
+        # A snippet may wait for a free REPL (up to the server's max_wait), then elaborate the
         # header on a fresh REPL, then the proof: each of the last two up to `timeout_s`.
         self.http_timeout_s = http_timeout_s or 2 * timeout_s + 60
         self._api_key = api_key or None  # kept out of every log line and detail (`_redact`)

@@ -310,7 +310,7 @@ LAYOUT = Layout(header_lines=6, body_lines=5)  # body lines 1..5 (report at 5); 
     ("messages", "verdict", "reason"),
     [
         ([_report(5)], "proved", ""),  # body convention
-        ([_report(11)], "proved", ""),  # snippet convention (today's server)
+        ([_report(11)], "proved", ""),  # snippet convention (the repository since PR #56)
         ([_report(4)], "error", ""),  # not at the command's line: no report
         ([_report(10)], "error", ""),
         ([_report(4), _report(5, "sorryAx")], "rejected", "sorry"),  # the earlier one is the proof's
