@@ -170,3 +170,16 @@ def test_a_valid_proof_of_a_2025_release_is_accepted_with_its_helpers(release, f
     command = prepare(text, scan_corpus.own_statement(text, theorem))
     assert isinstance(command, str), command
     assert scan_corpus._declarations(command) == scan_corpus._declarations(text)
+
+
+def test_a_def_helper_the_checked_command_lost_is_reported_as_dropped(monkeypatch):
+    text = "noncomputable def g (n : ℕ) : ℕ := n + 1\n\ntheorem t : g 1 = 2 := by\n  rfl\n"
+    statement = "theorem t : g 1 = 2 := by\n"
+    # a front end that keeps the theorem and loses the `def` its proof needs (Lean would then fail it)
+    monkeypatch.setattr(scan_corpus, "prepare", lambda model_text, formal: formal + "  rfl\n")
+    report = scan_corpus.scan([scan_corpus.Proof("r", "t.lean", "t", text)], {("t.lean", "t"): statement})
+    assert report["accepted"] == 1
+    assert report["accepted_without_their_declarations"] == [
+        {"release": "r", "file": "t.lean", "theorem": "t", "declarations": 1, "in_file": 2}
+    ]
+    assert report["by_release"]["r"]["accepted_without_their_declarations"] == 1
