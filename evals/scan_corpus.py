@@ -24,9 +24,9 @@ fewer theorems, lemmas and definitions than their file (helpers dropped: Lean th
 are valid proofs refused too, only later). Prints a summary on stderr.
 
 The published figure (docs/results/scan-real-proofs.json), every release of KNOWN_RELEASES, from clones of
-the three repositories at the commits named there (R: where they are):
+the six repositories at the commits named there (R: where they are):
 
-    mkdir -p corpora/delta corpora/seed-imo2025 corpora/harmonic corpora/fydy
+    mkdir -p corpora/delta corpora/seed-imo2025 corpora/harmonic corpora/fydy corpora/alphaproof
     git -C $R/DeepSeek-Prover-V2 show e598a57e:minif2f-solutions.zip > corpora/deepseek.zip
     git -C $R/Kimina-Prover-Preview show 7abd61a5:minif2f_test_solved.zip > corpora/kimina.zip
     git -C $R/Kimina-Prover-Preview show 7abd61a5:minif2f_test_solved_filtered_0710.zip > corpora/kimina72b.zip
@@ -40,12 +40,14 @@ the three repositories at the commits named there (R: where they are):
         git -C $R/IMO2025 show 72b62405:HarmonicLean/IMO2025$p.lean > corpora/harmonic/IMO2025$p.lean; done
     for f in A1 A2 A3 A4 B1 B2 B3 B4; do
         git -C $R/putnam-2025 show cda7961d:solutions-lean/${f}_2025.lean > corpora/fydy/${f}_2025.lean; done
+    for p in p1 p2 p6; do git -C $R/IMO_2024 show f6b98d17:IMO2024/$p.lean > corpora/alphaproof/$p.lean; done
     python -m evals.scan_corpus --release deepseek-prover-v2=corpora/deepseek.zip \\
         --release kimina-prover-preview=corpora/kimina.zip --release kimina-prover-72b=corpora/kimina72b.zip \\
         --release seed-prover=corpora/seed.zip --release seed-prover-imo=corpora/seed-imo.zip \\
         --release seed-prover-imo2025=corpora/seed-imo2025 \\
         --release delta-prover=corpora/delta/leansim_lean_runtime/LeansimLeanRuntime/minif2f \\
-        --release harmonic-imo2025=corpora/harmonic --release fydy-putnam2025=corpora/fydy
+        --release harmonic-imo2025=corpora/harmonic --release fydy-putnam2025=corpora/fydy \\
+        --release alphaproof-imo2024=corpora/alphaproof
 """
 
 from __future__ import annotations
@@ -139,6 +141,13 @@ KNOWN_RELEASES: dict[str, dict[str, Any]] = {
         "path": "HarmonicLean/IMO2025P1.lean, P3, P4, P4_solve2, P5 (July 2025; its Imports.lean adds one simp lemma)",
         "lean": "Lean v4.20.0-rc5, Mathlib v4.20.0-rc5 (its lean-toolchain, lakefile.toml)",
         "license": "none stated (no LICENSE in the repository): measured here, no file kept in the repository",
+    },
+    "alphaproof-imo2024": {
+        "repository": "Lean-zh/IMO_2024 (AlphaProof's IMO 2024 proofs, July 2024, from DeepMind's solutions page)",
+        "commit": "f6b98d178ac5ea8c665dc2d6f9ba4b0754fe697e",
+        "path": "IMO2024/p1.lean, p2.lean, p6.lean (no helpers: one theorem each; 2024, not 2025)",
+        "lean": "Lean v4.10.0-rc2 (the copy's lean-toolchain)",
+        "license": "none stated (neither the copy nor DeepMind's page): measured here, no file kept in the repository",
     },
     "fydy-putnam2025": {
         "repository": "fuzzy-dynamics/putnam-2025 (FYDY's Theater)",
