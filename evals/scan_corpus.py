@@ -274,8 +274,9 @@ def policy(judgement: Judgement, proof: Proof, statement: str) -> str | None:
         return "statement_mismatch"
     if any(t.text in ("sorry", "admit") for t in code_tokens(proof.text)):
         return "sorry_in_file"
-    defined = {name_parts(d.name)[-1] for d in declarations(proof.text) if d.word in DEFINITION_WORDS and d.name}
-    if defined & {part for t in code_tokens(statement) if t.kind == "ident" for part in name_parts(t.text)}:
+    defined = [name_parts(d.name) for d in declarations(proof.text) if d.word in DEFINITION_WORDS and d.name]
+    used = [name_parts(t.text) for t in code_tokens(statement) if t.kind == "ident"]
+    if any(_same_constant(name, ident) for name in defined for ident in used):
         return "statement_uses_file_definitions"
     runtime = KNOWN_RELEASES.get(proof.release, {}).get("runtime", ())
     if any(t.text in runtime for t in code_tokens(proof.text)):
@@ -283,6 +284,13 @@ def policy(judgement: Judgement, proof: Proof, statement: str) -> str | None:
     if re.search(rf"forbidden: ({'|'.join(sorted(CODE_WORDS))})\b", judgement.detail):
         return "code_or_syntax_definition"
     return None
+
+
+def _same_constant(declared: list[str], used: list[str]) -> bool:
+    """Whether a name used may be the one declared, namespaces aside: one ends with the other (`play` declared
+    in `namespace IMO2025P5` and used as `IMO2025P5.play`, or the reverse), not `Finset.card` for `Foo.card`."""
+    shorter = min(len(declared), len(used))
+    return declared[-shorter:] == used[-shorter:]
 
 
 def scan(proofs: list[Proof], statements: dict[tuple[str, str], str | None]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from evals import scan_corpus
+from verifier_pool.judgement import Judgement
 from verifier_pool.lean_check import prepare
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "prover_proofs"
@@ -183,3 +184,24 @@ def test_a_def_helper_the_checked_command_lost_is_reported_as_dropped(monkeypatc
         {"release": "r", "file": "t.lean", "theorem": "t", "declarations": 1, "in_file": 2}
     ]
     assert report["by_release"]["r"]["accepted_without_their_declarations"] == 1
+
+
+def test_a_refusal_is_right_by_policy_only_where_the_file_gives_a_reason():
+    refusal = Judgement("rejected", "integrity", "before the statement: forbidden: def (a new command)")
+    text = "namespace P\ndef play (n : ℕ) : ℕ := n\ndef Foo.card (n : ℕ) : ℕ := n\nend P\n"
+
+    def verdict(statement: str, release: str = "r", body: str = "") -> str | None:
+        return scan_corpus.policy(refusal, scan_corpus.Proof(release, "f.lean", "t", text + body), statement)
+
+    assert verdict("theorem t : play 1 = 1 := by\n") == "statement_uses_file_definitions"
+    assert verdict("theorem t : P.play 1 = 1 := by\n") == "statement_uses_file_definitions"
+    assert verdict("theorem t (s : Finset ℕ) : s.card = Finset.card s := by\n") is None  # not `Foo.card`
+    assert verdict("theorem t : 1 = 1 := by\n", body="theorem t : 1 = 1 := by sorry\n") == "sorry_in_file"
+    assert verdict("theorem t : 1 = 1 := by\n", "delta-prover", "theorem t : 1 = 1 := by\n  mkOpaque\n") == (
+        "release_runtime"
+    )
+    assert verdict("theorem t : 1 = 1 := by\n", "r", "theorem t : 1 = 1 := by\n  mkOpaque\n") is None
+    elab = Judgement("rejected", "integrity", "before the statement: forbidden: elab")
+    assert scan_corpus.policy(elab, scan_corpus.Proof("r", "f", "t", ""), "theorem t : True := by\n") == (
+        "code_or_syntax_definition"
+    )
