@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import re
 import subprocess
 import sys
@@ -263,7 +264,8 @@ CODE_WORDS = frozenset(
 
 def policy(judgement: Judgement, proof: Proof, statement: str) -> str | None:
     """Why a refusal is right whatever the proof, or None (a valid proof refused): the stated native_decide
-    policy; a statement mismatch; a file that holds a `sorry` or `admit` (three of Delta Prover's: not proofs);
+    policy (anywhere in the file: its helpers go with the proof, so a later rule may be the one that names
+    it); a statement mismatch; a file that holds a `sorry` or `admit` (three of Delta Prover's: not proofs);
     a statement that names a constant its file defines (`def`, `structure`, ...:
     the canonical statement is read on the header alone, so a helper named by a name the statement uses is
     refused); a proof written for its release's own runtime (KNOWN_RELEASES `runtime`: tactics and lemmas no
@@ -272,14 +274,17 @@ def policy(judgement: Judgement, proof: Proof, statement: str) -> str | None:
         return "native_decide"
     if judgement.reason == "statement_mismatch" or "canonical statement is missing or altered" in judgement.detail:
         return "statement_mismatch"
-    if any(t.text in ("sorry", "admit") for t in code_tokens(proof.text)):
+    tokens = [t.text for t in code_tokens(proof.text)]
+    if "native_decide" in tokens or any(a == "+" and b == "native" for a, b in itertools.pairwise(tokens)):
+        return "native_decide"
+    if "sorry" in tokens or "admit" in tokens:
         return "sorry_in_file"
     defined = [name_parts(d.name) for d in declarations(proof.text) if d.word in DEFINITION_WORDS and d.name]
     used = [name_parts(t.text) for t in code_tokens(statement) if t.kind == "ident"]
     if any(_same_constant(name, ident) for name in defined for ident in used):
         return "statement_uses_file_definitions"
     runtime = KNOWN_RELEASES.get(proof.release, {}).get("runtime", ())
-    if any(t.text in runtime for t in code_tokens(proof.text)):
+    if any(t in runtime for t in tokens):
         return "release_runtime"
     if re.search(rf"forbidden: ({'|'.join(sorted(CODE_WORDS))})\b", judgement.detail):
         return "code_or_syntax_definition"

@@ -197,6 +197,9 @@ def test_a_refusal_is_right_by_policy_only_where_the_file_gives_a_reason():
     assert verdict("theorem t : P.play 1 = 1 := by\n") == "statement_uses_file_definitions"
     assert verdict("theorem t (s : Finset ℕ) : s.card = Finset.card s := by\n") is None  # not `Foo.card`
     assert verdict("theorem t : 1 = 1 := by\n", body="theorem t : 1 = 1 := by sorry\n") == "sorry_in_file"
+    # in a helper the first refusal did not reach: it goes with the proof all the same
+    assert verdict("theorem t : 1 = 1 := by\n", body="lemma h : 2 = 2 := by native_decide\n") == "native_decide"
+    assert verdict("theorem t : 1 = 1 := by\n", body="lemma h : 2 = 2 := by decide +native\n") == "native_decide"
     assert verdict("theorem t : 1 = 1 := by\n", "delta-prover", "theorem t : 1 = 1 := by\n  mkOpaque\n") == (
         "release_runtime"
     )
