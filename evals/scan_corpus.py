@@ -219,10 +219,11 @@ def declarations(text: str) -> list[Declaration]:
 def targets(text: str, stem: str) -> list[str]:
     """The theorems a file proves: the one its file name names (the miniF2F releases' shape), else its main
     theorems, the `theorem`s and `lemma`s no other declaration of the file uses (Seed-Prover's IMO 2025 files
-    prove `imo2025_p1_left` and `imo2025_p1_right` in `p1.lean`; Aristotle's `IMO2025P5.lean` one theorem
-    after sixty lemmas). A name counts as used where any declaration but its own holds an identifier with its
-    last component as a component (`round1_h2`, `Foo.round1_h2`, `round1_h2.trans`): a helper no one uses,
-    left over by a prover, is a main theorem by this rule, and is a valid proof all the same."""
+    prove `imo2025_p1_left` and `imo2025_p1_right` in `p1.lean`; Aristotle's `IMO2025P5.lean`, `main_theorem`).
+    A name counts as used where any declaration but its own holds an identifier with its last component as a
+    component (`round1_h2`, `Foo.round1_h2`, `round1_h2.trans`); `#print axioms x` is no use. A helper no one
+    uses, left over by a prover (three of Aristotle's P5), is a main theorem by this rule: a valid proof all the
+    same, measured with the others standing beside it as helpers."""
     found = declarations(text)
     theorems = [d for d in found if d.word in THEOREM_WORDS and d.name]
     named = [d.name for d in theorems if name_parts(d.name)[-1] == stem]
