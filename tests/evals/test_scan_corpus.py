@@ -127,43 +127,15 @@ def test_the_new_releases_refusals_that_are_right_are_named_by_their_policy(tmp_
     assert report["dataset_statement"]["total"] == 0  # none of them is in the dataset
 
 
-PREAMBLE = "needs the preamble front end, branch preamble (corpus-findings)"
-
-
 @pytest.mark.parametrize(
     ("release", "file", "theorem"),
     [
-        pytest.param(
-            "delta-prover",
-            "mathd_numbertheory_66.lean",
-            "mathd_numbertheory_66",
-            marks=pytest.mark.xfail(strict=True, reason=f"`noncomputable section` above the statement: {PREAMBLE}"),
-        ),
-        pytest.param(
-            "seed-prover-imo",
-            "imo1964_p1b_numbertheory.lean",
-            "imo1964_p1b_numbertheory",
-            marks=pytest.mark.xfail(strict=True, reason=f"`#print axioms` of another theorem after it: {PREAMBLE}"),
-        ),
-        *(
-            pytest.param(
-                "seed-prover-imo2025",
-                "p5.lean",
-                name,
-                marks=pytest.mark.xfail(strict=True, reason=f"`#print axioms` between the lemmas: {PREAMBLE}"),
-            )
-            for name in P5_MAIN
-        ),
-        pytest.param(
-            "seed-prover-imo",
-            "imo_1997_p5.lean",
-            "imo_1997_p5",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a `| inr` alternative after an empty line, the line above ending in `)`: "
-                "tasks.lean_text merges `)` and `|` into one symbol across it (corpus-findings item 5)",
-            ),
-        ),
+        ("delta-prover", "mathd_numbertheory_66.lean", "mathd_numbertheory_66"),  # `noncomputable section`
+        # `#print axioms` of another theorem after it; between the lemmas
+        ("seed-prover-imo", "imo1964_p1b_numbertheory.lean", "imo1964_p1b_numbertheory"),
+        *(("seed-prover-imo2025", "p5.lean", name) for name in P5_MAIN),
+        # a `| inr` alternative after an empty line, the line above ending in `)` (one symbol token within a line)
+        ("seed-prover-imo", "imo_1997_p5.lean", "imo_1997_p5"),
     ],
 )
 def test_a_valid_proof_of_a_2025_release_is_accepted_with_its_helpers(release, file, theorem):
