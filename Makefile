@@ -50,7 +50,7 @@ $(KIMINA_STAMP): ops/deploy/kimina/requirements.txt
 	  touch $(KIMINA_STAMP) || \
 	  { rm -rf $(KIMINA_VENV); echo "kimina-ast-server not installed: the kimina server tests will skip"; }
 
-# A short run that shows every part working (about 10 minutes on 2 cores): the ES `cpu` preset (8 members
+# A short run that shows every part working (README, "How long things take"): the ES `cpu` preset (8 members
 # in antithetic pairs, 16 easy Countdown problems each, greedy) for 8 versions, the held-out 32 evaluated at
 # versions 0, 4 and 8. RUN_ARGS adds flags.
 RUN_ARGS ?=
