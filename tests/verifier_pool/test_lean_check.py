@@ -856,7 +856,7 @@ def _outcome(result: Kept | Refusal) -> tuple:
         return ("refused", result.reason, result.where)
     kept = (result.commands, result.options, result.scoped, result.helpers, result.body_end, result.body_tokens)
     declared = sorted(result.declared.definitions), sorted(result.declared.helpers)
-    return ("kept", *kept, result.rules, result.closing, result.sections, *declared)
+    return ("kept", *kept, result.rules, result.closing, result.sections, result.namespaces, *declared)
 
 
 def test_commands_agree_with_the_per_character_reading_on_random_commands():
