@@ -684,6 +684,16 @@ def test_each_exploit_class_inside_a_namespace_open_at_the_statement_is_refused_
     assert isinstance(audited(f"namespace Foo\n{GCD}  aesop\nend Foo\n"), str)  # the form alone is accepted
 
 
+IN_NAMESPACE = [(before, detail) for before, detail in EXPLOITS_BEFORE if not before.startswith("namespace")]
+
+
+@pytest.mark.parametrize(("before", "detail"), IN_NAMESPACE, ids=[d for _, d in IN_NAMESPACE])
+def test_each_exploit_class_before_the_statement_is_refused_alike_in_a_namespace_open_at_it(before, detail):
+    holes = ("sorry", "sorryAx", "admit")
+    reason = "sorry" if detail.removeprefix(H).removeprefix(S) in holes else "integrity"
+    assert audited(f"namespace Foo\n{before}{GCD}  norm_num\n") == refused(detail, reason)
+
+
 @pytest.mark.parametrize(
     ("before", "detail"),
     [
