@@ -46,6 +46,7 @@ JUDGING_SOURCES = (
     "verifier_pool/judgement.py",
     "verifier_pool/lean_check.py",
     "verifier_pool/lean_commands.py",
+    "verifier_pool/lean_preamble.py",
     "verifier_pool/lean_scan.py",
     "verifier_pool/kimina.py",
     "verifier_pool/lean_audit.py",
