@@ -270,7 +270,7 @@ def assemble(
 ) -> str:
     """The command to elaborate on top of the header's env: what goes before the statement (`before`: the
     helper declarations, verifier_pool.lean_commands), each of `options` set on the theorem alone (`set_option
-    N V in`), the trusted statement, a newline, the body (as `extract_proof_body` returns it: starting at a
+    N V in`, `open X in`), the trusted statement, a newline, the body (as `extract_proof_body` returns it: starting at a
     line start). A term-mode body (`term`) follows the statement's `:=`, its `by` dropped."""
     statement = formal_statement.rstrip()
     if not statement.endswith("by") or any(t.text == "import" for t in code_tokens(statement)):

@@ -46,6 +46,7 @@ JUDGING_SOURCES = (
     "verifier_pool/judgement.py",
     "verifier_pool/lean_check.py",
     "verifier_pool/lean_commands.py",
+    "verifier_pool/lean_preamble.py",
     "verifier_pool/lean_scan.py",
     "verifier_pool/kimina.py",
     "verifier_pool/lean_audit.py",
@@ -211,7 +212,9 @@ class LeanChecker(_SandboxChecker):
 
     async def check(self, theorem: Theorem, proof: str) -> Judgement:
         # trusted assembly + token scan, no sandbox time
-        text = lean_check.prepare(proof, theorem.statement, header=theorem.header)
+        # a namespace left open at the statement only where the audit checks how the statement reads
+        audited = self.second_line.audit is not None
+        text = lean_check.prepare(proof, theorem.statement, header=theorem.header, open_namespaces=audited)
         if isinstance(text, Judgement):
             return text
         # A retry after a crash elaborates the header again: env ids of the dead REPL mean nothing.

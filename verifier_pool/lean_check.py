@@ -10,8 +10,9 @@ The order a verifier runs them in (`prepare` does steps 1-3):
    statement, `import` lines are dropped; `open` (`open scoped`), harmless options, the binder options
    `autoImplicit`/`relaxedAutoImplicit` (for the helpers only), helper `lemma`/`theorem`/`def`/`abbrev`
    declarations (`noncomputable` too, tagged `@[simp]`/`@[reducible]`/`@[local simp]` or not),
-   `namespace X ... end X` and sections (a section left open is closed before the statement, a namespace
-   left open is refused), `add_aesop_rules` and `#print axioms <a helper>` are kept or dropped
+   `namespace X ... end X` and sections (a scope left open is closed before the statement; a namespace left
+   open there is opened on the theorem, `open X in`, only with `open_namespaces`, i.e. where the audit runs,
+   and refused elsewhere), `add_aesop_rules` and `#print axioms <a helper>` are kept or dropped
    (verifier_pool.lean_preamble says why each is harmless); after the proof, `#print axioms` of the target
    or a helper and the `end` of a section left open are dropped, helper lemmas are kept; any other command
    is refused. Every kept text is scanned for holes, code that runs at elaboration time (commands, attributes
@@ -20,9 +21,9 @@ The order a verifier runs them in (`prepare` does steps 1-3):
    trust, debug and warning options.
 3. `assemble(statement, body, before=helpers)` (tasks.lean_proof): the command, built from trusted parts and
    the kept ones: the helpers (with the model's `open`s and options in a section of their own, so they never
-   reach the statement), the harmless options set on the theorem with `in`, the canonical statement, the
-   body. The header is elaborated once per REPL and the command runs with that `env`, so it never contains
-   `import`.
+   reach the statement), the `open`s of the namespaces left open at it and the harmless options set on the
+   theorem with `in`, the canonical statement, the body. The header is elaborated once per REPL and the
+   command runs with that `env`, so it never contains `import`.
 4. `judge_command(response)`: no error, no sorry (either quoting of the warning), no `#exit`; its `proved`
    means "no objection yet".
 5. `axioms_command(theorem_name(statement))` (`theorem_name`: tasks.lean_proof) as a separate command in the
@@ -47,7 +48,8 @@ What they refuse that Lean would accept (false positives we accept for a scan th
 argument where the scan cannot tell a term from a tactic (at the start of a line, after a tactic it does not
 know to take a term) whose value is not a literal; a term that goes on at a line left of the proof's column
 outside any bracket (Lean reads it on after an operator); instances, structures and attributes other than the
-tags, `where` attributes; a namespace open at the statement (Lean would name the theorem `X.name`); aesop rules
+tags, `where` attributes; a namespace open at the statement without the audit (`open X` could change how the statement
+reads); aesop rules
 that name a definition of the attempt, and `.name` configuration values sharing a definition's last component;
 `unsafe` as aesop's phase anywhere but first in its rule; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
 """
@@ -63,6 +65,7 @@ from tasks.lean_proof import IntegrityError, assemble, split_attempt, theorem_na
 from tasks.lean_text import closed, name_parts
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
 from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
+from verifier_pool.lean_preamble import open_at_statement, opens
 from verifier_pool.lean_scan import HOLES
 
 log = structlog.get_logger("verifier_pool.lean_check")
@@ -120,12 +123,23 @@ def _refused(refusal: Refusal) -> Judgement:
 
 
 def prepare(
-    model_text: str, formal_statement: str, max_chars: int | None = MAX_PROOF_CHARS, header: str = ""
+    model_text: str,
+    formal_statement: str,
+    max_chars: int | None = MAX_PROOF_CHARS,
+    header: str = "",
+    *,
+    open_namespaces: bool = False,
 ) -> str | Judgement:
     """Steps 1-3: the command to send, or the rejection that makes sending it unnecessary. `max_chars`:
     MAX_PROOF_CHARS (None only in tests that time the scan itself); it counts helpers and all, as the
     verifier's time limit does (one command holds them). `header`: the trusted header the command runs on; an
-    option the model sets as it does (a copy of the header) is not set again."""
+    option the model sets as it does (a copy of the header) is not set again.
+
+    `open_namespaces`: True only where the audit (verifier_pool.lean_audit) is the second line. Then a
+    namespace the text leaves open at the statement is closed before it and opened on the theorem (`open X
+    in`), so the proof's short names reach the helpers in it while the theorem keeps its root name; `open X`
+    may change how the statement's own names read, which the audit, comparing the statement with the one the
+    header alone reads, refuses. Without it (the REPL's word decides) such a text is refused."""
     if max_chars is not None and len(model_text) > max_chars:
         return _rejected("lean_error", f"attempt of {len(model_text)} characters exceeds {max_chars}")
     attempt = split_attempt(model_text, formal_statement)
@@ -135,7 +149,9 @@ def prepare(
     before = scan_before(attempt.before, names)
     if isinstance(before, Refusal):
         return _refused(before)
-    if (before.helpers or before.rules) and not closed("".join(before.commands)):  # it would read on into the statement
+    if before.namespaces and not open_namespaces:
+        return _refused(Refusal(f"forbidden: {open_at_statement(before.namespaces)}", "before the statement"))
+    if _sent(before) and not closed("".join(before.commands)):  # it would read on into the statement
         return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
     try:
         target = theorem_name(formal_statement)
@@ -148,15 +164,24 @@ def prepare(
         return _rejected("lean_error", "empty proof: the attempt holds no Lean code")
     text = attempt.body[: body.body_end] + ("\n" if body.body_end < len(attempt.body) else "")
     known = scan_before(header, frozenset())
-    options = [o for o in before.options if isinstance(known, Refusal) or o not in known.options]
+    options = opens(before.namespaces) + [
+        o for o in before.options if isinstance(known, Refusal) or o not in known.options
+    ]
     return assemble(formal_statement, text + "".join(body.commands), attempt.term, _before(before), tuple(options))
 
 
+def _sent(kept: Kept) -> bool:
+    """Whether the commands before the statement go to Lean: a helper or rule is among them, or a namespace the
+    theorem is opened in (`open X` needs `X` declared: `namespace X` does it)."""
+    return bool(kept.helpers or kept.rules or kept.namespaces)
+
+
 def _before(kept: Kept) -> str:
-    """The kept commands from before the statement, if any is a helper; in a section of their own when they
-    `open` namespaces or set options, so that these reach the helpers and never the canonical statement (which
-    Lean reads as the header has it; the options it needs are set on it with `in`)."""
-    if not (kept.helpers or kept.rules):
+    """The kept commands from before the statement, if `_sent`; in a section of their own when they `open`
+    namespaces or set options, so that these reach the helpers and never the canonical statement (which Lean
+    reads as the header has it; the options it needs, and the `open`s of namespaces left open at it, are set
+    on it with `in`)."""
+    if not _sent(kept):
         return ""
     text = "".join(kept.commands) + kept.closing
     return f"section\n{text}end\n" if kept.scoped else text

@@ -76,7 +76,8 @@ class Kept:
     """What a text keeps: its commands' texts in order (each at its own column, ending in a newline), the
     options to set on the target theorem, whether an `open` or option is among them (they need a section),
     how many helper declarations and aesop rule commands; before the statement, the `end`s that close the
-    sections it leaves open (and their names, for the `end`s after the proof), and the names it declares."""
+    scopes it leaves open (and their names, for the `end`s after the proof; the namespaces among them), and the
+    names it declares."""
 
     commands: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
@@ -87,6 +88,7 @@ class Kept:
     rules: int = 0
     closing: str = ""
     sections: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()  # before the statement: the namespaces open at it, outermost first
     declared: Declared = field(default_factory=Declared)
 
 
@@ -164,12 +166,11 @@ class _Commands:
             self._at_statement()
 
     def _at_statement(self) -> None:
-        """The scopes the text leaves open: a namespace is refused, sections are closed before the statement."""
-        if (reason := self.scopes.at_statement()) is not None:
-            self.refusal = Refusal(f"forbidden: {reason}", "before the statement")
-        else:
-            self.kept.closing = self.scopes.closing()
-            self.kept.sections = tuple(name for _, name in self.scopes.stack)
+        """The scopes the text leaves open: closed before the statement, the namespaces among them recorded (the
+        theorem is sent under `open` of each where the audit runs, and refused elsewhere: lean_check `prepare`)."""
+        self.kept.closing = self.scopes.closing()
+        self.kept.sections = tuple(name for _, name in self.scopes.stack)
+        self.kept.namespaces = self.scopes.namespaces()
 
     def _step(self, token: Token, first: bool) -> Refusal | None:
         cmd = self.cmd

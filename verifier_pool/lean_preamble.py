@@ -116,14 +116,42 @@ class Scopes:
         self.stack.pop()
         return None
 
-    def at_statement(self) -> str | None:
-        """Why the statement may not follow the scopes still open, or None: in a namespace the theorem would be
-        named otherwise and read its statement's names there."""
-        spaces = [name for kind, name in self.stack if kind == "namespace"]
-        return (
-            f"namespace {spaces[-1]} open at the statement (close it with `end {spaces[-1]}` first)" if spaces else None
-        )
+    def namespaces(self) -> tuple[str, ...]:
+        """The namespaces still open, outermost first, as written."""
+        return tuple(name for kind, name in self.stack if kind == "namespace")
 
     def closing(self) -> str:
         """The `end`s that close the sections still open, before the statement."""
         return "".join(f"end {name}".rstrip() + "\n" for _, name in reversed(self.stack))
+
+
+def open_at_statement(namespaces: tuple[str, ...]) -> str:
+    """Why namespaces open at the statement are refused where no audit runs (`lean_second_line = "trust_repl"`):
+    the theorem is sent under `open X in`, which can change how its statement's names read (a library
+    namespace's declarations, scoped notation and instances), and only the audit compares the statement."""
+    x = namespaces[-1]
+    return (
+        f"namespace {x} open at the statement (close it with `end {x}` first: only the audit, off here, "
+        f"would catch how `open {x}` changes the statement's reading)"
+    )
+
+
+def opens(namespaces: tuple[str, ...]) -> list[str]:
+    """The `open`s that give the theorem, closed out of `namespaces` (outermost first), the short names it had
+    inside them: each namespace Lean had open there, outermost first (`namespace A` then `namespace B.C` opens
+    `A`, `A.B` and `A.B.C`)."""
+    parts = [p for name in namespaces for p in _written_parts(name)]
+    return [f"open {'.'.join(parts[: k + 1])}" for k in range(len(parts))]
+
+
+def _written_parts(name: str) -> list[str]:
+    """A dotted name's components as written (`«a.b»` stays whole)."""
+    parts, part, quoted = [], "", False
+    for char in name:
+        if char == "." and not quoted:
+            parts.append(part)
+            part = ""
+            continue
+        quoted = (quoted or char == "«") and char != "»"
+        part += char
+    return [*parts, part]

@@ -462,6 +462,7 @@ async def test_a_lazily_recycled_repl_is_not_asked_for_the_old_ones_env_ids():
         "verifier_pool/checkers.py",
         "verifier_pool/lean_check.py",
         "verifier_pool/lean_commands.py",
+        "verifier_pool/lean_preamble.py",
         "verifier_pool/lean_scan.py",
         "verifier_pool/kimina.py",
         "tasks/lean_proof.py",

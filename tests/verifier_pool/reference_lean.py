@@ -333,7 +333,8 @@ class Refused(NamedTuple):
     where: str = ""  # "" (the proof body), "helper `NAME`", "before the statement", "after the proof"
 
 
-# ("kept", commands, options, scoped, helpers, body_end, body_tokens, rules, closing, sections, definitions)
+# ("kept", commands, options, scoped, helpers, body_end, body_tokens, rules, closing, sections, namespaces,
+#  definitions, helpers' names)
 # | ("refused", reason, where)
 Outcome = tuple
 
@@ -610,18 +611,14 @@ class _Plain:
                 return Refused("forbidden: attribute @[")
         elif cmd is not None and (refusal := self._close(cmd, last=True)) is not None:
             return refusal
-        if self.phase == "before":
-            spaces = [name for kind, name in self.scopes if kind == "namespace"]
-            if spaces:
-                x = spaces[-1]
-                return Refused(
-                    f"forbidden: namespace {x} open at the statement (close it with `end {x}` first)", self.where_new
-                )
+        spaces: tuple[str, ...] = ()
+        if self.phase == "before":  # every scope closed before the statement; its namespaces said (prepare's rule)
             self.closing = "".join(("end " + name).strip() + "\n" for _, name in self.scopes[::-1])
             self.sections = tuple(name for _, name in self.scopes)
+            spaces = tuple(name for kind, name in self.scopes if kind == "namespace")
         kept = (self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens)
         declared = sorted(self.definitions), sorted(set(map(tuple, self.helper_names)))
-        return ("kept", *kept, self.rules, self.closing, self.sections, *declared)
+        return ("kept", *kept, self.rules, self.closing, self.sections, spaces, *declared)
 
     def _where(self, cmd: dict) -> str:
         if cmd["kind"] == "body":

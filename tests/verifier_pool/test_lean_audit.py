@@ -93,6 +93,20 @@ async def test_the_axioms_of_a_helper_the_theorem_uses_are_the_theorems(checkers
     assert unused.verdict == "proved", unused
 
 
+# A theorem inside a namespace (FYDY's Putnam 2025, Harmonic's IMO 2025 P1 proofs): sent under `open P in`, out of
+# the namespace, only where the audit compares the statement (`open P` could change how it reads).
+NAMESPACED = f"namespace P\nlemma two (n : ℕ) : n + n = 2 * n := by\n  ring\n{STATEMENT}\n  norm_num [two]\nend P\n"
+
+
+async def test_a_namespace_open_at_the_statement_goes_to_lean_only_where_the_audit_runs(checkers):
+    judgement = await checkers(audited()).check(THEOREM, NAMESPACED)
+    assert (judgement.verdict, judgement.detail) == ("proved", "kernel replay in a fresh sandbox"), judgement
+    word = await checkers(SecondLine(audit=None, trust_repl=True)).check(THEOREM, NAMESPACED)
+    assert (word.verdict, word.reason) == ("rejected", "integrity"), word
+    assert word.detail.startswith("before the statement: forbidden: namespace P open at the statement"), word
+    assert "only the audit, off here" in word.detail
+
+
 async def test_the_audit_judges_the_environment_the_helpers_went_into(checkers):
     forged = "lemma two (n : ℕ) : n + n = 2 * n := by -- FIXTURE:forge=sorryAx\n  ring\n"
     proof = f"{forged}{STATEMENT}\n  norm_num [two]\n#print axioms mathd_numbertheory_188"

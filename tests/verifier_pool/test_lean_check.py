@@ -856,7 +856,7 @@ def _outcome(result: Kept | Refusal) -> tuple:
         return ("refused", result.reason, result.where)
     kept = (result.commands, result.options, result.scoped, result.helpers, result.body_end, result.body_tokens)
     declared = sorted(result.declared.definitions), sorted(result.declared.helpers)
-    return ("kept", *kept, result.rules, result.closing, result.sections, *declared)
+    return ("kept", *kept, result.rules, result.closing, result.sections, result.namespaces, *declared)
 
 
 def test_commands_agree_with_the_per_character_reading_on_random_commands():
@@ -915,6 +915,27 @@ def test_restatements_give_the_same_body_and_the_same_command_on_random_attempts
             assert extract_proof_body(text, GCD) == body, text
             assert prepare(text, GCD) == canonical, text
             assert extract_proof_body(f"```lean4\n{text}\n```", GCD) == body + "\n", text  # the fence's newline
+
+
+def test_a_theorem_inside_a_namespace_gives_one_command_however_restated_on_random_attempts():
+    """A theorem written inside a namespace: where the audit runs, the command does not depend on the
+    restatement and opens the namespace on the theorem; where it does not, every attempt that would have gone
+    to Lean is refused for the namespace."""
+    rng = random.Random(38)
+    open_at = (
+        "before the statement: forbidden: namespace N open at the statement (close it with `end N` first: only "
+        "the audit, off here, would catch how `open N` changes the statement's reading)"
+    )
+    for _ in range(300):
+        before = "namespace N\n" + _soup(rng, CLOSED_BEFORE, 3)
+        body = _soup(rng, LEAN_PIECES + ["  simp", "\n  ", "norm_num"], 16)
+        canonical = prepare(before + GCD + body, GCD, open_namespaces=True)
+        assert isinstance(canonical, Judgement) or "open N in\n" in canonical.split(GCD)[0], canonical
+        for statement in RESTATED:
+            text = before + statement + "\n" + body
+            assert prepare(text, GCD, open_namespaces=True) == canonical, text
+            if isinstance(canonical, str):
+                assert prepare(text, GCD) == refused(open_at), text
 
 
 NO_THEOREM = "no theorem `mathd_numbertheory_188`: the attempt declares "

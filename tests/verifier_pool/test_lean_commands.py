@@ -123,7 +123,11 @@ EXPLOITS_BEFORE = [
     ("lemma h : True := by\n  trivial\n#eval 1\n", f"{S}#eval"),
     (f"#print axioms {NAME}\n", f"{S}#print"),
     # declarations other than lemma/theorem/def/abbrev, scopes left open, modifiers
-    ("namespace Nat\n", f"{S}namespace Nat open at the statement (close it with `end Nat` first)"),
+    (
+        "namespace Nat\n",
+        f"{S}namespace Nat open at the statement (close it with `end Nat` first: only the audit, off here, "
+        "would catch how `open Nat` changes the statement's reading)",
+    ),
     ("private lemma h : 1 = 1 := rfl\n", f"{S}private (a new command)"),
     ("structure P where\n  x : ℕ\n", f"{S}structure (a new command)"),
     ("lemma h : 1 = 1\n", f"{H}a declaration without a proof"),
@@ -609,6 +613,107 @@ def test_each_exploit_class_inside_each_accepted_form_is_refused_naming_it(form,
 @pytest.mark.parametrize("form", FORMS)
 def test_each_form_alone_is_accepted(form):
     assert isinstance(prepare(FORMS[form].format(x="") + f"{GCD}  aesop\n", GCD), str)
+
+
+# --- a theorem inside a namespace: closed out of it, opened in it, where the audit runs --------------------------
+
+
+def audited(model: str) -> str | Judgement:
+    """`prepare` as LeanChecker calls it with the audit as its second line."""
+    return prepare(model, GCD, open_namespaces=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "command"),
+    [
+        # FYDY's Putnam 2025 shape: helpers in the namespace, the theorem too, its proof naming them short;
+        # the theorem's own `#print axioms` and the namespace's `end` after the proof dropped
+        (
+            f"namespace Putnam\nlemma key (n : ℕ) : n + 0 = n := rfl\n{GCD}  norm_num [key]\n"
+            f"#print axioms {NAME}\nend Putnam\n",
+            "namespace Putnam\nlemma key (n : ℕ) : n + 0 = n := rfl\nend Putnam\n"
+            f"open Putnam in\n{GCD}  norm_num [key]\n",
+        ),
+        # an `open` and an option inside: the section for the helpers, the option on the theorem after the `open`
+        (
+            f"namespace P\nopen Real\nset_option maxHeartbeats 400000\ndef f (n : ℕ) : ℕ := n\n{GCD}  simp [f]\n",
+            "section\nnamespace P\nopen Real\nset_option maxHeartbeats 400000\ndef f (n : ℕ) : ℕ := n\nend P\nend\n"
+            f"open P in\nset_option maxHeartbeats 400000 in\n{GCD}  simp [f]\n",
+        ),
+        # nested: each namespace Lean had open there, outermost first (`namespace B.C` in `A` is `A.B`, `A.B.C`)
+        (
+            f"namespace A\nsection S\nnamespace B.C\nlemma k : 1 = 1 := rfl\n{GCD}  simp [k]\nend B.C\nend S\nend A\n",
+            "namespace A\nsection S\nnamespace B.C\nlemma k : 1 = 1 := rfl\nend B.C\nend S\nend A\n"
+            f"open A in\nopen A.B in\nopen A.B.C in\n{GCD}  simp [k]\n",
+        ),
+        (
+            f"namespace «x.y».z\nlemma k : 1 = 1 := rfl\n{GCD}  simp [k]\n",
+            "namespace «x.y».z\nlemma k : 1 = 1 := rfl\nend «x.y».z\n"
+            f"open «x.y» in\nopen «x.y».z in\n{GCD}  simp [k]\n",
+        ),
+        # no helper: the namespace still goes to Lean, which `open` needs declared
+        (f"namespace Real\n{GCD}  norm_num\nend Real\n", f"namespace Real\nend Real\nopen Real in\n{GCD}  norm_num\n"),
+    ],
+)
+def test_a_theorem_inside_a_namespace_is_sent_out_of_it_and_opened_in_it_where_the_audit_runs(model, command):
+    assert audited(model) == command
+
+
+OPEN_AT_STATEMENT = (
+    "before the statement: forbidden: namespace {x} open at the statement (close it with `end {x}` first: only "
+    "the audit, off here, would catch how `open {x}` changes the statement's reading)"
+)
+
+
+@pytest.mark.parametrize("flag", [{}, {"open_namespaces": False}])
+def test_a_theorem_inside_a_namespace_is_refused_where_no_audit_runs(flag):
+    model = f"namespace Putnam\nlemma key (n : ℕ) : n + 0 = n := rfl\n{GCD}  norm_num [key]\nend Putnam\n"
+    assert prepare(model, GCD, **flag) == refused(OPEN_AT_STATEMENT.format(x="Putnam"))
+    nested = f"namespace A\nnamespace B\n{GCD}  norm_num\nend B\nend A\n"
+    assert prepare(nested, GCD, **flag) == refused(OPEN_AT_STATEMENT.format(x="B"))
+    closed = f"namespace Putnam\nlemma key (n : ℕ) : n + 0 = n := rfl\nend Putnam\n{GCD}  norm_num [Putnam.key]\n"
+    assert prepare(closed, GCD, **flag) == closed  # closed before the statement: sent as written
+
+
+@pytest.mark.parametrize(("exploit", "named"), CLASSES, ids=[n for _, n in CLASSES])
+def test_each_exploit_class_inside_a_namespace_open_at_the_statement_is_refused_naming_it(exploit, named):
+    judgement = audited(f"namespace Foo\n{exploit}{GCD}  aesop\nend Foo\n")
+    assert isinstance(judgement, Judgement) and judgement.verdict == "rejected", judgement
+    assert judgement.reason == ("sorry" if named == "sorry" else "integrity")
+    assert named in judgement.detail, judgement.detail
+    assert isinstance(audited(f"namespace Foo\n{GCD}  aesop\nend Foo\n"), str)  # the form alone is accepted
+
+
+IN_NAMESPACE = [(before, detail) for before, detail in EXPLOITS_BEFORE if not before.startswith("namespace")]
+
+
+@pytest.mark.parametrize(("before", "detail"), IN_NAMESPACE, ids=[d for _, d in IN_NAMESPACE])
+def test_each_exploit_class_before_the_statement_is_refused_alike_in_a_namespace_open_at_it(before, detail):
+    holes = ("sorry", "sorryAx", "admit")
+    reason = "sorry" if detail.removeprefix(H).removeprefix(S) in holes else "integrity"
+    assert audited(f"namespace Foo\n{before}{GCD}  norm_num\n") == refused(detail, reason)
+
+
+@pytest.mark.parametrize(
+    ("before", "detail"),
+    [
+        # a helper that shadows a name the statement uses, by its full name in the namespace or its last part
+        (
+            "namespace Nat\nlemma gcd (a : ℕ) : a = a := rfl\n",
+            f"helper `gcd`: forbidden: redeclares `Nat.gcd`, {SHADOWS}",
+        ),
+        ("namespace Foo\nlemma gcd (a : ℕ) : a = a := rfl\n", f"helper `gcd`: forbidden: redeclares `gcd`, {SHADOWS}"),
+        (
+            f"namespace X\ntheorem {NAME} : True := trivial\n",
+            f"helper `{NAME}`: forbidden: redeclares `{NAME}`, {SHADOWS}",
+        ),
+        # the rules for scopes still hold
+        ("namespace A\nend B\n", f"{S}end B closes no scope open here"),
+        ("namespace A B\n", f"{S}namespace A B (one name)"),
+    ],
+)
+def test_what_is_refused_in_a_namespace_is_refused_when_it_stays_open_at_the_statement(before, detail):
+    assert audited(f"{before}{GCD}  norm_num\n") == refused(detail)
 
 
 # A definition's compiled code runs only if something evaluates it. Two evaluators name a constant rather than
