@@ -307,7 +307,9 @@ def scan(proofs: list[Proof], statements: dict[tuple[str, str], str | None]) -> 
         if statement is None:
             missing.append({"release": proof.release, "file": proof.file, "theorem": proof.name})
             continue
-        result = prepare(proof.text, statement)
+        # as the Lean verifier's default (the audit as second line) prepares it: a theorem inside a namespace
+        # goes to Lean under `open X in`, which only the audit makes safe (docs/VERIFIER.md)
+        result = prepare(proof.text, statement, open_namespaces=True)
         where = {"release": proof.release, "file": proof.file, "theorem": proof.name}
         if isinstance(result, str):
             accepted += 1
