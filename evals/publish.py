@@ -35,6 +35,11 @@ EXPERIMENT_FILES = ("compare.", "sweep.")  # evals/es_vs_grpo_report.py FILES, e
 TRAINER = TrainerSettings.command_parser("trainer", "")  # reads a run's recorded command back into settings
 
 
+def hint(out: Path) -> str:
+    """The line an experiment ends with: how to publish what it wrote."""
+    return f"to publish its runs and tables: python -m evals.publish {out} docs/results/NAME"
+
+
 # -- publishing a fresh result -------------------------------------------------------------------------
 
 

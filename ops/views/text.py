@@ -169,15 +169,15 @@ def result(r: dict[str, Any]) -> list[str]:
     else:
         lines.append("  held-out: not evaluated yet")
     lines.append(f"  training: {r['samples']} samples")
-    if r.get("reconstructed_from"):  # a rebuilt record holds the settings its command gave, no others
-        shown = {k: v for k, v in r["settings"].items() if v is not None}
-        lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in shown.items()))
-        lines.append(f"    (others not recorded: {', '.join(k for k in r['settings'] if k not in shown) or 'none'})")
-    else:
-        lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in r["settings"].items()))
+    rebuilt, shown = r.get("reconstructed_from"), r["settings"]
+    if rebuilt:  # a rebuilt record holds the settings its command gave, no others (evals/publish.py)
+        shown = {k: v for k, v in shown.items() if v is not None}
+    lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in shown.items()))
+    if rebuilt:
+        lines.append(f"    (not recorded: {', '.join(k for k in r['settings'] if k not in shown) or 'none'})")
     lines += prompt_lines(r.get("prompt") or {})
-    if r.get("reconstructed_from"):
-        lines.append(f"  files: reconstructed from {r['reconstructed_from']}, not the trainer's own record")
+    if rebuilt:
+        lines.append(f"  files: reconstructed from {rebuilt}, not the trainer's own record")
     if r.get("reading"):
         lines.append(f"  reading: {r['reading']}")
     return lines

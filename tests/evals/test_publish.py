@@ -37,7 +37,10 @@ def _experiment(out: Path) -> None:
     _write(run / "run.json", json.dumps({"run": "x-seed0-es", "settings": settings, "started": T0}))
     evals = {"0": {"held_out_reward": 0.1, "held_out_exact": 0.0, "problems": 8}}
     evals["2"] = {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8}
+    asked = [{"role": "user", "content": "Reach 7 from [3, 4].\nSay it in tags."}]  # as tasks/prompts.py applied
+    prompt = {"format": "tinyzero", "theorem_id": "cd-1", "messages": asked}
     report = {"settings": settings, "version": 2, "counts": {"samples": 256}, "evals": evals, "wall_s": 120.0}
+    report["prompt"] = prompt
     _write(run / "report.json", json.dumps(report))
     _write(run / "metrics.jsonl", _jsonl([{"version": 1, "samples": 128, "time": T0 + 50}]))
     _write(run / "reward.png", "png")
@@ -75,7 +78,7 @@ def test_publish_copies_the_runs_own_files_and_the_tables_and_the_copy_opens_as_
     shown = _python("-m", "ops", "run", "--run-dir", str(dest / "seed0" / "es"))
     assert shown.returncode == 0, shown.stderr
     assert "run x-seed0-es: finished version 2 of 2" in shown.stdout
-    assert "  prompt: tinyzero\n" in shown.stdout  # kimina, applied to Countdown
+    assert '  prompt: tinyzero (for cd-1)\n    user: "Reach 7 from [3, 4].\\nSay it in tags."\n' in shown.stdout
     assert "health: not kept" in shown.stdout
 
 
