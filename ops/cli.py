@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             return fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
         if args.command_fn is cmd_run and files_only(Path(run_dir).expanduser()):
             return runs.cmd_run_files(args)
+        if args.command_fn is cmd_dashboard and files_only(Path(run_dir).expanduser()):
+            return _dashboard_of_files(args)
         try:
             with reopen(run_dir) as run:
                 named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
@@ -400,6 +402,19 @@ def main(argv: list[str] | None = None) -> int:
 def files_only(run_dir: Path) -> bool:
     """The folder keeps a run's files but not its Redis data: a published run (evals/publish.py)."""
     return holds_run(run_dir) and not has_data(run_dir / REDIS)
+
+
+def _dashboard_of_files(args: argparse.Namespace) -> int:
+    """The dashboard of a run kept as its files alone: no Redis to read (ops/views/dashboard.py)."""
+    run = runs.from_dir(Path(args.run_dir).expanduser())["run"]
+
+    async def serving() -> int:
+        return await dashboard.serve(None, Keys(run), args, _stop_on_signals())
+
+    try:
+        return asyncio.run(serving())
+    except KeyboardInterrupt:
+        return 0
 
 
 def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,3 +230,30 @@ def test_a_folder_of_runs_is_compared_run_by_run_and_a_summary_alone_is_named(tm
     _write(tmp_path / "summary" / "compare.json", "{}")
     alone = _python("-m", "ops", "compare", str(tmp_path / "summary"))
     assert alone.returncode == 2 and "only an experiment's summary (compare.json)" in alone.stderr
+
+
+def test_the_dashboard_serves_a_published_run_from_its_files(tmp_path):
+    _experiment(tmp_path / "out")
+    run_dir = tmp_path / "out" / "seed0" / "es"
+    for heavy in ("samples", "redis", "logs", "policy"):  # as published: the run's own files alone
+        shutil.rmtree(run_dir / heavy)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
+    argv = [sys.executable, "-m", "ops", "dashboard", "--run-dir", str(run_dir), "--port", "0"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "dashboard of run 'x-seed0-es' at http://127.0.0.1:PORT/ (Ctrl-C to stop)"
+        assert line.startswith("dashboard of run 'x-seed0-es' at http"), proc.stderr.read() if proc.poll() else line
+        url = line.split(" at ", 1)[1].split(" ", 1)[0]
+        with urllib.request.urlopen(url + "api/state", timeout=30) as answer:
+            state = json.loads(answer.read())
+        r = state["result"]
+        assert (r["algo"], r["status"], r["version"], r["iterations"], r["samples"]) == ("es", "finished", 2, 2, 256)
+        assert state["trainer"] is None and state["streams"] == {}  # the roles' figures were not kept
+        assert [p["version"] for p in state["series"]["updates"]] == [1]
+        with urllib.request.urlopen(url + "api/samples", timeout=30) as answer:
+            assert json.loads(answer.read())["samples"] == []
+        with urllib.request.urlopen(url + "api/runs", timeout=30) as answer:  # its folder's runs: itself
+            assert [x["name"] for x in json.loads(answer.read())["runs"]] == ["es"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
