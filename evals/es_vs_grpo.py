@@ -27,6 +27,7 @@ from typing import Any
 import redis
 
 from evals import es_vs_grpo_report as report
+from evals import publish
 from evals.eta import Eta
 from evals.runner import INTERRUPTED, Plan, outcome, plan, run_one, samples_per_version
 from streams import role_stats
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{WHO}: stopped", file=sys.stderr)
             break
     print(f"{WHO}: {', '.join(str(out / name) for name in report.FILES[1:])}", file=sys.stderr)
+    print(f"{WHO}: {publish.hint(out)}", file=sys.stderr)
     print(json.dumps(report.summary_line(summary)))
     return 0 if summary["ok"] else 1
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from evals import sweep_report
+from evals import publish, sweep_report
 from evals.eta import Eta
 from evals.runner import INTERRUPTED, outcome, run_one
 from evals.sweep_grid import GRID, Cell, budget_of, cells, run_id, shard
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print("sweep: stopped", file=sys.stderr)
             break
     sweep_report.write(out, results, settings)
+    print(f"sweep: {publish.hint(out)}", file=sys.stderr)
     print(
         json.dumps(
             {

@@ -51,7 +51,9 @@ from ops.views import compare, dashboard, dlq, inspect, judged, runs, text, verd
 from ops.views.text import emit, fail
 from streams.cluster import is_cluster_url
 from streams.connect import connect, shown_url
+from streams.embedded import has_data
 from streams.keys import STREAMS, Keys
+from streams.run_dir import REDIS, holds_run
 from streams.run_redis import NoRunData, reopen
 from streams.settings import RoleSettings, SettingsError, SettingsParser
 from weights.device import NoDevice
@@ -380,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir is not None:
         if settings.redis_url:
             return fail("--run-dir reads a finished run's own data: give it or --redis-url, not both", 2)
+        if args.command_fn is cmd_run and files_only(Path(run_dir).expanduser()):
+            return runs.cmd_run_files(args)
+        if args.command_fn is cmd_dashboard and files_only(Path(run_dir).expanduser()):
+            return _dashboard_of_files(args)
         try:
             with reopen(run_dir) as run:
                 named = getattr(args, "run", None) or os.environ.get("PROOFSTREAM_RUN")
@@ -391,6 +397,24 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.redis_url:
         return fail(NO_REDIS, 2)
     return _inspect(args, settings)
+
+
+def files_only(run_dir: Path) -> bool:
+    """The folder keeps a run's files but not its Redis data: a published run (evals/publish.py)."""
+    return holds_run(run_dir) and not has_data(run_dir / REDIS)
+
+
+def _dashboard_of_files(args: argparse.Namespace) -> int:
+    """The dashboard of a run kept as its files alone: no Redis to read (ops/views/dashboard.py)."""
+    run = runs.from_dir(Path(args.run_dir).expanduser())["run"]
+
+    async def serving() -> int:
+        return await dashboard.serve(None, Keys(run), args, _stop_on_signals())
+
+    try:
+        return asyncio.run(serving())
+    except KeyboardInterrupt:
+        return 0
 
 
 def _inspect(args: argparse.Namespace, settings: OpsSettings) -> int:

@@ -52,6 +52,20 @@ def messages(theorem: Theorem, fmt: str = "kimina") -> list[dict[str, str]]:
     return lean.messages(theorem, fmt)
 
 
+SHOWN_CHARS = 600  # of each message in a run's record of its prompt: enough to read, never a whole Lean file
+
+
+def applied(theorem: Theorem, fmt: str) -> dict[str, Any]:
+    """The prompt a run asks with, as its run.json and report.json record it: the format applied to the task
+    (`task_format`) and the chat that asks for `theorem` (the run's first problem), each message cut short."""
+    chat = messages(theorem, fmt)
+    return {
+        "format": task_format(theorem.task, fmt),
+        "theorem_id": theorem.theorem_id,
+        "messages": [{"role": m["role"], "content": m["content"][:SHOWN_CHARS]} for m in chat],
+    }
+
+
 def extract(task: str, text: str, fmt: str = "kimina") -> str:
     """The attempt in a completion `text` for a theorem of `task`, asked in prompt format `fmt`."""
     if task == "lean":

@@ -35,6 +35,7 @@ from streams.ride_out import UNAVAILABLE
 from streams.run_dir import INFO, REPORT
 from streams.runtime import sleep_or_stop
 from streams.settings import SettingsParser
+from tasks import prompts
 from tasks.problems import DataError
 from trainer import result
 from trainer.config import TrainerSettings
@@ -65,6 +66,7 @@ async def train(
 ) -> dict:
     redis = connect(url)
     train_set, held_out = load_theorems(settings)
+    prompt = prompts.applied((train_set or held_out)[0], settings.prompt_format) if train_set or held_out else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -86,7 +88,7 @@ async def train(
     lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
     try:
         await lease.acquire()
-        await _announce(settings, redis, time.time() if started_at is None else started_at)
+        await _announce(settings, redis, time.time() if started_at is None else started_at, prompt)
     except BaseException:
         await redis.aclose()
         bar(None)
@@ -98,7 +100,7 @@ async def train(
         while True:
             started = time.monotonic()
             try:
-                summary = await fresh_run().run(stop)
+                summary = await fresh_run().run(stop) | {"prompt": prompt}
                 await _ended(settings, redis, stop.is_set())
                 break
             except UNAVAILABLE as e:
@@ -135,13 +137,16 @@ def shown_settings(settings: TrainerSettings) -> dict:
     return {**settings.model_dump(), "redis_url": shown_url(settings.redis_url) if settings.redis_url else ""}
 
 
-async def _announce(settings: TrainerSettings, redis, started_at: float) -> None:
+async def _announce(settings: TrainerSettings, redis, started_at: float, prompt: dict | None = None) -> None:
     """What this trainer runs and since when, for `ops run` / `ops runs` / the dashboard: `run.json` in the run
     directory and `{ps:R}:run` in Redis (a trainer elsewhere has no directory ops can read). Written once the
-    lease is ours, so a second trainer refused for the run does not overwrite the first one's."""
+    lease is ours, so a second trainer refused for the run does not overwrite the first one's. `prompt`: the
+    prompt as applied to the task (tasks/prompts.py `applied`), beside the settings, which stay the
+    settings' own fields."""
     info = {
         "run": settings.run,
         "settings": shown_settings(settings),
+        "prompt": prompt,
         "started": started_at,
         "pid": os.getpid(),
         "host": socket.gethostname(),

@@ -16,6 +16,7 @@ from typing import Any
 
 from streams import learned
 from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES
+from tasks.prompts import task_format
 from trainer.config import with_preset
 from weights.model import DEFAULT_MODEL_NAME
 
@@ -26,8 +27,10 @@ def model_name(settings: dict[str, Any]) -> str:
     return settings.get("model") or f"{DEFAULT_MODEL_NAME} (default)"
 
 
-def reading(task: str) -> str:
-    """How to read the reward and exact figures of `task`, so nobody takes shaped credit for solved problems."""
+def reading(task: str | None) -> str | None:
+    """How to read the reward and exact figures of `task`, so nobody takes shaped credit for solved problems;
+    None for a task this does not know (a run whose settings were not kept says nothing rather than another
+    task's reading)."""
     if task == "countdown":
         # An untagged expression earns CREDIT_PARSES without CREDIT_FORMAT: the base model's copy of the prompt's
         # example, "1 + 2 = 3", is the 0.1 most ES runs climb to, not the tag format (docs/EXPERIMENTS.md).
@@ -38,7 +41,22 @@ def reading(task: str) -> str:
             f"the target (at most {top:g}), 1 solved; so {CREDIT_FORMAT:g} is the tags alone or an expression "
             "without them; exact counts solved problems only"
         )
-    return "a Lean proof earns 1 when Lean accepts it and 0 otherwise: reward and exact are the same measure"
+    if task == "lean":
+        return "a Lean proof earns 1 when Lean accepts it and 0 otherwise: reward and exact are the same measure"
+    return None
+
+
+def prompt_format(settings: dict[str, Any]) -> str | None:
+    """The prompt format the run's task was asked in: its `prompt_format` setting as applied to the task
+    (tasks/prompts.py `task_format`: the default, `kimina`, is Countdown's `tinyzero`); None where the
+    settings name no task or format."""
+    task, fmt = settings.get("task"), settings.get("prompt_format")
+    if not task or not fmt:
+        return None
+    try:
+        return task_format(task, fmt)
+    except ValueError:  # a format or task of another build: shown as recorded
+        return fmt
 
 
 def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +79,7 @@ def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
             k: settings.get(k)
             for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef", "train_precision")
         }
-    return {**own, **shared}
+    return {**own, **shared, "prompt_format": prompt_format(settings)}
 
 
 def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
@@ -122,11 +140,13 @@ def summary(
     now: float | None = None,
     eval_s: float | None = None,
     answers: list[str] = (),
+    prompt: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result. `status`: live, finished, interrupted (stopped before its last version). `wall_s`: the
     trainer's own measure once it ended, else the time since `started`. `evals` with their per-problem figures
     (streams/learned.py `with_problems`) give the verdict with its noise; `answers`: what the answers were at
-    the first and last evaluation (`learned.answers`); `eval_s`: an evaluation's time, for the ETA."""
+    the first and last evaluation (`learned.answers`); `eval_s`: an evaluation's time, for the ETA; `prompt`:
+    the prompt the run recorded (tasks/prompts.py `applied`), else its format from the settings."""
     now = time.time() if now is None else now
     iterations = int(settings.get("iterations") or 0)
     live = status == "live"
@@ -150,7 +170,8 @@ def summary(
         "ended": started + wall_s if started is not None and wall_s is not None and not live else None,
         "eta_s": eta,
         "settings": main_settings(settings),
-        "reading": reading(settings.get("task", "")),
+        "prompt": prompt or {"format": prompt_format(settings)},
+        "reading": reading(settings.get("task")),
     }
 
 

@@ -128,6 +128,9 @@ def main(args: argparse.Namespace, quick: Callable[[Path], dict[str, Any]]) -> i
         _write(out, result)
     print(json.dumps(result))
     print(f"gpu_check: wrote {out}", file=sys.stderr)
+    # the runs themselves stay in `work`; their own light files go beside the summary the same way as an
+    # experiment's (evals/publish.py; ops may not import evals: tests/test_layers.py)
+    print(f"gpu_check: to publish its runs: python -m evals.publish {work} docs/results/gpu/{name}", file=sys.stderr)
     return 1 if result["errors"] else 0
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ops.views import text
-from ops.views.runs import from_dir
-from streams.run_dir import INFO, METRICS, MLFLOW, REPORT, TENSORBOARD, read_json, read_records
+from ops.views.runs import find, from_dir, no_run
+from streams.run_dir import MLFLOW, TENSORBOARD, holds_run, read_json, read_records
 from trainer.curves import curve, plot_runs
 
 PLOT = "compare.png"  # in --dir, unless --plot names another file
@@ -27,22 +27,44 @@ def resolve(name: str, folder: Path) -> Path:
     return path if path.is_dir() else folder / name
 
 
+def expand(paths: list[Path]) -> list[Path]:
+    """The run directories named: a run's own folder as it is, a folder of runs (a published comparison,
+    docs/results/compare-countdown-1024) as the runs it holds."""
+    out = []
+    for path in paths:
+        inside = [path] if holds_run(path) else sorted(find(path)) if path.is_dir() else []
+        if not inside:
+            raise FileNotFoundError(no_run(path) if path.is_dir() else f"{path} holds no run: it does not exist")
+        out += inside
+    return out
+
+
+def labels(run_dirs: list[Path]) -> list[str]:
+    """Each run's shortest name that tells it from the others: its folder's name, else as many of its path's
+    last parts as it takes (seed0/grpo against seed1/grpo)."""
+    for n in range(1, max(len(p.parts) for p in run_dirs) + 1):
+        names = ["/".join(p.parts[-n:]) for p in run_dirs]
+        if len(set(names)) == len(names):
+            return names
+    return [str(p) for p in run_dirs]
+
+
 def compare(run_dirs: list[Path]) -> dict[str, Any]:
-    """The runs' results and held-out curves, the settings on which they differ, and where their MLflow runs
-    and TensorBoard logs are."""
+    """The runs' results and held-out curves, the settings they all record and differ in, and where their
+    MLflow runs and TensorBoard logs are."""
     runs = []
-    for run_dir in run_dirs:
+    run_dirs = expand(run_dirs)
+    for run_dir, name in zip(run_dirs, labels(run_dirs), strict=True):
         r = from_dir(run_dir, with_answers=True)
-        if r is None:
-            raise FileNotFoundError(f"{run_dir} holds no run (no {INFO}, {REPORT} or {METRICS})")
-        r["name"] = run_dir.name if run_dir.name not in {x["name"] for x in runs} else str(run_dir)
+        r["name"] = name
         r["curve"] = curve(read_records(run_dir), r["started"])
         r["mlflow"] = read_json(run_dir / MLFLOW)
         r["tensorboard"] = str(run_dir / TENSORBOARD) if (run_dir / TENSORBOARD).is_dir() else None
         runs.append(r)
-    keys = sorted({k for r in runs for k in r["settings"]})
+    # A setting one algorithm has and another lacks (ES's sigma, GRPO's lr) is no difference between them.
+    keys = [k for k in runs[0]["settings"] if all(r["settings"].get(k) is not None for r in runs)]
     differ = {
-        k: [r["settings"].get(k) for r in runs] for k in keys if len({repr(r["settings"].get(k)) for r in runs}) > 1
+        k: [r["settings"][k] for r in runs] for k in keys if len({repr(r["settings"][k]) for r in runs}) > 1
     }
     for attribute in ("algo", "task", "model"):
         values = [r[attribute] for r in runs]

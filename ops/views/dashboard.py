@@ -17,10 +17,11 @@ API (JSON): `/api/state` the served run's snapshot; `/api/samples?verdict=&versi
 runs under `--dir`; `/api/run?name=N` one of them from its files (result and curves).
 
 It only reads (XRANGE, XLEN, XINFO, XPENDING, HGET*, never a consumer group), so it can watch a live run from
-anywhere; `--run-dir DIR` shows a finished local run from its directory (streams/run_redis.py). Served by the standard
-library's ThreadingHTTPServer in a thread; each request's Redis reads run on the command's event loop with
-the command's client. Bound to 127.0.0.1 by default; another `--host` needs `--token`, which every request
-must then carry (`?token=` or `Authorization: Bearer`): the page passes its own on.
+anywhere; `--run-dir DIR` shows a finished local run from its directory (streams/run_redis.py), and a run
+kept as its files alone (published: evals/publish.py) from those files, without the roles' figures. Served
+by the standard library's ThreadingHTTPServer in a thread; each request's Redis reads run on the command's
+event loop with the command's client. Bound to 127.0.0.1 by default; another `--host` needs `--token`, which
+every request must then carry (`?token=` or `Authorization: Bearer`): the page passes its own on.
 """
 
 from __future__ import annotations
@@ -168,12 +169,40 @@ def sample_filters(query: dict[str, list[str]]) -> tuple[judged.Filters, int]:
     return judged.Filters(version, verdict, None, kind, text), min(int(one.get("n", SAMPLES)), 500)
 
 
+def files_snapshot(run_dir: Path) -> dict[str, Any]:
+    """The served run's state where it is kept as its files alone (a published run, evals/publish.py): its
+    result and curves, from its files; the figures of its roles (trainer, streams, generators, verifiers, dead
+    letters) lived in a Redis that was not kept, and are left empty."""
+    result = runs.from_dir(run_dir, with_answers=True)
+    records = read_records(run_dir)
+    metrics, evals = update_records(records), {r["version"]: r for r in eval_records(records)}
+    return {
+        "run": result["run"],
+        "now_ms": int(time.time() * 1000),
+        "result": result,
+        "trainer": None,
+        "lease": None,
+        "last_metrics": metrics[-1] if metrics else {},
+        "series": series(metrics, evals, result["started"]),
+        "colors": COLORS,
+        "streams": {},
+        "redis_version": None,
+        "idle_kept": False,
+        "generators": {},
+        "verifiers": {},
+        "dead_letters": {"total": "not kept", "by_reason": {}},
+        "letters": [],
+        "alert": None,
+        "refusals": None,
+    }
+
+
 class Dashboard:
     """The HTTP side: a ThreadingHTTPServer whose handlers read snapshots on the command's event loop."""
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | None,
         keys: Keys,
         loop: asyncio.AbstractEventLoop,
         *,
@@ -184,7 +213,7 @@ class Dashboard:
         run_dir: Path | None = None,
         runs_dir: Path | None = None,
     ) -> None:
-        self.redis, self.keys, self.loop = redis, keys, loop
+        self.redis, self.keys, self.loop = redis, keys, loop  # redis None: a run kept as its files alone
         self.token, self.refresh_s = token, refresh_s
         self.run_dir, self.runs_dir = run_dir, runs_dir
         self._cached: tuple[float, bytes] | None = None
@@ -219,7 +248,10 @@ class Dashboard:
         with self._lock:
             if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_TTL_S:
                 return self._cached[1]
-            body = orjson.dumps(self._on_loop(snapshot(self.redis, self.keys, self.run_dir)))
+            if self.redis is None:  # a run kept as its files alone
+                body = orjson.dumps(files_snapshot(self.run_dir))
+            else:
+                body = orjson.dumps(self._on_loop(snapshot(self.redis, self.keys, self.run_dir)))
             self._cached = (time.monotonic(), body)
             return body
 
@@ -230,6 +262,8 @@ class Dashboard:
                 filters, count = sample_filters(query)
             except ValueError as e:
                 return 400, {"error": str(e)}
+            if self.redis is None and not (self.run_dir / samples.FOLDER).is_dir():
+                return 200, {"source": "not kept (the run's files alone)", "matched": 0, "samples": []}
             return 200, self._on_loop(samples_of(self.redis, self.keys, self.run_dir, filters, count))
         if path == "/api/runs":
             folder = self.runs_dir
@@ -274,7 +308,7 @@ class Dashboard:
         request.wfile.write(body)
 
 
-async def serve(redis: Redis, keys: Keys, args: argparse.Namespace, stop: asyncio.Event) -> int:
+async def serve(redis: Redis | None, keys: Keys, args: argparse.Namespace, stop: asyncio.Event) -> int:
     """Serve until `stop` is set (Ctrl-C, SIGTERM)."""
     run_dir = Path(args.run_dir).expanduser() if getattr(args, "run_dir", None) else None
     runs_dir = Path(args.dir).expanduser() if args.dir else (run_dir.parent if run_dir else Path("runs"))

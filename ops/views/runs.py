@@ -23,7 +23,17 @@ from redis.asyncio import Redis
 from ops.views import text
 from streams import learned
 from streams.keys import Keys
-from streams.run_dir import INFO, PARTS, REPORT, eval_records, holds_run, read_json, read_records, update_records
+from streams.run_dir import (
+    INFO,
+    METRICS,
+    PARTS,
+    REPORT,
+    eval_records,
+    holds_run,
+    read_json,
+    read_records,
+    update_records,
+)
 from trainer import result
 from trainer.curves import samples_used
 
@@ -66,7 +76,8 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
         )
         done = not report.get("interrupted") and (version or 0) >= int(settings.get("iterations") or 0)
         status = "finished" if done else "interrupted"
-        if started is None and wall_s is not None:  # a run without run.json: its report's time less its wall
+        if started is None and wall_s is not None and not report.get("reconstructed_from"):
+            # a run without run.json: its report's time less its wall (a rebuilt report's time is the rebuild's)
             started = (run_dir / REPORT).stat().st_mtime - wall_s
     else:
         version = max((int(r["version"]) for r in updates), default=0)
@@ -88,8 +99,10 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
         now=now,
         eval_s=eval_time(records),
         answers=learned.answers(run_dir, ends(evals)) if with_answers else (),
+        prompt=(report or {}).get("prompt") or (info or {}).get("prompt"),
     )
     out["dir"] = str(run_dir)
+    out["reconstructed_from"] = source.get("reconstructed_from")  # evals/publish.py: not the trainer's own files
     return out
 
 
@@ -151,6 +164,7 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         update_times=[t for t in times if t],
         eval_s=eval_time(records),
         answers=learned.answers(files_at, ends(evals)) if files_at else (),
+        prompt=info.get("prompt") or (report or {}).get("prompt"),
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out
@@ -176,6 +190,18 @@ def find(folder: Path) -> list[Path]:
     return found
 
 
+def no_run(folder: Path) -> str:
+    """Why a folder holding no run is not one, in words: an experiment's summary whose runs were not kept (a
+    compare.json or sweep.json, nothing below it), else no run's files at all."""
+    summaries = sorted(p.name for p in folder.glob("*.json") if p.name.startswith(("compare.", "sweep.")))
+    if summaries:
+        return (
+            f"{folder} holds no run: only an experiment's summary ({', '.join(summaries)}), its runs' files were "
+            "not kept"
+        )
+    return f"{folder} holds no run (no {INFO}, {REPORT} or {METRICS} in it or below it)"
+
+
 def listing(folder: Path) -> list[dict[str, Any]]:
     """Every run under `folder`, oldest start first, each with its result and its name relative to `folder`."""
     rows = []
@@ -195,5 +221,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     folder = Path(getattr(args, "folder", None) or args.dir).expanduser()
     if not folder.is_dir():
         return text.fail(f"{folder} does not exist: name the folder of the runs (`ops runs DIR`; default runs)", 2)
-    text.emit(args, {"dir": str(folder), "runs": listing(folder)}, text.runs)
+    found = listing(folder)
+    text.emit(args, {"dir": str(folder), "runs": found, "none": None if found else no_run(folder)}, text.runs)
     return 0
+
+
+def cmd_run_files(args: argparse.Namespace) -> int:
+    """`ops run --run-dir DIR` where DIR keeps a run's files but no Redis data (a published run,
+    evals/publish.py): its result from the files; the health figures lived in the Redis that was not kept."""
+    r = from_dir(Path(args.run_dir).expanduser(), with_answers=True)
+    text.emit(args, {"result": r, "health": None}, text.run_files)
+    return 0
+

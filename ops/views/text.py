@@ -169,9 +169,38 @@ def result(r: dict[str, Any]) -> list[str]:
     else:
         lines.append("  held-out: not evaluated yet")
     lines.append(f"  training: {r['samples']} samples")
-    lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in r["settings"].items()))
-    lines.append(f"  reading: {r['reading']}")
+    rebuilt, shown = r.get("reconstructed_from"), r["settings"]
+    if rebuilt:  # a rebuilt record holds the settings its command gave, no others (evals/publish.py)
+        shown = {k: v for k, v in shown.items() if v is not None}
+    lines.append("  settings: " + ", ".join(f"{k} {shown_default(v)}" for k, v in shown.items()))
+    if rebuilt:
+        lines.append(f"    (not recorded: {', '.join(k for k in r['settings'] if k not in shown) or 'none'})")
+    lines += prompt_lines(r.get("prompt") or {})
+    if rebuilt:
+        lines.append(f"  files: reconstructed from {rebuilt}, not the trainer's own record")
+    if r.get("reading"):
+        lines.append(f"  reading: {r['reading']}")
     return lines
+
+
+def prompt_lines(prompt: dict[str, Any]) -> list[str]:
+    """The prompt a run asked with: its format as applied to the task and, where the run recorded it, the chat
+    that asked for its first problem, a JSON-quoted line a message."""
+    if not prompt.get("format"):
+        return []
+    asked = f" (for {prompt['theorem_id']})" if prompt.get("theorem_id") else ""
+    lines = [f"  prompt: {prompt['format']}{asked}"]
+    for m in prompt.get("messages") or []:
+        begun = " (begun, the model continues it)" if m["role"] == "assistant" else ""
+        lines.append(f"    {m['role']}{begun}: {orjson.dumps(m['content']).decode()}")
+    return lines
+
+
+def run_files(report: dict[str, Any]) -> str:
+    """`python -m ops run` of a run kept as its files alone: the result, and why there is no health."""
+    return "\n".join(
+        [*result(report["result"]), "", "health: not kept (no Redis data in this folder: only the run's files)"]
+    )
 
 
 def run(report: dict[str, Any]) -> str:
@@ -420,7 +449,7 @@ RUN_COLUMNS = ["RUN", "ALGO", "STATUS", "VERSION", "SAMPLES", "HELD-OUT REWARD",
 def runs(data: dict[str, Any]) -> str:
     """`python -m ops runs`: a row per run, oldest first."""
     if not data["runs"]:
-        return f"no runs in {data['dir']} (a run directory holds {INFO}, {REPORT} or {METRICS})"
+        return data.get("none") or f"no runs in {data['dir']} (a run directory holds {INFO}, {REPORT} or {METRICS})"
     lines = table(RUN_COLUMNS, [_row(r) for r in data["runs"]])
     count = len(data["runs"])
     return "\n".join([f"{count} run{'' if count == 1 else 's'} in {data['dir']}", "", *lines])
@@ -449,8 +478,8 @@ def compare(data: dict[str, Any]) -> str:
         lines += ["", "they differ in:"]
         for key, values in data["differ"].items():
             lines.append(f"  {key}: " + " | ".join(shown_default(v) for v in values))
-    tasks = {r["task"] for r in rs}
-    lines += ["", *(f"reading: {r['reading']}" for r in {r["task"]: r for r in rs}.values())] if tasks else []
+    readings = list(dict.fromkeys(r["reading"] for r in rs if r.get("reading")))  # the compared runs' own tasks
+    lines += ["", *(f"reading: {reading}" for reading in readings)] if readings else []
     lines.append(f"plot: {data['plot']}" if data["plot"] else "plot: none (matplotlib is not installed)")
     lines += data["elsewhere"]
     return "\n".join(lines)

@@ -140,6 +140,17 @@ def _extract_lean(text: str) -> str:
     return ""
 
 
+def test_a_runs_record_of_its_prompt_is_the_format_applied_and_the_chat_cut_short():
+    t = Theorem("cd", "countdown", numbers=[10, 9], target=90)
+    shown = prompts.applied(t, "kimina")  # the setting's default: Countdown asks in tinyzero
+    roles = [m["role"] for m in shown["messages"]]
+    assert (shown["format"], shown["theorem_id"], roles) == ("tinyzero", "cd", ["user"])
+    assert shown["messages"][0]["content"].startswith("Using the numbers [10, 9], create an equation that equals 90.")
+    assert [m["content"] for m in prompts.applied(t, "equation")["messages"]][1] == "<answer> "
+    long = Theorem("l", "lean", statement="theorem l : True := by\n" + "-- x\n" * 400, header="")
+    assert max(len(m["content"]) for m in prompts.applied(long, "kimina")["messages"]) == 600
+
+
 def test_extraction_agrees_with_a_second_reading_on_random_soup():
     pieces = [*"` \t\nx</>{-", "\u00a0", "```", "lean4", "lean", "LEAN", "py", "<answer>", "</answer>", "<ANSWER>"]
     pieces += ["</Answer>", "</anſwer>", "answer", "</think>", "</THİNK>", "<think>", "1+2"]

@@ -54,6 +54,12 @@ def test_the_local_run_finishes_and_stops_all_its_children(tmp_path):
     # stderr is a pipe here: no bar, a plain line a version and one an evaluation, then the verdict
     assert "\r" not in err and "trainer: version 2 of 2 after " in err and "trainer: held-out v2: reward " in err
     assert "\ntrainer: did it learn? " in err
+    # the prompt it asked with, as applied: the setting's default (kimina, Lean's) is Countdown's tinyzero
+    info = orjson.loads((tmp_path / "run.json").read_bytes())
+    assert report["prompt"] == info["prompt"] and report["prompt"]["format"] == "tinyzero"
+    assert report["settings"]["prompt_format"] == "kimina"
+    [user] = report["prompt"]["messages"]
+    assert user["role"] == "user" and user["content"].startswith("Using the numbers [")
 
 
 @needs_model

@@ -114,6 +114,7 @@ def test_the_reading_says_what_countdowns_shaped_credit_means():
     assert "up to 0.3 more close to the target (at most 0.8), 1 solved" in text
     assert "so 0.1 is the tags alone or an expression without them" in text
     assert "reward and exact are the same measure" in result.reading("lean")
+    assert result.reading(None) is None  # a run whose task was not kept gets no other task's reading
     assert [result.duration(s) for s in (None, 0.35, 41.4, 397, 7500)] == [
         "-",
         "350 ms",
@@ -128,3 +129,12 @@ def test_a_run_that_ends_at_its_best_names_no_other_best():
     h = result.held_out(tied)
     assert h["best"]["version"] == 8
     assert result.evaluation_line(h) == "held-out reward 0.090 (v0) -> 0.200 (v8); exact 0/32 -> 3/32"
+
+
+def test_the_prompt_format_is_the_one_applied_to_the_task():
+    # the setting's default, kimina, is Lean's: a Countdown run asked in Countdown's first format, tinyzero
+    assert result.prompt_format({"task": "countdown", "prompt_format": "kimina"}) == "tinyzero"
+    assert result.prompt_format({"task": "countdown", "prompt_format": "equation"}) == "equation"
+    assert result.prompt_format({"task": "lean", "prompt_format": "kimina"}) == "kimina"
+    assert result.prompt_format({"task": "countdown"}) is None
+    assert result.main_settings({**SETTINGS, "prompt_format": "kimina"})["prompt_format"] == "tinyzero"
