@@ -269,8 +269,7 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
         return 2
     if settings.dataset and not Path(settings.dataset).expanduser().is_file():
         print(
-            f"trainer: dataset {settings.dataset}: no such file (a jsonl of theorems: data/ has miniF2F "
-            "and ProofNet)",
+            f"trainer: dataset {settings.dataset}: no such file (a jsonl of theorems: data/ has miniF2F and ProofNet)",
             file=sys.stderr,
         )
         return 2

@@ -63,9 +63,7 @@ def compare(run_dirs: list[Path]) -> dict[str, Any]:
         runs.append(r)
     # A setting one algorithm has and another lacks (ES's sigma, GRPO's lr) is no difference between them.
     keys = [k for k in runs[0]["settings"] if all(r["settings"].get(k) is not None for r in runs)]
-    differ = {
-        k: [r["settings"][k] for r in runs] for k in keys if len({repr(r["settings"][k]) for r in runs}) > 1
-    }
+    differ = {k: [r["settings"][k] for r in runs] for k in keys if len({repr(r["settings"][k]) for r in runs}) > 1}
     for attribute in ("algo", "task", "model"):
         values = [r[attribute] for r in runs]
         if len(set(values)) > 1:

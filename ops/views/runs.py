@@ -232,4 +232,3 @@ def cmd_run_files(args: argparse.Namespace) -> int:
     r = from_dir(Path(args.run_dir).expanduser(), with_answers=True)
     text.emit(args, {"result": r, "health": None}, text.run_files)
     return 0
-
