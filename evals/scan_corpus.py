@@ -8,7 +8,7 @@ library, code or syntax the file defines) or a valid proof the verifier would sc
 here: this measures what the front end lets through to Lean, not what Lean then says.
 
 Each proof is passed whole, once with its own statement (the target theorem as the file states it) and once
-with the dataset's statement of the same name (`--dataset`, default ../shared/data/minif2f.jsonl): where the
+with the dataset's statement of the same name (`--dataset`, default data/minif2f.jsonl): where the
 two differ the second is refused, rightly, as a statement mismatch. The competition releases (IMO, Putnam)
 are not in the dataset: their own statements are the measure.
 
@@ -71,7 +71,7 @@ from verifier_pool.judgement import Judgement
 from verifier_pool.lean_check import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASET = Path("/work/shared/data/minif2f.jsonl")
+DATASET = ROOT / "data" / "minif2f.jsonl"
 OUT = ROOT / "docs" / "results" / "scan-real-proofs.json"
 
 # The releases measured so far: where each is published (repository, commit, path), the Lean its authors checked

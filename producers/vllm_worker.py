@@ -10,7 +10,7 @@ The worker owns one `weights.es.ESWeights` (the fp32 master copies). Its `write`
 model's own `load_weights` (checkpoint names -> fused qkv/gate_up parameters, tensor-parallel shards,
 dtype cast) and then the device's post-load processing. That matters on CPU: vLLM repacks every linear
 weight into its CPU kernels' layout and leaves `layer.weight` empty, so copying into `named_parameters()`
-silently leaves every linear layer as it was (../shared/VLLM_CPU.md). And `reload_weights` alone is not
+silently leaves every linear layer as it was (docs/brief/VLLM_CPU.md). And `reload_weights` alone is not
 enough on CPU either: it repacks only the modules that received weights, so a tied `lm_head` (SmolLM2)
 keeps a packed copy of the first weights; `_repack_stale_cpu_kernels` rebuilds such kernels after every
 write. Every write is checked: each parameter of the model must have been loaded, each checkpoint tensor

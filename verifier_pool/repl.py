@@ -1,4 +1,4 @@
-"""The Lean REPL's wire framing over asyncio streams (../shared/LEAN_REPL.md, "REPL framing").
+"""The Lean REPL's wire framing over asyncio streams (docs/brief/LEAN_REPL.md, "REPL framing").
 
 A request is one JSON object on one line followed by a blank line; a response is pretty-printed JSON that
 never contains an empty line, followed by one empty line. This module only frames and parses; what the

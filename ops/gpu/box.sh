@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On an offline GPU box (../shared/GPU.md), from the repository's root, in two calls made while the box is up:
+# On an offline GPU box (docs/brief/GPU.md), from the repository's root, in two calls made while the box is up:
 #
 #   bash ops/gpu/box.sh stage          with .gpu/a carried (ops/gpu/pack.sh): keeps the model's first half,
 #                                      installs the wheels with pip --target, places bwrap and an arq shim

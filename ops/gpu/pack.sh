@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack what an offline GPU box needs to run `python -m ops.gpu_check --full`, in two carries of at most
-# 64 MiB each (the box takes files in such pieces and fetches nothing: ../shared/GPU.md):
+# 64 MiB each (the box takes files in such pieces and fetches nothing: docs/brief/GPU.md):
 #
 #   .gpu/a   the default model's first half, the Python wheels the box lacks, bubblewrap, the commit
 #   .gpu/b   the model's second half

@@ -1,6 +1,6 @@
 """`python -m evals.scan_corpus` on the attributed sample of published proofs (tests/fixtures/prover_proofs,
 README there): nine proofs, their verdicts read off the files by hand: two use `native_decide` (one in a
-helper); three of Seed-Prover's state their theorem otherwise than ../shared/data/minif2f.jsonl does
+helper); three of Seed-Prover's state their theorem otherwise than data/minif2f.jsonl does
 (induction_sum_odd sums `2 * k + 1`, mathd_algebra_282 has `(1 / 3 : ℝ)`, mathd_numbertheory_780 has
 `h₀ : 10 ≤ m` and no `0 ≤ x`)."""
 

@@ -1,5 +1,5 @@
 """The text and response checks of `verifier_pool.lean_check` (with the proof's place in the text that it
-takes from tasks.lean_proof), each against a real exploit text or a REPL transcript from ../shared/LEAN_REPL.md
+takes from tasks.lean_proof), each against a real exploit text or a REPL transcript from docs/brief/LEAN_REPL.md
 (no Lean runs here: these are the documented wire formats)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from verifier_pool.lean_check import (
 from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
 from verifier_pool.lean_preamble import Declared
 
-MINIF2F = Path("/work/shared/data/minif2f.jsonl")
+MINIF2F = Path(__file__).resolve().parents[2] / "data" / "minif2f.jsonl"
 GCD = "theorem mathd_numbertheory_188 : Nat.gcd 180 168 = 12 := by\n"
 CUBE = (
     "theorem amc12a_2008_p8 (x y : ℝ) (h₀ : 0 < x ∧ 0 < y) (h₁ : y ^ 3 = 1)\n"

@@ -455,7 +455,7 @@ def test_a_command_after_the_proof_follows_the_helper_rules(after, detail, reaso
 def test_library_search_goes_to_lean_and_a_goal_it_admits_is_a_sorry(tactic):
     assert prepare(f"{GCD}  {tactic}\n", GCD) == f"{GCD}  {tactic}\n"
     # What Lean answers when `apply?` admits the goal for want of a complete proof: its `sorry`, as any other
-    # (the REPL transcript of ../shared/LEAN_REPL.md; `#print axioms` then lists sorryAx, as does the audit).
+    # (the REPL transcript of docs/brief/LEAN_REPL.md; `#print axioms` then lists sorryAx, as does the audit).
     warning = {
         "severity": "warning",
         "pos": {"line": 2, "column": 2},
