@@ -1,6 +1,6 @@
 """Checkers: turn (canonical problem, model output) into a Judgement using one sandbox.
 
-`LeanChecker` follows ../shared/LEAN_REPL.md "What proved must mean": assemble the checked text from
+`LeanChecker` follows docs/brief/LEAN_REPL.md "What proved must mean": assemble the checked text from
 trusted parts, scan the body with a Lean tokenizer, elaborate it in command mode on top of the header's
 env (elaborated once per REPL), then ask `#print axioms` as a separate command in the returned env. Those
 answers come from the process the proof's code ran in, so they only ever refuse: a `proved` is decided by

@@ -12,7 +12,7 @@ waiting for keeps its REPL until the server's own timeout, on /verify and /api/c
 The server pools REPLs itself: it splits each snippet into its leading blank and `import` lines (one REPL per
 import header, the header elaborated once) and the rest, the body, which runs as one command with `env: 0` on
 top of that header (`split_snippet`). We do not use its validity test
-(../shared/LEAN_REPL.md, "Known weaknesses"): we send text assembled from trusted parts and judge the REPL
+(docs/brief/LEAN_REPL.md, "Known weaknesses"): we send text assembled from trusted parts and judge the REPL
 response it relays with `lean_check`, as LeanChecker does:
 
 - code = theorem.header + blank lines (see Positions) + `lean_check.prepare(proof, statement)` +

@@ -1,4 +1,4 @@
-"""What "proved" means: the text checks and the REPL-response checks of ../shared/LEAN_REPL.md, as pure functions.
+"""What "proved" means: the text checks and the REPL-response checks of docs/brief/LEAN_REPL.md, as pure functions.
 
 The order a verifier runs them in (`prepare` does steps 1-3):
 1. `split_attempt(model_text, statement)` (tasks.lean_proof, the Lean task's text rules): the model's code cut

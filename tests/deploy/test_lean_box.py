@@ -30,12 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from evals import scan_corpus
 from streams.theorems import Theorem
 from tasks.lean import DEFAULT_HEADER
 from tests.verifier_pool.sandboxes import FAKE_REPL, FIXTURES, NO_DOCKER
 from tests.verifier_pool.sandboxes import IMAGE as CHECKER_IMAGE
 from tests.verifier_pool.test_lean_check import EXPLOITS
-from tests.verifier_pool.test_lean_commands import EXPLOITS_BEFORE, GCD, NAME, SAMPLES, sample
+from tests.verifier_pool.test_lean_commands import EXPLOITS_BEFORE, GCD, NAME, SAMPLES
 
 IMAGE = os.environ.get("PROOFSTREAM_LEAN_BOX_IMAGE", "")
 OUT = os.environ.get("PROOFSTREAM_LEAN_BOX_OUT", "")
@@ -60,6 +61,14 @@ def expect_of(body: str) -> str:
     return "proved" if body == f"  norm_num\n#print axioms {NAME}\n" else "rejected"
 
 
+def expect_before(before: str) -> str:
+    """An exploit before the statement is refused, except a bare `namespace Nat` left open: with the audit as
+    second line the theorem goes to Lean closed out of it under `open Nat in`, and a statement that names
+    `Nat.gcd` in full reads the same there, so the sound proof after it is proved (and the audit would refuse
+    any statement that read otherwise)."""
+    return "proved" if before == "namespace Nat\n" else "rejected"
+
+
 def cases() -> list[Case]:
     """Every case of the box run, in its order: the smoke proof first (it also elaborates the header once)."""
     gcd = Theorem(NAME, "lean", statement=GCD, header=DEFAULT_HEADER)
@@ -72,15 +81,26 @@ def cases() -> list[Case]:
         for i, (body, r) in enumerate(EXPLOITS)
     ]
     listed += [
-        Case(f"exploit before the statement #{i}: {d}", "exploit", gcd, f"{before}{GCD}  norm_num\n", "rejected")
+        Case(
+            f"exploit before the statement #{i}: {d}",
+            "exploit",
+            gcd,
+            f"{before}{GCD}  norm_num\n",
+            expect_before(before),
+        )
         for i, (before, d) in enumerate(EXPLOITS_BEFORE)
     ]
     for path in sorted(SAMPLES.rglob("*.lean")):
         relative = str(path.relative_to(SAMPLES))
-        text, statement = sample(relative)
-        theorem = Theorem(path.stem, "lean", statement=statement, header=DEFAULT_HEADER)
-        expect = "rejected" if relative in NATIVE_DECIDE else "recorded"
-        listed.append(Case(f"sample: {relative}", "sample", theorem, text, expect))
+        text = path.read_text()
+        # each target theorem of the file with its own statement, as evals.scan_corpus measures them (a file's
+        # name may name none: Seed's IMO 2025 p5.lean proves several, Delta's amx12a_2020_p15 amc12a_2020_p15)
+        names = scan_corpus.targets(text, path.stem)
+        for name in names:
+            theorem = Theorem(name, "lean", statement=scan_corpus.own_statement(text, name), header=DEFAULT_HEADER)
+            expect = "rejected" if relative in NATIVE_DECIDE else "recorded"
+            label = f"sample: {relative}" if names == [path.stem] else f"sample: {relative} {name}"
+            listed.append(Case(label, "sample", theorem, text, expect))
     return listed
 
 
@@ -90,7 +110,8 @@ def test_the_box_runs_every_exploit_of_the_integrity_tests_and_every_published_s
     exploits = [c for c in listed if c.kind == "exploit"]
     assert len(exploits) == len(EXPLOITS) + len(EXPLOITS_BEFORE) > 30
     samples = [c.name.removeprefix("sample: ") for c in listed if c.kind == "sample"]
-    assert samples == sorted(str(p.relative_to(SAMPLES)) for p in SAMPLES.rglob("*.lean"))
+    files = sorted(str(p.relative_to(SAMPLES)) for p in SAMPLES.rglob("*.lean"))
+    assert sorted({name.split(" ", 1)[0] for name in samples}) == files  # every file, each of its targets
     assert len(samples) >= 9 and set(samples) >= NATIVE_DECIDE  # the fixture may grow (issue 38, item 3)
     assert listed[0].kind == "smoke" and listed[0].expect == "proved"
     # what the box measures: the smoke proof, Lean's own refusal, the accepted samples and the one harmless
@@ -99,7 +120,7 @@ def test_the_box_runs_every_exploit_of_the_integrity_tests_and_every_published_s
     assert {c.kind for c in listed if goes_to_lean(c)} == {"smoke", "lean_refuses", "sample", "exploit"}
     reaching = [c for c in listed if c.kind == "exploit" and goes_to_lean(c)]
     assert [(c.name, c.expect) for c in reaching] == [(c.name, "proved") for c in listed if c.expect == "proved"][1:]
-    assert [c.name.split(": ", 1)[1] for c in reaching] == ["#print"]
+    assert [c.name.split(": ", 1)[1].split(":", 1)[0] for c in reaching] == ["#print", "before the statement"]
     assert [c.name for c in listed if c.expect == "rejected" and goes_to_lean(c)] == ["Lean refuses: a false step"]
 
 
@@ -107,7 +128,8 @@ def goes_to_lean(case: Case) -> bool:
     """Whether the verifier's front end sends the case to Lean (else it is refused before any Lean time)."""
     from verifier_pool.lean_check import prepare  # noqa: PLC0415
 
-    return isinstance(prepare(case.text, case.theorem.statement, header=case.theorem.header), str)
+    # the box's LeanChecker has the audit as its second line: a theorem inside its namespace goes to Lean
+    return isinstance(prepare(case.text, case.theorem.statement, header=case.theorem.header, open_namespaces=True), str)
 
 
 def repl_memory_bytes(sandbox_id: str) -> int | None:

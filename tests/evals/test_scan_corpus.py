@@ -149,7 +149,7 @@ def test_a_def_helper_the_checked_command_lost_is_reported_as_dropped(monkeypatc
     text = "noncomputable def g (n : ℕ) : ℕ := n + 1\n\ntheorem t : g 1 = 2 := by\n  rfl\n"
     statement = "theorem t : g 1 = 2 := by\n"
     # a front end that keeps the theorem and loses the `def` its proof needs (Lean would then fail it)
-    monkeypatch.setattr(scan_corpus, "prepare", lambda model_text, formal: formal + "  rfl\n")
+    monkeypatch.setattr(scan_corpus, "prepare", lambda model_text, formal, **_: formal + "  rfl\n")
     report = scan_corpus.scan([scan_corpus.Proof("r", "t.lean", "t", text)], {("t.lean", "t"): statement})
     assert report["accepted"] == 1
     assert report["accepted_without_their_declarations"] == [
