@@ -69,6 +69,7 @@ from tasks.lean_text import Token, code_tokens, name_parts
 from verifier_pool.checkers import JUDGING_SOURCES
 from verifier_pool.judgement import Judgement
 from verifier_pool.lean_check import prepare
+from verifier_pool.lean_commands import HELPER_WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "minif2f.jsonl"
@@ -166,7 +167,7 @@ _BRACKETS = {"(": 1, "[": 1, "{": 1, "⟨": 1, ")": -1, "]": -1, "}": -1, "⟩":
 DECLARATION_WORDS = frozenset(
     {"theorem", "lemma", "def", "abbrev", "instance", "structure", "class", "inductive", "opaque", "axiom", "example"}
 )
-THEOREM_WORDS = frozenset({"theorem", "lemma"})
+THEOREM_WORDS = HELPER_WORDS  # the keywords of a theorem, as the front end reads them
 DEFINITION_WORDS = DECLARATION_WORDS - THEOREM_WORDS - {"example"}
 
 

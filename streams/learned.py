@@ -175,6 +175,12 @@ def with_problems(evals: dict[Any, dict[str, Any]], records: Iterable[dict[str, 
     return out
 
 
+def ends(evals: dict[int, Any]) -> list[int]:
+    """The versions of the first and last evaluation (one where they are the same): the two the verdict and
+    the answers compare."""
+    return sorted({min(evals), max(evals)}) if evals else []
+
+
 def answers(run_dir: Path, versions: Iterable[int]) -> list[str]:
     """What the answers were at each of `versions`' evaluations, from the run's traces (`answers_words`); []
     where the traces hold none of them."""

@@ -216,7 +216,7 @@ def verdict_lines(summary: dict, run_dir: Path, records: list[dict]) -> list[str
     if not evals:
         return []
     lines = [f"did it learn? {learned.verdict(evals)['words']}"]
-    if shown := learned.answers(run_dir, sorted({min(evals), max(evals)})):
+    if shown := learned.answers(run_dir, learned.ends(evals)):
         lines.append("answers: " + "; ".join(shown))
     return lines
 

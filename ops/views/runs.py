@@ -98,7 +98,7 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
         update_times=[r["time"] for r in updates if "time" in r],
         now=now,
         eval_s=eval_time(records),
-        answers=learned.answers(run_dir, ends(evals)) if with_answers else (),
+        answers=learned.answers(run_dir, learned.ends(evals)) if with_answers else (),
         prompt=(report or {}).get("prompt") or (info or {}).get("prompt"),
     )
     out["dir"] = str(run_dir)
@@ -114,11 +114,6 @@ def local_dir(info: dict[str, Any], settings: dict[str, Any]) -> Path | None:
         return None
     folder = Path(settings.get("run_dir") or Path("runs") / str(settings.get("run") or "")).expanduser()
     return folder if holds_run(folder) else None
-
-
-def ends(evals: dict[int, Any]) -> list[int]:
-    """The versions of the first and last evaluation (one where they are the same)."""
-    return sorted({min(evals), max(evals)}) if evals else []
 
 
 def eval_time(records: list[dict[str, Any]]) -> float | None:
@@ -163,7 +158,7 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         wall_s=wall_s,
         update_times=[t for t in times if t],
         eval_s=eval_time(records),
-        answers=learned.answers(files_at, ends(evals)) if files_at else (),
+        answers=learned.answers(files_at, learned.ends(evals)) if files_at else (),
         prompt=info.get("prompt") or (report or {}).get("prompt"),
     )
     out["dir"] = str(run_dir) if run_dir else None
