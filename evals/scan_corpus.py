@@ -20,8 +20,9 @@ no other declaration of the file uses (a file may prove several: `imo2025_p1_lef
 Writes one JSON object (default docs/results/scan-real-proofs.json): per mode, total, accepted, refused by
 reason, by rule and by policy, figures per release, and each refused proof with its file, theorem, reason,
 detail and `policy` (null for a valid proof refused); and the accepted proofs whose checked command declares
-fewer theorems, lemmas and definitions than their file (helpers dropped: Lean then fails the proof, so these
-are valid proofs refused too, only later). Prints a summary on stderr.
+fewer theorems, lemmas and definitions than their file does up to the target (helpers dropped: Lean then fails
+the proof, so these are valid proofs refused too, only later; what follows the proof is dropped by design, as
+nothing there is in scope for it). Prints a summary on stderr.
 
 The published figure (docs/results/scan-real-proofs.json), every release of KNOWN_RELEASES, from clones of
 the six repositories at the commits named there (R: where they are):
@@ -65,6 +66,7 @@ from typing import Any
 
 import orjson
 
+from tasks.lean_proof import IntegrityError, split_attempt
 from tasks.lean_text import Token, code_tokens, name_parts
 from verifier_pool.checkers import JUDGING_SOURCES
 from verifier_pool.judgement import Judgement
@@ -314,8 +316,8 @@ def scan(proofs: list[Proof], statements: dict[tuple[str, str], str | None]) -> 
         where = {"release": proof.release, "file": proof.file, "theorem": proof.name}
         if isinstance(result, str):
             accepted += 1
-            if _declarations(result) < _declarations(proof.text):
-                dropped.append({**where, "declarations": _declarations(result), "in_file": _declarations(proof.text)})
+            if _declarations(result) < (usable := usable_declarations(proof.text, statement)):
+                dropped.append({**where, "declarations": _declarations(result), "in_file": usable})
             continue
         reasons[result.reason] += 1
         rules[_rule(result)] += 1
@@ -359,6 +361,13 @@ def _declarations(text: str) -> int:
     `abbrev` helpers count as lemmas do). An accepted proof whose checked command makes fewer than its file lost
     helpers it uses: Lean then fails it."""
     return sum(t.kind == "ident" and t.text in DECLARATION_WORDS for t in code_tokens(text))
+
+
+def usable_declarations(text: str, statement: str) -> int:
+    """The declarations of a file its target can use: those before the target's statement, and the target.
+    Lean reads a file in order, so nothing after the proof is in scope for it (and the verifier drops it)."""
+    attempt = split_attempt(text, statement)
+    return _declarations(text) if isinstance(attempt, IntegrityError) else _declarations(attempt.before) + 1
 
 
 def _rule(judgement: Judgement) -> str:

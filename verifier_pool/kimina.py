@@ -367,12 +367,12 @@ def assemble_snippet(header: str, command: str, theorem_name: str) -> tuple[str,
     """The code to send (header, blank lines, command, then `#print axioms NAME` as its last line, without a
     trailing newline) and its Layout.
 
-    Why the proof cannot forge the axioms report: `command` passed `lean_check.scan_forbidden`, which rejects
-    every `#` command, so the only `#print` is ours, and it sits alone on the last line; the proof's syntax
-    ends before it (a comment or string left open to swallow it is a Lean error, which fails the proof), so a
-    message the proof makes (`trace "'NAME' does not depend on any axioms"`) sits on an earlier line and is
-    never read as the report; the report must be the only one on that line and name our theorem; and the
-    scan also forbids what could redefine `#print` or change how NAME resolves (see `lean_check`).
+    Why the proof cannot forge the axioms report: `command` is what `lean_check.prepare` sends, which holds no `#`
+    command (refused in the proof, dropped after it), so the only `#print` is ours, and it sits alone on the last
+    line; the proof's syntax ends before it (a comment or string left open to swallow it is a Lean error, which
+    fails the proof), so a message the proof makes (`trace "'NAME' does not depend on any axioms"`) sits on an
+    earlier line and is never read as the report; the report must be the only one on that line and name our theorem;
+    and the scan also forbids what could redefine `#print` or change how NAME resolves (see `lean_check`).
     """
     code = f"{header.rstrip()}\n{command.rstrip()}\n{lean_check.axioms_command(theorem_name)}"
     head, body = _split(code)

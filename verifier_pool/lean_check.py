@@ -5,20 +5,21 @@ The order a verifier runs them in (`prepare` does steps 1-3):
    at its restatement of the canonical statement (equal up to whitespace, `lemma` for `theorem` included): the
    text before it and the proof body after its `:= by` (or, for a term-mode proof, after its `:=`). A code
    that states the theorem otherwise is `statement_mismatch`, naming the first word that differs.
-2. The scan (verifier_pool.lean_commands, with the token rules of verifier_pool.lean_scan): the text is cut
-   into commands where Lean's parser cuts it (a line left of the proof's column ends the proof). Before the
-   statement, `import` lines are dropped; `open` (`open scoped`), harmless options, the binder options
+2. The scan (verifier_pool.lean_commands, with the token rules of verifier_pool.lean_scan): the text is cut into
+   commands where Lean's parser cuts it (a line left of the proof's column ends the proof). Before the statement,
+   `import` lines are dropped; `open` (`open scoped`), harmless options, the binder options
    `autoImplicit`/`relaxedAutoImplicit` (for the helpers only), helper `lemma`/`theorem`/`def`/`abbrev`
-   declarations (`noncomputable` too, tagged `@[simp]`/`@[reducible]`/`@[local simp]` or not),
-   `namespace X ... end X` and sections (a scope left open is closed before the statement; a namespace left
-   open there is opened on the theorem, `open X in`, only with `open_namespaces`, i.e. where the audit runs,
-   and refused elsewhere), `add_aesop_rules` and `#print axioms <a helper>` are kept or dropped
-   (verifier_pool.lean_preamble says why each is harmless); after the proof, `#print axioms` of the target
-   or a helper and the `end` of a section left open are dropped, helper lemmas are kept; any other command
-   is refused. Every kept text is scanned for holes, code that runs at elaboration time (commands, attributes
-   other than those tags, tactic configuration terms, run-a-term tactics, an aesop `tactic` rule or a rule or
-   `.name` configuration value naming a definition of the attempt), syntax definitions, new axioms, compiler
-   trust, debug and warning options.
+   declarations (`noncomputable` too, tagged `@[simp]`/`@[reducible]`/`@[local simp]` or not), `namespace X ...
+   end X` and sections (a scope left open is closed before the statement; a namespace left open there is opened
+   on the theorem, `open X in`, only with `open_namespaces`, i.e. where the audit runs, and refused elsewhere),
+   `add_aesop_rules` and `#print axioms <a helper>` are kept or dropped (verifier_pool.lean_preamble says why
+   each is harmless); any other command there is refused. The proof ends where Lean's parser ends it, at a
+   command: that command and all after it are dropped unread (Lean elaborates the theorem before them, and steps
+   5 and the audit are commands of the verifier's own); a line left of the proof's column that is no command is
+   refused (Lean reports it). Every kept text is scanned for holes, code that runs at elaboration time (commands,
+   attributes other than those tags, tactic configuration terms, run-a-term tactics, an aesop `tactic` rule or a
+   rule or `.name` configuration value naming a definition of the attempt), syntax definitions, new axioms,
+   compiler trust, debug and warning options.
 3. `assemble(statement, body, before=helpers)` (tasks.lean_proof): the command, built from trusted parts and
    the kept ones: the helpers (with the model's `open`s and options in a section of their own, so they never
    reach the statement), the `open`s of the namespaces left open at it and the harmless options set on the
@@ -45,13 +46,13 @@ What these checks do NOT catch:
 - A proof text that reads differently under a Lean version whose token rules differ from `lean_text`'s.
 
 What they refuse that Lean would accept (false positives we accept for a scan that needs no grammar): a named
-argument where the scan cannot tell a term from a tactic (at the start of a line, after a tactic it does not
-know to take a term) whose value is not a literal; a term that goes on at a line left of the proof's column
-outside any bracket (Lean reads it on after an operator); instances, structures and attributes other than the
-tags, `where` attributes; a namespace open at the statement without the audit (`open X` could change how the statement
-reads); aesop rules
-that name a definition of the attempt, and `.name` configuration values sharing a definition's last component;
-`unsafe` as aesop's phase anywhere but first in its rule; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
+argument where the scan cannot tell a term from a tactic (after a tactic it does not know to take a term, on a
+line after a term Lean reads on across the line break) whose value is not a literal; a term that goes on at a
+line left of the proof's column outside any bracket (Lean reads it on after an operator); instances,
+structures and attributes other than the tags, `where` attributes; a namespace open at the statement without
+the audit (`open X` could change how the statement reads); aesop rules that name a definition of the attempt,
+and `.name` configuration values sharing a definition's last component; `unsafe` as aesop's phase anywhere but
+first in its rule; Mathlib's `#s` card notation; options `warn.*` and `debug.*`.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from typing import Any
 
 import structlog
 
-from tasks.lean_proof import IntegrityError, assemble, split_attempt, theorem_name
+from tasks.lean_proof import IntegrityError, assemble, split_attempt
 from tasks.lean_text import closed, name_parts
 from verifier_pool.judgement import Judgement  # the pool's one verdict type; `proved` here means "no objection"
 from verifier_pool.lean_commands import Kept, Refusal, scan_before, scan_body, statement_names
@@ -114,7 +115,7 @@ def scan_forbidden(body: str) -> str | None:
     (`set_option debug.skipKernelTC true in`); FORBIDDEN_COMPONENTS anywhere in a dotted name; a command
     after the proof that is not a helper declaration; `eval%`; a configuration value that is not a literal.
     """
-    scanned = scan_body(body, target="")
+    scanned = scan_body(body)
     return scanned.reason if isinstance(scanned, Refusal) else None
 
 
@@ -153,11 +154,7 @@ def prepare(
         return _refused(Refusal(f"forbidden: {open_at_statement(before.namespaces)}", "before the statement"))
     if _sent(before) and not closed("".join(before.commands)):  # it would read on into the statement
         return _rejected("integrity", "before the statement: a comment, string or interpolation left open")
-    try:
-        target = theorem_name(formal_statement)
-    except ValueError:
-        target = ""  # a statement of no name: no `#print axioms` after the proof is its own
-    body = scan_body(attempt.body, target, names, term=attempt.term, before=before)
+    body = scan_body(attempt.body, names, term=attempt.term, before=before)
     if isinstance(body, Refusal):
         return _refused(body)
     if not body.body_tokens:  # no Lean run can prove anything with whitespace and comments
@@ -167,7 +164,7 @@ def prepare(
     options = opens(before.namespaces) + [
         o for o in before.options if isinstance(known, Refusal) or o not in known.options
     ]
-    return assemble(formal_statement, text + "".join(body.commands), attempt.term, _before(before), tuple(options))
+    return assemble(formal_statement, text, attempt.term, _before(before), tuple(options))
 
 
 def _sent(kept: Kept) -> bool:

@@ -6,10 +6,11 @@ Two texts are read (tasks.lean_proof splits the attempt at the canonical stateme
   each scanned by the rules of a proof body, with tag attributes), scopes and `add_aesop_rules` are kept, in
   order (verifier_pool.lean_preamble: the rules for definitions, tags, scopes and aesop rules); anything else
   is refused, naming it.
-- the proof body and what follows it (`scan_body`): the proof ends where Lean ends it, and each command after
-  it is judged: a trailing `#print axioms <the target or a helper>` is dropped (the verifier asks its own, as
-  a separate command), and so is the `end` of a section the text left open before the statement; a helper
-  lemma is kept; anything else is refused.
+- the proof body (`scan_body`): the proof ends where Lean ends it, and Lean reads a command there; that
+  command and everything after it are dropped unread. Lean elaborates the target theorem before anything that
+  follows it, and the verifier asks `#print axioms` and runs the audit as commands of its own, so nothing
+  after the proof can change the verdict; a text that goes on with no command there (a line left of the
+  proof's column that Lean cannot read as one) is refused: Lean would report it as an error.
 
 Where a command ends, as Lean's parser sees it: a tactic block (`:= by`) holds the lines at or right of its
 first tactic's column (Lean's `sepByIndent`: `checkColGe`); a line that starts left of it, outside any open
@@ -58,6 +59,21 @@ HARMLESS_OPTION_PREFIXES = ("linter.", "pp.")
 SUFFIX_WORDS = frozenset({"where", "termination_by", "decreasing_by"})
 # Words that start a command wherever the text is not inside a declaration's proof.
 _COMMAND_STARTS = COMMAND_WORDS | {"open", "set_option", "import", "scoped", AESOP_COMMAND}
+# The commands accepted before the statement, by their first word (`#print` and `@[` aside).
+_KINDS = (
+    {
+        "import": "import",
+        "noncomputable": "noncomputable",
+        AESOP_COMMAND: "aesop",
+        "namespace": "scope",
+        "section": "scope",
+        "end": "scope",
+        "open": "open",
+        "set_option": "option",
+    }
+    | dict.fromkeys(HELPER_WORDS, "helper")
+    | dict.fromkeys(DEFINITION_WORDS, "definition")
+)
 _OPTION_VALUE = re.compile(r"[0-9]+|true|false")
 
 
@@ -87,16 +103,13 @@ class Kept:
     body_tokens: int = 0  # scan_body: the body's code tokens (none: an empty proof)
     rules: int = 0
     closing: str = ""
-    sections: tuple[str, ...] = ()
     namespaces: tuple[str, ...] = ()  # before the statement: the namespaces open at it, outermost first
     declared: Declared = field(default_factory=Declared)
 
 
 @dataclass
 class _Command:
-    kind: (
-        str  # body | import | open | option | helper | print | attributed | attributes | noncomputable | scope | aesop
-    )
+    kind: str  # body | import | open | option | helper | print | attributes | noncomputable | scope | aesop
     start: int  # offset of its first token (the first prefix's)
     col: int
     scan: Scan
@@ -129,16 +142,15 @@ class _Commands:
         text: str,
         phase: str,
         names: frozenset[str],
-        target: str,
         term: bool = False,
         declared: Declared | None = None,
-        sections: tuple[str, ...] = (),
     ) -> None:
-        self.text, self.phase, self.names, self.target = text, phase, names, target  # phase: before | body
+        self.text, self.phase, self.names = text, phase, names  # phase: before | body
         self.kept = Kept(declared=declared if declared is not None else Declared())
         self.declared = self.kept.declared
-        self.scopes = Scopes(sections)
+        self.scopes = Scopes()
         self.refusal: Refusal | None = None
+        self.ended = False  # the body phase: the proof has ended, what follows is dropped unread
         self.line = 0  # the line the last code token ended on
         self.cmd: _Command | None = None
         if phase == "body":
@@ -150,7 +162,7 @@ class _Commands:
             first = token.line != self.line
             self.line = token.line if kind == "ident" or kind == "number" else token.line + token.text.count("\n")
             self.refusal = self._step(token, first)
-        return self.refusal is not None
+        return self.refusal is not None or self.ended
 
     def finish(self) -> None:
         """After the last token: the last command's own checks. A body that is the last command keeps the
@@ -169,7 +181,6 @@ class _Commands:
         """The scopes the text leaves open: closed before the statement, the namespaces among them recorded (the
         theorem is sent under `open` of each where the audit runs, and refused elsewhere: lean_check `prepare`)."""
         self.kept.closing = self.scopes.closing()
-        self.kept.sections = tuple(name for _, name in self.scopes.stack)
         self.kept.namespaces = self.scopes.namespaces()
 
     def _step(self, token: Token, first: bool) -> Refusal | None:
@@ -204,8 +215,8 @@ class _Commands:
             return False  # inside `@[...]`: `local` is the attribute's kind
         if token.kind == "hash":
             return True
-        if token.text == "@[":  # before the statement, a helper's attributes at a line's start
-            return self.phase == "before" and token.col == 0
+        if token.text == "@[":  # a declaration's attributes at a line's start
+            return token.col == 0
         if token.kind != "ident":
             return False
         if token.text in COMMAND_WORDS or token.text == AESOP_COMMAND:
@@ -218,7 +229,9 @@ class _Commands:
         """Close the current command and start one at `token` (a line left of the proof's column `dedent`)."""
         if self.cmd is not None and (refusal := self._close(self.cmd)) is not None:
             return refusal
-        where = "before the statement" if self.phase == "before" else "after the proof"
+        if self.phase == "body":  # the proof has ended at `token`
+            return self._after_proof(token, dedent)
+        where = "before the statement"
         kind = self._kind(token)
         if kind is None and (reason := forbidden(token)) is not None:
             return Refusal(f"forbidden: {reason}", where)
@@ -231,30 +244,30 @@ class _Commands:
         self.cmd.last = token.text
         if kind in ("print", "scope"):
             self.cmd.words.append(token.text)
-        elif kind == "attributed":  # `@[attr] decl` after the proof: the attribute rule refuses it at its name
-            self.cmd.scan(token)
         elif kind == "definition":
             self.cmd.kind, self.cmd.definition = "helper", True
         elif kind == "noncomputable":
             self.cmd.pending = True
         return None
 
-    def _kind(self, token: Token) -> str | None:
-        """The kind of command `token` starts, or None for one never accepted here."""
+    def _after_proof(self, token: Token, dedent: int | None) -> Refusal | None:
+        """Where the proof ends: a command, dropped with everything after it; a forbidden word (a hole, `axiom`,
+        `elab`, ...) is refused there as anywhere; anything else is no command, as Lean would report."""
+        if token.kind == "hash" or token.text == "@[" or (token.kind == "ident" and token.text in _COMMAND_STARTS):
+            self.ended, self.cmd = True, None
+            return None
+        if (reason := forbidden(token)) is not None:
+            return Refusal(f"forbidden: {reason}", "after the proof")
+        return _not_a_command(token.text, token.kind, token.line, dedent, "after the proof")
+
+    @staticmethod
+    def _kind(token: Token) -> str | None:
+        """The kind of command `token` starts before the statement, or None for one never accepted there."""
         if token.kind == "hash":
             return "print" if token.text == "#print" else None
         if token.text == "@[":
-            return "attributes" if self.phase == "before" else "attributed"
-        if token.text in HELPER_WORDS:
-            return "helper"
-        if token.text == "end" and (self.phase == "before" or self.scopes.stack):
-            return "scope"  # after the proof: an `end` of a section the text opened before the statement
-        if self.phase == "before":
-            before = {"import": "import", "noncomputable": "noncomputable", AESOP_COMMAND: "aesop"}
-            before |= {"namespace": "scope", "section": "scope"} | dict.fromkeys(DEFINITION_WORDS, "definition")
-            if token.text in before:
-                return before[token.text]
-        return {"open": "open", "set_option": "option"}.get(token.text)
+            return "attributes"
+        return _KINDS.get(token.text)
 
     def _core(self, cmd: _Command, token: Token) -> Refusal | None:
         """`token` is the command a prefix applies to: `open ... in`, `set_option ... in`, `@[tags]`,
@@ -285,8 +298,8 @@ class _Commands:
         if cmd.kind == "body":
             return ""
         if cmd.kind == "helper" and cmd.name:
-            return f"helper `{cmd.name}`" + (" after the proof" if self.phase == "body" else "")
-        return "before the statement" if self.phase == "before" else "after the proof"
+            return f"helper `{cmd.name}`"
+        return "before the statement"
 
     def _inside(self, cmd: _Command, token: Token, first: bool) -> Refusal | None:
         """A token of the current command: its kind's bookkeeping, then the token rules."""
@@ -434,8 +447,6 @@ class _Commands:
             reason = self.scopes.command(cmd.words[0], cmd.words[1:], cmd.noncomputable)
             if reason is not None:
                 return Refusal(f"forbidden: {reason}", self._where(cmd))
-            if self.phase == "body":
-                return None  # the `end` of a section closed before the statement already
         if cmd.kind == "option" and (refusal := self._option_problem(cmd)) is not None:
             return refusal
         if cmd.kind == "helper" and not cmd.name:
@@ -444,13 +455,6 @@ class _Commands:
             return Refusal("forbidden: a declaration without a proof", self._where(cmd))
         if cmd.kind == "print":
             return self._close_print(cmd)
-        if cmd.kind in ("open", "option") and self.phase == "body":
-            word = "open" if cmd.kind == "open" else "set_option"
-            return Refusal(
-                f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
-                "reads the theorem's name, or prints it)",
-                self._where(cmd),
-            )
         if cmd.kind == "option" and cmd.name not in BINDER_OPTIONS:
             self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
         if cmd.kind != "import":
@@ -468,19 +472,17 @@ class _Commands:
         if cmd.kind in ("attributes", "noncomputable"):
             what = "attribute @[" + " ".join(cmd.words) + "]" if cmd.kind == "attributes" else "noncomputable"
             return Refusal(f"forbidden: {what} before no helper", self._where(cmd))
-        if not (last and self.phase == "before"):
+        if not last:
             return Refusal("forbidden: `in` followed by no declaration", self._where(cmd))
         if cmd.kind == "option" and cmd.name not in BINDER_OPTIONS:
             self.kept.options.append(f"set_option {cmd.name} {cmd.value}")
         return None
 
     def _close_print(self, cmd: _Command) -> Refusal | None:
-        """`#print axioms <the target>` after the proof is dropped: the verifier asks it itself, in a separate
-        command whose answer the proof cannot write; so is `#print axioms <a helper declared before it>`
-        (Seed-Prover prints each lemma's). Any other `#` command is refused."""
-        if len(cmd.words) != 3 or cmd.words[1] != "axioms":
-            return Refusal("forbidden: #print", self._where(cmd))
-        if _constant(cmd.words[2]) == _constant(self.target) or self.declared.declares(cmd.words[2]):
+        """`#print axioms <a helper declared before it>` is dropped (Seed-Prover prints each lemma's): it only
+        prints, and the verifier asks its own for the theorem, as a command whose answer the proof cannot
+        write. Any other `#` command is refused."""
+        if len(cmd.words) == 3 and cmd.words[1] == "axioms" and self.declared.declares(cmd.words[2]):
             return None
         return Refusal("forbidden: #print", self._where(cmd))
 
@@ -495,11 +497,6 @@ def _not_a_command(text: str, kind: str, line: int, column: int | None, where: s
     )
 
 
-def _constant(name: str) -> list[str]:
-    parts = name_parts(name)
-    return parts[1:] if parts[:1] == ["_root_"] else parts
-
-
 def _run(text: str, commands: _Commands) -> Kept | Refusal:
     lex(text, merge=True, stop=commands)
     if commands.refusal is None:
@@ -510,23 +507,20 @@ def _run(text: str, commands: _Commands) -> Kept | Refusal:
 def scan_before(text: str, names: frozenset[str]) -> Kept | Refusal:
     """The text before the statement: what of it goes to Lean, or why the attempt is refused. `names`: every
     name the canonical statement uses (`statement_names`)."""
-    return _run(text, _Commands(text, "before", names, target=""))
+    return _run(text, _Commands(text, "before", names))
 
 
 def scan_body(
     text: str,
-    target: str,
     names: frozenset[str] = frozenset(),
     term: bool = False,
     before: Kept | None = None,
 ) -> Kept | Refusal:
-    """The proof body (a tactic block, or a term with `term`) and the commands after it: where the body ends
-    (`Kept.body_end`) and which trailing commands go to Lean, or why the attempt is refused. `target`: the
-    theorem's name, whose `#print axioms` may end the text. `before`: what the text before the statement kept
-    (the names it declared; the sections it left open, whose `end`s after the proof are dropped)."""
+    """The proof body (a tactic block, or a term with `term`): where it ends (`Kept.body_end`; what follows is
+    dropped), or why the attempt is refused. `before`: what the text before the statement kept (the names it
+    declared, which a configuration value or an aesop rule in the proof may not name)."""
     declared = Declared() if before is None else before.declared
-    sections = () if before is None else before.sections
-    return _run(text, _Commands(text, "body", names, target, term=term, declared=declared, sections=sections))
+    return _run(text, _Commands(text, "body", names, term=term, declared=declared))
 
 
 def statement_names(statement: str) -> frozenset[str]:

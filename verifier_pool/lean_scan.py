@@ -10,11 +10,12 @@ Configuration by position. Lean evaluates a tactic's configuration: the `(name :
 `optConfig` (and the older `(config := value)`) that follow the tactic's name are elaborated into its Config
 structure and run by `evalExpr' (safety := .unsafe)` (Lean/Elab/Tactic/Config.lean, `mkConfigElaborator`).
 The same shape inside a term is a named argument (`mul_pos (a := x)`), elaborated, never run. Without Lean's
-grammar, `Context` follows where the text is a tactic and where a term, erring towards "tactic": a term
-starts only after a tactic known to take one (TERM_TACTICS), `:=`, `:`, `←`, `⟨` or a `[` list; every way
-back to a tactic resets it (`by`, `;`, `<;>`, `<|>`, `|`, `=>`, `·`, `then`, `else`, `says`, a new line of a
-tactic block). A term taken for a tactic makes a named argument face the literal rule (a refusal, never an
-acceptance); the reverse needs a tactic whose name follows a term with none of those resets between.
+grammar, `Context` follows where the text is a tactic and where a term, erring towards "tactic": a term starts
+only after a tactic known to take one (TERM_TACTICS), `:=`, `:`, `←`, `⟨` or a `[` list; every way back to a
+tactic resets it (`by`, `;`, `<;>`, `<|>`, `|`, `=>`, `·`, `then`, `else`, `says`, a new line of a tactic
+block, but after a line ending in `:=`, `:` or `←`, where Lean must read a term). A term taken for a tactic
+makes a named argument face the literal rule (a refusal, never an acceptance); the reverse needs a tactic
+whose name follows a term with none of those resets between.
 """
 
 from __future__ import annotations
@@ -231,6 +232,9 @@ class Context:
         self.frames = [[mode, mode == TACTIC, mode]]
         self.deeper = 0  # brackets opened past MAX_FRAMES, not recorded
         self.after_then = False  # the last event was `<;>`: a `[` after it holds tactics (`t <;> [t₁; t₂]`)
+        # The last token was `:=`, `:` or `←`: Lean's parser must read a term next, so a line break after it
+        # continues that term (`have h : T :=` then the term on the next line) and starts no tactic.
+        self.term_next = False
 
     @property
     def depth(self) -> int:
@@ -252,12 +256,14 @@ class Context:
             self.frames[-1][1] |= sequence
 
     def newline(self) -> None:
-        """A line starts: inside a tactic sequence, a new tactic."""
-        if not self.deeper and self.frames[-1][1]:
+        """A line starts: inside a tactic sequence, a new tactic, unless the line before ended where a term
+        must follow."""
+        if not self.deeper and self.frames[-1][1] and not self.term_next:
             self.frames[-1][0] = TACTIC
         self.after_then = False
 
     def word(self, word: str) -> None:
+        self.term_next = False
         if word in TERM_TACTICS:
             self.set(TERM)
         elif word in TACTIC_WORDS:
@@ -271,6 +277,7 @@ class Context:
         if text[0] not in RUN_CHARS:  # a symbol never merged into a run: `:=`, `:`, `{`, `⟨`, `←`, `·`, ...
             self._one(text)
             return -1
+        self.term_next = False
         if text == "(" or text == "[":  # the most common runs, without the regular expression
             self._open(text, 1)
             self.after_then = False
@@ -304,6 +311,7 @@ class Context:
         elif symbol in _RESETS:
             self.set(TACTIC)
         self.after_then = False
+        self.term_next = symbol in (":=", ":", "←")
 
     def _open(self, bracket: str, n: int) -> None:
         """`(` and `{` keep the mode they open in (tactic parentheses and `{ tacs }`, or a term's); `⟨` holds a
@@ -373,6 +381,8 @@ class Scan:
         self.ctor = ""
         if token.kind == "ident":
             self.context.word(token.text)
+        elif token.kind != "symbol":  # a number, string or character: a term read, the line goes on from it
+            self.context.term_next = False
         return forbidden(token) or self._context(token)
 
     def end(self) -> str | None:

@@ -35,7 +35,7 @@ from streams.theorems import Theorem
 from tasks.lean import DEFAULT_HEADER
 from tests.verifier_pool.sandboxes import FAKE_REPL, FIXTURES, NO_DOCKER
 from tests.verifier_pool.sandboxes import IMAGE as CHECKER_IMAGE
-from tests.verifier_pool.test_lean_check import EXPLOITS
+from tests.verifier_pool.test_lean_check import EXPLOITS, EXPLOITS_AFTER_THE_PROOF
 from tests.verifier_pool.test_lean_commands import EXPLOITS_BEFORE, GCD, NAME, SAMPLES
 
 IMAGE = os.environ.get("PROOFSTREAM_LEAN_BOX_IMAGE", "")
@@ -54,13 +54,6 @@ class Case:
     expect: str  # proved | rejected | recorded (a sample that goes to Lean: its verdict is a figure)
 
 
-def expect_of(body: str) -> str:
-    """An exploit in the proof is refused, except `#print axioms` of the target after a sound proof: the front
-    end drops that command (test_lean_commands.py, test_print_axioms_of_the_target_after_the_proof_is_dropped)
-    and the proof left is proved, which the box shows on real Lean."""
-    return "proved" if body == f"  norm_num\n#print axioms {NAME}\n" else "rejected"
-
-
 def expect_before(before: str) -> str:
     """An exploit before the statement is refused, except a bare `namespace Nat` left open: with the audit as
     second line the theorem goes to Lean closed out of it under `open Nat in`, and a statement that names
@@ -77,8 +70,14 @@ def cases() -> list[Case]:
         Case("Lean refuses: a false step", "lean_refuses", gcd, f"{GCD}  exact (rfl : (1 : ℕ) = 2)\n", "rejected"),
     ]
     listed += [
-        Case(f"exploit in the proof #{i}: {r}", "exploit", gcd, f"{GCD}{body}", expect_of(body))
+        Case(f"exploit in the proof #{i}: {r}", "exploit", gcd, f"{GCD}{body}", "rejected")
         for i, (body, r) in enumerate(EXPLOITS)
+    ]
+    # after a sound proof: the front end drops the command and all after it (test_lean_check.py,
+    # test_an_exploit_after_the_proof_never_reaches_lean), and the proof left is proved, as the box shows on Lean
+    listed += [
+        Case(f"exploit after the proof #{i}: {r}", "exploit", gcd, f"{GCD}  norm_num\n{after}", "proved")
+        for i, (after, r) in enumerate(EXPLOITS_AFTER_THE_PROOF)
     ]
     listed += [
         Case(
@@ -108,19 +107,20 @@ def test_the_box_runs_every_exploit_of_the_integrity_tests_and_every_published_s
     listed = cases()
     assert len({c.name for c in listed}) == len(listed)  # each verdict can be told apart in the record
     exploits = [c for c in listed if c.kind == "exploit"]
-    assert len(exploits) == len(EXPLOITS) + len(EXPLOITS_BEFORE) > 30
+    assert len(exploits) == len(EXPLOITS) + len(EXPLOITS_AFTER_THE_PROOF) + len(EXPLOITS_BEFORE) > 30
     samples = [c.name.removeprefix("sample: ") for c in listed if c.kind == "sample"]
     files = sorted(str(p.relative_to(SAMPLES)) for p in SAMPLES.rglob("*.lean"))
     assert sorted({name.split(" ", 1)[0] for name in samples}) == files  # every file, each of its targets
     assert len(samples) >= 9 and set(samples) >= NATIVE_DECIDE  # the fixture may grow (issue 38, item 3)
     assert listed[0].kind == "smoke" and listed[0].expect == "proved"
-    # what the box measures: the smoke proof, Lean's own refusal, the accepted samples and the one harmless
-    # "exploit" (a dropped `#print axioms`) reach Lean; the other exploits and the native_decide samples are
-    # refused before it (the box checks the real checker refuses them too; they cost no Lean time)
+    # what the box measures: the smoke proof, Lean's own refusal, the accepted samples and the harmless
+    # "exploits" (commands after the proof, dropped; a namespace left open) reach Lean; the other exploits and
+    # the native_decide samples are refused before it (the box checks the real checker refuses them too)
     assert {c.kind for c in listed if goes_to_lean(c)} == {"smoke", "lean_refuses", "sample", "exploit"}
     reaching = [c for c in listed if c.kind == "exploit" and goes_to_lean(c)]
     assert [(c.name, c.expect) for c in reaching] == [(c.name, "proved") for c in listed if c.expect == "proved"][1:]
-    assert [c.name.split(": ", 1)[1].split(":", 1)[0] for c in reaching] == ["#print", "before the statement"]
+    after = [c.name for c in listed if c.name.startswith("exploit after the proof")]
+    assert [c.name for c in reaching] == [*after, next(c.name for c in reaching if "before the statement" in c.name)]
     assert [c.name for c in listed if c.expect == "rejected" and goes_to_lean(c)] == ["Lean refuses: a false step"]
 
 

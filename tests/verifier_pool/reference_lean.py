@@ -343,25 +343,23 @@ def scan_before(text: str, names: frozenset[str]) -> Outcome:
     """The text before the statement cut into commands: what each keeps, or the first refusal (the fields of
     verifier_pool.lean_commands `Kept` and `Refusal`, in their order; the declared definitions sorted).
     `names`: the statement's names."""
-    return _Plain(text, "before", names, "").run()
+    return _Plain(text, "before", names).run()
 
 
 def scan_body(
     text: str,
-    target: str,
     names: frozenset[str] = frozenset(),
     term: bool = False,
     definitions: frozenset[str] = frozenset(),
-    sections: tuple[str, ...] = (),
 ) -> Outcome:
-    """The proof body (a term with `term`) and the commands after it, as `scan_before` says; `definitions` and
-    `sections`: what the text before the statement declared and left open."""
-    return _Plain(text, "body", names, target, term=term, definitions=definitions, sections=sections).run()
+    """The proof body (a term with `term`), as `scan_before` says; what follows it is dropped at the command
+    where Lean ends the proof. `definitions`: what the text before the statement declared."""
+    return _Plain(text, "body", names, term=term, definitions=definitions).run()
 
 
 def scan_forbidden(body: str) -> str | None:
-    """A body and what follows it, for a theorem of no name: the first reason to refuse it, or None."""
-    outcome = scan_body(body, "")
+    """A body: the first reason to refuse it, or None."""
+    outcome = scan_body(body)
     return outcome[1] if outcome[0] == "refused" else None
 
 
@@ -425,12 +423,11 @@ class _Plain:
         text: str,
         phase: str,
         names: frozenset[str],
-        target: str,
         term: bool = False,
         definitions: frozenset[str] = frozenset(),
-        sections: tuple[str, ...] = (),
     ) -> None:
-        self.text, self.phase, self.names, self.target = text, phase, names, target
+        self.text, self.phase, self.names = text, phase, names
+        self.done = False  # the body's end: the rest of the text is not read
         self.where_new = "before the statement" if phase == "before" else "after the proof"
         self.commands: list[str] = []
         self.options: list[str] = []
@@ -441,7 +438,7 @@ class _Plain:
         self.sections: tuple[str, ...] = ()
         self.definitions = set(definitions)
         self.helper_names: list[list[str]] = []  # each helper's full name, as parts
-        self.scopes = [("section", name) for name in sections]  # (namespace | section, name), innermost last
+        self.scopes: list[tuple[str, str]] = []  # (namespace | section, name), innermost last
         self.body_end = -1
         self.body_tokens = 0
         self.cmd = None
@@ -496,8 +493,9 @@ class _Plain:
         cmd["stack"][-1][0] = mode
         cmd["stack"][-1][1] = cmd["stack"][-1][1] or sequence
 
-    def _newline(self, cmd: dict) -> None:
-        if cmd["stack"][-1][1]:
+    def _newline(self, cmd: dict, term_next: bool = False) -> None:
+        """A line starts. `term_next`: the line before ended in `:=`, `:` or `←`, so the line goes on with a term."""
+        if cmd["stack"][-1][1] and not term_next:
             cmd["stack"][-1][0] = "tactic"
         cmd["after_then"] = False
 
@@ -604,6 +602,8 @@ class _Plain:
             refusal = self._token(t, first)
             if refusal is not None:
                 return refusal
+            if self.done:
+                break
         cmd = self.cmd
         if cmd is not None and cmd["kind"] == "body":
             self.body_end = len(self.text) if cmd["tokens"] else 0
@@ -614,24 +614,23 @@ class _Plain:
         spaces: tuple[str, ...] = ()
         if self.phase == "before":  # every scope closed before the statement; its namespaces said (prepare's rule)
             self.closing = "".join(("end " + name).strip() + "\n" for _, name in self.scopes[::-1])
-            self.sections = tuple(name for _, name in self.scopes)
             spaces = tuple(name for kind, name in self.scopes if kind == "namespace")
         kept = (self.commands, self.options, self.scoped, self.helpers, self.body_end, self.body_tokens)
         declared = sorted(self.definitions), sorted(set(map(tuple, self.helper_names)))
-        return ("kept", *kept, self.rules, self.closing, self.sections, spaces, *declared)
+        return ("kept", *kept, self.rules, self.closing, spaces, *declared)
 
     def _where(self, cmd: dict) -> str:
         if cmd["kind"] == "body":
             return ""
         if cmd["kind"] == "helper" and cmd["name"]:
-            return f"helper `{cmd['name']}`" + (" after the proof" if self.phase == "body" else "")
+            return f"helper `{cmd['name']}`"
         return self.where_new
 
     def _token(self, t: Token, first: bool) -> Refused | None:
         cmd = self.cmd
         word = t.text if t.kind == "ident" else None
         starts = t.kind == "hash" or word in COMMAND_WORDS or (word in LINE_START_WORDS and t.col == 0)
-        starts = starts or word == "add_aesop_rules" or (t.text == "@[" and t.col == 0 and self.phase == "before")
+        starts = starts or word == "add_aesop_rules" or (t.text == "@[" and t.col == 0)
         if cmd is not None and cmd["kind"] == "attributes" and not cmd["pending"]:
             return self._inside(cmd, t, first)  # up to its `]`, an attribute's words start nothing
         if cmd is None:
@@ -654,7 +653,7 @@ class _Plain:
             else:
                 return self._begin(t, dedent=cmd["block"])
         elif first:
-            self._newline(cmd)
+            self._newline(cmd, term_next=cmd["last"] in (":=", ":", "←"))
         starts = starts or (word in ("open", "set_option", "import") and (not cmd["in_proof"] or cmd["pending"]))
         if starts and cmd["pending"]:
             return self._core(cmd, t)
@@ -685,6 +684,16 @@ class _Plain:
     def _begin(self, t: Token, dedent: int | None = None) -> Refused | None:
         if self.cmd is not None and (refusal := self._close(self.cmd)) is not None:
             return refusal
+        if self.phase == "body":  # the proof ended at `t`
+            command = t.kind == "hash" or t.text == "@[" or t.text in COMMAND_WORDS
+            if command or t.text in ("open", "set_option", "import", "scoped", "add_aesop_rules"):
+                self.cmd, self.done = None, True
+                return None
+            reason = forbidden(t)
+            if reason is not None:
+                return Refused(f"forbidden: {reason}", self.where_new)
+            what = t.text[0] if t.kind == "run" else t.text.split("\n", 1)[0][:40]
+            return Refused(f"forbidden: `{what}` at line {t.line}, " + _NO_COMMAND.format(col=dedent), self.where_new)
         kind = self._kind(t)
         if kind is None:
             reason = forbidden(t)
@@ -903,7 +912,7 @@ class _Plain:
             return Refused("forbidden: attribute @[ left open", self._where(cmd))
         if kind == "scope":
             refusal = self._scope(cmd)
-            if refusal is not None or self.phase == "body":
+            if refusal is not None:
                 return refusal
         if kind == "option" and (refusal := self._option(cmd)) is not None:
             return refusal
@@ -914,18 +923,9 @@ class _Plain:
         if kind == "print":
             words = cmd["words"]
             named = _named(words[2]) if len(words) == 3 else []
-            ours = named == _named(self.target) or any(
-                named and full[-len(named) :] == named and len(full) >= len(named) for full in self.helper_names
-            )
+            ours = any(named and full[-len(named) :] == named and len(full) >= len(named) for full in self.helper_names)
             drop = len(words) == 3 and words[1] == "axioms" and ours
             return None if drop else Refused("forbidden: #print", self._where(cmd))
-        if kind in ("open", "option") and self.phase == "body":
-            word = "open" if kind == "open" else "set_option"
-            return Refused(
-                f"forbidden: {word} (a new command: after the proof it could change how `#print axioms` "
-                "reads the theorem's name, or prints it)",
-                self._where(cmd),
-            )
         if kind == "option" and cmd["name"] not in BINDER_OPTIONS:
             self.options.append(f"set_option {cmd['name']} {cmd['value']}")
         if kind != "import":

@@ -85,13 +85,6 @@ EXPLOITS = [
     ("  exact Lean.ofReduceBool _ _ rfl\n", "ofReduceBool"),
     ("  set_option debug.skipKernelTC true in\n  exact h\n", "set_option debug.skipKernelTC"),
     ("  set_option «debug».skipKernelTC true in\n  exact h\n", "set_option debug.skipKernelTC"),
-    ("  norm_num\n\n@[implemented_by f] def g : Nat := 1\n", "implemented_by"),
-    ('  norm_num\n@[extern "lean_nat_add"] opaque h : Nat\n', "extern"),
-    ("  norm_num\n@[csimp] theorem t : @f = @g := rfl\n", "csimp"),
-    ("  norm_num\n#exit\n", "#exit"),
-    ('  norm_num\n#eval IO.println "pwned"\n', "#eval"),
-    ("  norm_num\n#print axioms mathd_numbertheory_188\n", "#print"),
-    ("  norm_num\n#check_failure foo\n", "#check_failure"),
     ('  norm_num\nrun_cmd Lean.logInfo "x"\n', "run_cmd"),
     ("  run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| norm_num))\n", "run_tac"),
     ("  exact by_elab Lean.Elab.Term.elabTerm (← `(trivial)) none\n", "by_elab"),
@@ -105,9 +98,6 @@ EXPLOITS = [
     ('  norm_num\ninfix:50 " = " => fun _ _ => True\n', "infix"),
     ("  norm_num\naxiom cheat : False\n", "axiom"),
     ("  exact (cheat : False).elim\naxiom cheat : False\n", "axiom"),
-    ("  norm_num\nlocal instance : Fact False := ⟨sorry⟩\n", "local"),
-    ("  norm_num\ninstance : Decidable True := isTrue trivial\n", "instance"),
-    ("  norm_num\nimport Mathlib.Tactic\n", "import"),
     ("  norm_num\nopaque secret : Nat\n", "opaque"),
     ("  norm_num\nunsafe def f : Nat := 1\n", "unsafe"),
     ("  exact unsafe (unsafeCast ())\n", "unsafe"),
@@ -116,19 +106,6 @@ EXPLOITS = [
     ("  norm_num\ninitialize pure ()\n", "initialize"),
     ("  norm_num\nbuiltin_initialize pure ()\n", "builtin_initialize"),
     ("  norm_num\nsimproc cheat (_) := fun _ => pure .continue\n", "simproc"),
-    (
-        "  norm_num\n@[command_elab Lean.Parser.Command.printAxioms] def f : CommandElab := fun _ => pure ()\n",
-        "command_elab",
-    ),
-    # a command after the proof that is not a helper declaration (a line left of the proof's column ends it)
-    ("  norm_num\n def cheat : Nat := 1\n", "def (a new command)"),
-    ("  norm_num\n    example : True := trivial\n", "example (a new command)"),  # any column: a command all the same
-    ("  norm_num\nnamespace Foo\n", "namespace"),
-    ("  norm_num\nexport Nat (gcd)\n", "export"),
-    ("  norm_num\nopen Nat\n", "open (a new command"),
-    ("  norm_num\n open Nat\n", "open (a new command"),  # left of the proof's column: a command too
-    ("  norm_num\nattribute [simp] Nat.gcd_comm\n", "attribute"),
-    ("  norm_num\nend\n", "end"),
     ('  have : String := s!"{(sorry : String)}"\n  norm_num\n', "sorry"),
     ('  exact (fun _ => trivial) r"\\" ; exact sorry ; "x"\n', "ambiguous literal"),
     ("  exact sor/- -/ry\n  exact sorry\n", "sorry"),  # the split one is not a sorry, the second is
@@ -189,7 +166,6 @@ EXPLOITS = [
     ("  have : 1 + 1 = 2 := by slim_check\n  norm_num\n", "slim_check"),
     # Lean.AddDecl `register_builtin_option warn.sorry`: with it off, no "declaration uses sorry" warning
     ("  set_option warn.sorry false in\n  exact (by assumption)\n", "set_option warn.sorry"),
-    ("  norm_num\nset_option warn.sorry false\n", "set_option warn.sorry"),
     ("  bv_decide?\n", "bv_decide?"),
     ('  bv_check "proof.lrat"\n', "bv_check"),
 ]
@@ -199,6 +175,39 @@ EXPLOITS = [
 def test_scan_rejects_exploit(body, reason):
     found = scan_forbidden(body)
     assert found is not None and found.startswith(f"forbidden: {reason}"), found
+
+
+# Exploits written as commands after the proof: Lean ends the proof at the command, and the command and the
+# rest of the text are dropped unread (verifier_pool.lean_commands), so none reaches Lean. A forbidden word
+# where the proof ends (`axiom`, `elab`, `run_cmd`, ... above) is refused as anywhere.
+EXPLOITS_AFTER_THE_PROOF = [
+    ("\n@[implemented_by f] def g : Nat := 1\n", "implemented_by"),
+    ('@[extern "lean_nat_add"] opaque h : Nat\n', "extern"),
+    ("@[csimp] theorem t : @f = @g := rfl\n", "csimp"),
+    ("#exit\n", "#exit"),
+    ('#eval IO.println "pwned"\n', "#eval"),
+    ("#print axioms mathd_numbertheory_188\n", "#print"),
+    ("#check_failure foo\n", "#check_failure"),
+    ("local instance : Fact False := ⟨sorry⟩\n", "local"),
+    ("instance : Decidable True := isTrue trivial\n", "instance"),
+    ("import Mathlib.Tactic\n", "import"),
+    ("@[command_elab Lean.Parser.Command.printAxioms] def f : CommandElab := fun _ => pure ()\n", "command_elab"),
+    (" def cheat : Nat := 1\n", "def"),  # a line left of the proof's column
+    ("    example : True := trivial\n", "example"),  # any column: a command all the same
+    ("namespace Foo\n", "namespace"),
+    ("export Nat (gcd)\n", "export"),
+    ("open Nat\n", "open"),
+    (" open Nat\n", "open, left"),
+    ("attribute [simp] Nat.gcd_comm\n", "attribute"),
+    ("end\n", "end"),
+    ("set_option warn.sorry false\n", "set_option warn.sorry"),
+]
+
+
+@pytest.mark.parametrize(("after", "name"), EXPLOITS_AFTER_THE_PROOF, ids=[e[1] for e in EXPLOITS_AFTER_THE_PROOF])
+def test_an_exploit_after_the_proof_never_reaches_lean(after, name):
+    assert scan_forbidden(f"  norm_num\n{after}") is None
+    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == f"{GCD}  norm_num\n"
 
 
 CLEAN = [
@@ -856,24 +865,25 @@ def _outcome(result: Kept | Refusal) -> tuple:
         return ("refused", result.reason, result.where)
     kept = (result.commands, result.options, result.scoped, result.helpers, result.body_end, result.body_tokens)
     declared = sorted(result.declared.definitions), sorted(result.declared.helpers)
-    return ("kept", *kept, result.rules, result.closing, result.sections, result.namespaces, *declared)
+    return ("kept", *kept, result.rules, result.closing, result.namespaces, *declared)
 
 
 def test_commands_agree_with_the_per_character_reading_on_random_commands():
     """The text before a statement and a proof body with what follows it, cut into commands: what each keeps
-    (texts, options, where the body ends) and the first refusal with its wording, as the plain reading says."""
+    (texts, options, where the body ends: the rest is dropped) and the first refusal with its wording, as the
+    plain reading says."""
     rng = random.Random(29)
     for _ in range(3_000):
         before = _soup(rng, COMMAND_PIECES, 10)
         body = _soup(rng, COMMAND_PIECES + ["  simp", "\n  ", "norm_num"], 18)
         assert _outcome(scan_before(before, NAMES)) == reference_lean.scan_before(before, NAMES), before
-        for target, term in (("mathd_numbertheory_188", False), ("mathd_numbertheory_188", True), ("", False)):
-            expected = reference_lean.scan_body(body, target, NAMES, term=term)
-            assert _outcome(scan_body(body, target, NAMES, term=term)) == expected, (body, target, term)
-        # after a preamble that declared the definition `evil` and left an anonymous section open
-        preamble = Kept(sections=("",), declared=Declared({"evil"}))
-        expected = reference_lean.scan_body(body, NAME, NAMES, definitions=frozenset({"evil"}), sections=("",))
-        assert _outcome(scan_body(body, NAME, NAMES, before=preamble)) == expected, body
+        for term in (False, True):
+            expected = reference_lean.scan_body(body, NAMES, term=term)
+            assert _outcome(scan_body(body, NAMES, term=term)) == expected, (body, term)
+        # after a preamble that declared the definition `evil`
+        preamble = Kept(declared=Declared({"evil"}))
+        expected = reference_lean.scan_body(body, NAMES, definitions=frozenset({"evil"}))
+        assert _outcome(scan_body(body, NAMES, before=preamble)) == expected, body
         assert scan_forbidden(before + body) == reference_lean.scan_forbidden(before + body), before + body
 
 
@@ -1065,9 +1075,13 @@ def _adversarial(size: int) -> dict[str, tuple[str, str | Judgement]]:
             "theorem " * (size // 8),
             Judgement("rejected", "statement_mismatch", f"{NO_THEOREM}`theorem` (line 1) instead"),
         ),
-        "theorem keywords after a proof": (  # a declaration after the proof: `theorem` can name none
+        "theorem keywords after a proof": (  # the proof ends at the first: the rest is dropped unread
             GCD + "  simp\n" + "theorem " * (size // 8),
-            Judgement("rejected", "integrity", "after the proof: forbidden: a declaration without a name"),
+            GCD + "  simp\n",
+        ),
+        "a proof then megabytes of lemmas": (  # dropped, never scanned past the first
+            GCD + "  simp\n" + "lemma l : True := by\n  (x := sorry)\n" * (size // 36),
+            GCD + "  simp\n",
         ),
         "fence opened and never closed, repeated": ("```lean4\nx" * (size // 10), GCD + "  x"),
         "statements restated": ((GCD + "  x\n") * (size // 64), REDECLARED),  # the last one counts: the others

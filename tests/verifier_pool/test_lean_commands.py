@@ -248,36 +248,49 @@ def test_published_proofs_that_use_native_decide_are_refused_by_policy(path, det
     assert prepare(text, statement) == refused(detail)
 
 
-# --- item 2: a trailing `#print axioms` ------------------------------------------------------------------------
+# --- item 2: what follows the proof --------------------------------------------------------------------------
+# Lean's parser ends the proof at a command; Lean elaborates the theorem before it, and the verifier asks
+# `#print axioms` and runs the audit as commands of its own. So the command and everything after it are dropped
+# unread: never sent to Lean, whatever they hold (issue 38: FYDY's Putnam lemmas go on with `structure`,
+# `noncomputable def` and `section`). Each expected command below is the theorem and its proof, nothing more.
+
+AFTER_THE_PROOF = [
+    # the target's own `#print axioms`, as provers end their files
+    f"\n#print axioms {NAME}\n",
+    f"\n  #print axioms {NAME}",
+    f"\n#print axioms _root_.{NAME}\n",
+    f"\n#print axioms {NAME}\n#print axioms {NAME}\n",
+    f"\n\n-- check\n#print axioms {NAME} -- the axioms\n",
+    # any `#` command: once sent, `#exit` truncated the run and `#print` could fake an axioms line
+    "\n#print axioms Nat.gcd_comm\n",
+    f"\n#print axioms {NAME}\n  norm_num\n",
+    f"\n#print {NAME}\n",
+    "\n#eval 1\n",
+    "\n#exit\n",
+    f"\n#print axioms {NAME}\n#check {NAME}\n",
+    # declarations, helper or not, and whatever their proofs hold
+    "\ntheorem extra : True := trivial\n",
+    "\n lemma extra (n : ℕ) : n = n := by\n   rfl\n",
+    "\n  theorem extra : True := trivial\n",  # a command word ends the proof at any column
+    "\ntheorem extra : True := by\n  sorry\n",
+    f"\ntheorem {NAME}' : True := by\n  native_decide\n",
+    f"\ntheorem Foo.{NAME} : True := trivial\nopen Foo\n",  # a shadow of the statement's name, never sent
+    "\ndef cheat : ℕ := 1\n",
+    "\ninstance : Decidable True := isTrue trivial\n",
+    "\nstructure PutnamSeq where\n  m : ℕ → ℕ\n",
+    "\nnoncomputable def oddPart (n : ℕ) : ℕ := n\nsection\nend\n",
+    "\n@[csimp] theorem fake : @Nat.add = @Nat.mul := by\n  sorry\n",
+    "\nend\nend\n",
+    "\nadd_aesop_rules safe h\n",
+    "\n open Nat\n",  # one column left of the proof's: `open` is a command there
+    "\nset_option maxHeartbeats 0\n",
+]
 
 
-@pytest.mark.parametrize(
-    "after",
-    [
-        f"\n#print axioms {NAME}\n",
-        f"\n  #print axioms {NAME}",
-        f"\n#print axioms _root_.{NAME}\n",
-        f"\n#print axioms {NAME}\n#print axioms {NAME}\n",
-        f"\n\n-- check\n#print axioms {NAME} -- the axioms\n",
-    ],
-)
-def test_print_axioms_of_the_target_after_the_proof_is_dropped(after):
+@pytest.mark.parametrize("after", AFTER_THE_PROOF)
+def test_every_command_after_the_proof_is_dropped_unread(after):
     assert prepare(f"{GCD}  norm_num{after}", GCD) == f"{GCD}  norm_num\n"
-
-
-@pytest.mark.parametrize(
-    ("after", "detail"),
-    [
-        ("\n#print axioms Nat.gcd_comm\n", "after the proof: forbidden: #print"),
-        (f"\n#print axioms {NAME}\n  norm_num\n", "after the proof: forbidden: #print"),
-        (f"\n#print {NAME}\n", "after the proof: forbidden: #print"),
-        ("\n#eval 1\n", "after the proof: forbidden: #eval"),
-        ("\n#exit\n", "after the proof: forbidden: #exit"),
-        (f"\n#print axioms {NAME}\n#check {NAME}\n", "after the proof: forbidden: #check"),
-    ],
-)
-def test_any_other_hash_command_after_the_proof_is_refused(after, detail):
-    assert prepare(f"{GCD}  norm_num{after}", GCD) == refused(detail)
+    assert scan_forbidden(f"  norm_num{after}") is None
 
 
 def test_options_inside_the_proof_keep_working():
@@ -301,6 +314,12 @@ NAMED = [
     "  obtain ⟨x, hx⟩ := foo (n := m * 2)\n  exact hx\n",
     "  calc a = b := foo (x := c)\n    _ = d := by simp\n",
     "  simpa using foo (h := bar)\n",
+    # a line that goes on after `:=`, `:` or `←`, where Lean must read a term (Delta Prover's amc12a_2009_p6 and
+    # amc12a_2021_p19: `have h : T :=` and the term on the next line, opening with a named argument's bracket)
+    "  have h : a = b :=\n    (foo h0 (n := 2) (z := m * n)).symm\n  exact h\n",
+    "  have h : a = b :=\n    -- a comment between\n\n    (foo (x := c * 4) (y := y)).mp h1\n  exact h\n",
+    "  obtain ⟨x, hx⟩ :\n    (∃ x, foo (n := m) x) := bar\n  exact hx\n",
+    "  rw [←\n    foo (n := m + 1)]\n",
 ]
 
 
@@ -318,6 +337,13 @@ def test_named_arguments_in_terms_are_ordinary_code(body):
         "  try simp (maxSteps := dbgTraceVal 1)\n",
         "  exact foo <;> simp (maxSteps := dbgTraceVal 1)\n",
         "  exact foo\n  simp (maxSteps := dbgTraceVal 1)\n",
+        # a line after a term that is complete starts a tactic: only `:=`, `:` and `←` carry the term over
+        "  have h : P := 5\n  simp (maxSteps := dbgTraceVal 1)\n",
+        '  have h : P := "s"\n  simp (maxSteps := dbgTraceVal 1)\n',
+        "  have h : P := foo\n  simp (maxSteps := dbgTraceVal 1)\n",
+        "  have h : P := (foo)\n  simp (maxSteps := dbgTraceVal 1)\n",
+        "  have h : P :=\n    foo\n  simp (maxSteps := dbgTraceVal 1)\n",
+        "  have h : P :=\n    by simp (maxSteps := dbgTraceVal 1)\n",
         "  exact foo; simp (maxSteps := dbgTraceVal 1)\n",
         "  first | exact foo | simp (maxSteps := dbgTraceVal 1)\n",
         "  exact (by simp (maxSteps := dbgTraceVal 1))\n",
@@ -384,16 +410,23 @@ def test_a_named_arguments_value_is_scanned_like_any_code(body, reason):
             "after the proof: forbidden: `linarith` at line 2, left of the proof's "
             "column 62: Lean ends the proof there and reads a command, which this is not",
         ),
-        # a command one column left: `open` ends the proof and is refused after it
-        (
-            "  norm_num\n open Nat\n",
-            "after the proof: forbidden: open (a new command: after the proof it could "
-            "change how `#print axioms` reads the theorem's name, or prints it)",
-        ),
     ],
 )
 def test_a_line_left_of_the_proofs_column_ends_it(body, expected):
     assert prepare(GCD + body, GCD) == refused(expected)
+
+
+@pytest.mark.parametrize(
+    ("after", "detail", "reason"),
+    [
+        ("sorry\n", "after the proof: forbidden: sorry", "sorry"),
+        ("axiom cheat : False\n", "after the proof: forbidden: axiom", "integrity"),
+        ('elab "cheat" : tactic => pure ()\n', "after the proof: forbidden: elab", "integrity"),
+        ("run_cmd pure ()\n", "after the proof: forbidden: run_cmd", "integrity"),
+    ],
+)
+def test_a_forbidden_word_where_the_proof_ends_is_refused_as_anywhere(after, detail, reason):
+    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == refused(detail, reason)
 
 
 @pytest.mark.parametrize(
@@ -408,44 +441,6 @@ def test_a_line_left_of_the_proofs_column_ends_it(body, expected):
 )
 def test_what_lean_reads_as_the_same_proof_stays_in_it(body):
     assert prepare(GCD + body, GCD) == GCD + body
-
-
-@pytest.mark.parametrize(
-    ("after", "kept"),
-    [
-        ("theorem extra : True := trivial\n", "theorem extra : True := trivial\n"),
-        (" lemma extra (n : ℕ) : n = n := by\n   rfl\n", " lemma extra (n : ℕ) : n = n := by\n   rfl\n"),
-        ("  theorem extra : True := trivial\n", "  theorem extra : True := trivial\n"),  # any column
-    ],
-)
-def test_a_declaration_after_the_proof_is_judged_as_a_helper_and_kept(after, kept):
-    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == f"{GCD}  norm_num\n{kept}"
-
-
-@pytest.mark.parametrize(
-    ("after", "detail", "reason"),
-    [
-        ("theorem extra : True := by\n  sorry\n", "helper `extra` after the proof: forbidden: sorry", "sorry"),
-        (
-            f"theorem {NAME}' : True := by\n  native_decide\n",
-            f"helper `{NAME}'` after the proof: forbidden: native_decide",
-            "integrity",
-        ),
-        (
-            f"theorem Foo.{NAME} : True := trivial\nopen Foo\n",
-            f"helper `Foo.{NAME}` after the proof: forbidden: redeclares `{NAME}`, {SHADOWS}",
-            "integrity",
-        ),
-        ("def cheat : ℕ := 1\n", "after the proof: forbidden: def (a new command)", "integrity"),
-        (
-            "instance : Decidable True := isTrue trivial\n",
-            "after the proof: forbidden: instance (a new command)",
-            "integrity",
-        ),
-    ],
-)
-def test_a_command_after_the_proof_follows_the_helper_rules(after, detail, reason):
-    assert prepare(f"{GCD}  norm_num\n{after}", GCD) == refused(detail, reason)
 
 
 # --- library search (Seed-Prover's checked proofs use it) --------------------------------------------------------
@@ -791,17 +786,10 @@ def test_aesop_rules_and_configuration_naming_no_definition_of_the_attempt_go_to
         ("namespace A B\nend A\n", "", "before the statement: forbidden: namespace A B (one name)"),
         ("noncomputable namespace A\n", "", "before the statement: forbidden: namespace (a new command)"),
         ("@[simp] noncomputable section\n", "", "before the statement: forbidden: section (a new command)"),
-        ("section\n", "\nend\nend\n", "after the proof: forbidden: end (a new command)"),
-        ("", "\nend\n", "after the proof: forbidden: end (a new command)"),
         (
             "set_option autoImplicit 0\n",
             "",
             "before the statement: forbidden: set_option autoImplicit 0 (true or false)",
-        ),
-        (
-            "add_aesop_rules safe h\n",
-            "\nadd_aesop_rules safe h\n",
-            "after the proof: forbidden: add_aesop_rules (a new command)",
         ),
         ("@[simp\nlemma h : 1 = 1 := rfl\n", "", "before the statement: forbidden: attribute @[simp lemma h :"),
     ],
@@ -811,13 +799,14 @@ def test_scopes_prefixes_and_attributes_that_lean_would_misread_are_refused(befo
 
 
 def test_print_axioms_of_a_helper_the_text_declared_is_dropped_before_and_after_the_proof():
-    """Seed-Prover's IMO files print each lemma's axioms, between the lemmas and after the theorem."""
+    """Seed-Prover's IMO files print each lemma's axioms, between the lemmas and after the theorem (where the
+    lemma after the proof is dropped with them)."""
     before = (
         "lemma h₁ : 1 = 1 := rfl\n#print axioms h₁\nnamespace A\nlemma h₂ : 2 = 2 := rfl\nend A\n#print axioms A.h₂\n"
     )
     after = f"\nlemma h₃ : 3 = 3 := rfl\n#print axioms h₃\n#print axioms {NAME}\n#print axioms h₁\n"
     kept_before = "lemma h₁ : 1 = 1 := rfl\nnamespace A\nlemma h₂ : 2 = 2 := rfl\nend A\n"
-    expected = f"{kept_before}{GCD}  norm_num\nlemma h₃ : 3 = 3 := rfl\n"
+    expected = f"{kept_before}{GCD}  norm_num\n"
     assert prepare(f"{before}{GCD}  norm_num{after}", GCD) == expected
     # a name the text did not declare, or declared later, is still refused
     assert prepare(f"#print axioms Nat.gcd_comm\n{GCD}  norm_num\n", GCD) == refused(f"{S}#print")
