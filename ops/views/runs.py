@@ -162,7 +162,9 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         eval_s=eval_time(records),
         answers=learned.answers(files_at, learned.ends(evals)) if files_at else (),
         prompt=info.get("prompt") or (report or {}).get("prompt"),
-        last_update=newest[0] if newest else None,
+        last_update=newest[0]
+        if newest
+        else max(update_records(records), key=lambda r: int(r["version"]), default=None),
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out

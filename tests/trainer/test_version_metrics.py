@@ -5,6 +5,7 @@ expected value is worked out by hand here."""
 from __future__ import annotations
 
 from trainer.es import member_spread
+from trainer.held_out import result as eval_result
 from trainer.orders import Order, at_quorum, expired, room
 from trainer.version_metrics import health_figures, version_metrics
 
@@ -223,3 +224,18 @@ def test_an_es_updates_member_spread_counts_the_members_that_differed():
     assert member_spread(members) == {"members": 8, "distinct": 3, "mode": 0.1, "differed": 3, "min": 0.1, "max": 0.35}
     flat = member_spread([_order(f"m{i}", 5, [0.1, 0.1]) for i in range(4)])
     assert (flat["distinct"], flat["differed"]) == (1, 0)  # a step of zeros
+
+
+def test_an_evaluations_result_has_its_held_out_credit_by_part():
+    """Two held-out answers: one solved with tags (every part 1), one tagged expression with the wrong numbers
+    (format 1, expression 1): means format 1, expression 1, numbers 0.5, closeness 0.5, solved 0.5."""
+    done = Order("eval-v2", 2, 0, 1, ["t1", "t2"], rewards={"eval-v2:0:0": 1.0, "eval-v2:1:0": 0.2}, proved=1)
+    done.add_parts({"format": 1.0, "expression": 1.0, "numbers": 1.0, "closeness": 1.0, "solved": 1.0})
+    done.add_parts({"format": 1.0, "expression": 1.0, "numbers": 0.0, "closeness": 0.0, "solved": 0.0})
+    assert eval_result(done) == {
+        "version": 2,
+        "held_out_reward": 0.6,
+        "held_out_exact": 0.5,
+        "problems": 2,
+        "held_out_parts": {"format": 1.0, "expression": 1.0, "numbers": 0.5, "closeness": 0.5, "solved": 0.5},
+    }
