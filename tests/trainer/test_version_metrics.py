@@ -7,6 +7,7 @@ from __future__ import annotations
 from trainer.es import member_spread
 from trainer.held_out import result as eval_result
 from trainer.orders import Order, at_quorum, expired, room
+from trainer.trackers import tracked
 from trainer.version_metrics import health_figures, version_metrics
 
 
@@ -239,3 +240,26 @@ def test_an_evaluations_result_has_its_held_out_credit_by_part():
         "problems": 2,
         "held_out_parts": {"format": 1.0, "expression": 1.0, "numbers": 0.5, "closeness": 0.5, "solved": 0.5},
     }
+
+
+def test_the_trackers_log_the_credit_by_part_one_number_a_part():
+    evaluation = {
+        "eval": True,
+        "version": 3,
+        "held_out_reward": 0.2,
+        "problems": 8,
+        "time": 1.0,
+        "held_out_parts": {"format": 0.5, "solved": 0.125},
+        "problems_solved": ["p0"],
+    }
+    assert tracked(evaluation) == (
+        {
+            "eval/held_out_reward": 0.2,
+            "eval/problems": 8.0,
+            "eval/held_out_parts/format": 0.5,
+            "eval/held_out_parts/solved": 0.125,
+        },
+        3,
+    )
+    update = {"version": 4, "reward_mean": 0.3, "parts": {"numbers": 0.25}, "member_spread": {"distinct": 2}}
+    assert tracked(update) == ({"reward_mean": 0.3, "parts/numbers": 0.25, "member_spread/distinct": 2.0}, 4)
