@@ -30,6 +30,8 @@ from streams.keys import Keys
 from streams.runtime import Delivery, Infrastructure, Poison
 from streams.schema import Attempt, Reward
 from streams.theorems import Theorem, fetch
+from tasks import countdown
+from tasks.countdown_check import scored
 from verifier_pool.judgement import Judgement
 
 log = structlog.get_logger("consumers.verifier")
@@ -45,6 +47,18 @@ def reward_of(judgement: Judgement) -> float:
     if judgement.verdict == "rejected" and judgement.score is not None:
         return judgement.score
     return REWARDS[judgement.verdict]
+
+
+def credit(theorem: Theorem, proof: str, judgement: Judgement) -> tuple[float, dict[str, float]]:
+    """The reward of `judgement` under the theorem's reward scheme, and the answer's credit by part. Lean: the
+    verdict's reward, no parts. Countdown: the parts (tasks.countdown.verdict_parts), and the reward the
+    checker gave (`shaped`, its partial credit) or the paper's (`paper`: the format's 0.1 or 1.0 solved, from
+    the same parts: tasks.countdown_check.scored)."""
+    reward = reward_of(judgement)
+    if theorem.task != "countdown":
+        return reward, {}
+    parts = countdown.verdict_parts(proof, judgement.verdict, judgement.detail, judgement.score)
+    return (scored(parts, "paper") if theorem.reward == "paper" else reward), parts
 
 
 class VerifierFault(Exception):
@@ -66,16 +80,11 @@ class Checker(Protocol):
 
 def verdict_digest(theorem: Theorem, proof: str, environment: str) -> str:
     """Cache key: the same statement, proof and environment always get the same verdict. The SHA-256 of each
-    part followed by a NUL byte (one buffer, hashed at once)."""
-    parts = (
-        environment,
-        theorem.task,
-        theorem.header,
-        theorem.statement,
-        orjson.dumps([theorem.numbers, theorem.target]).decode(),
-        proof,
-        "",
-    )
+    part followed by a NUL byte (one buffer, hashed at once). A Countdown problem's reward scheme joins its
+    numbers and target where it is not the default (a verdict is never served to a run that scores
+    otherwise); inside their JSON, so no proof can write its way across the NUL between two parts."""
+    problem = [theorem.numbers, theorem.target, theorem.reward] if theorem.reward else [theorem.numbers, theorem.target]
+    parts = (environment, theorem.task, theorem.header, theorem.statement, orjson.dumps(problem).decode(), proof, "")
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
@@ -158,6 +167,7 @@ class VerifyHandler:
                 encoded = self._stores[digest] = judgement.encode()
                 if digest in self._prefetched:  # the same proof later in this batch: a hit, not a second check
                     self._prefetched[digest] = encoded
+        reward, parts = credit(theorem, a.proof, judgement)
         log.info(
             "verified",
             attempt_id=a.attempt_id,
@@ -173,7 +183,7 @@ class VerifyHandler:
                 theorem_id=a.theorem_id,
                 policy_version=a.policy_version,
                 verdict=judgement.verdict,
-                reward=reward_of(judgement),
+                reward=reward,
                 reason=judgement.reason,
                 member=a.member,
                 work_id=a.work_id,
@@ -183,6 +193,7 @@ class VerifyHandler:
                 cached=cached,
                 detail=judgement.detail[:300],
                 attempt_entry=d.entry_id.decode(),
+                parts=parts,
             )
         ]
 

@@ -125,6 +125,9 @@ class Reward:
     cached: bool = False
     detail: str = ""  # short, human-readable: the first Lean error, the forbidden token, ...
     attempt_entry: str = ""  # the judged attempt's entry id in `attempts` (kept there for history_s): its text
+    # Countdown: the answer's credit by part, each in [0, 1] (tasks.countdown_check.PARTS: format, expression,
+    # numbers, closeness, solved), whatever the run's reward scheme; empty for Lean and in older entries.
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def dedup_id(self) -> str:

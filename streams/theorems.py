@@ -26,6 +26,9 @@ class Theorem:
     informal: str = ""  # lean: the problem in words, when the dataset has it (prompts only, never checked)
     numbers: list[int] = field(default_factory=list)  # countdown
     target: int = 0  # countdown
+    # countdown: the run's reward scheme (tasks.countdown_check.SCHEMES), "" for the default (`shaped`); the
+    # verifier scores by it and it joins the verdict cache key. Left out of the record while "".
+    reward: str = ""
 
     def problem(self) -> str | None:
         """Why no verifier could check attempts at this record, or None: the record's own shape only (the Lean
@@ -36,12 +39,19 @@ class Theorem:
         elif self.task == "countdown":
             if not self.numbers or not all(type(n) is int for n in self.numbers) or type(self.target) is not int:
                 return f"a Countdown problem needs integer numbers and target: {self.numbers!r}, {self.target!r}"
+            if self.reward not in REWARDS:
+                return f"unknown Countdown reward {self.reward!r}: use one of {', '.join(REWARDS[1:])}"
         else:
             return f"unknown task {self.task!r} (lean or countdown)"
+        if self.reward and self.task != "countdown":
+            return f"a reward scheme is Countdown's, not {self.task}'s"
         return None
 
     def encode(self) -> bytes:
-        return orjson.dumps({"v": SCHEMA_VERSION, **asdict(self)})
+        doc = asdict(self)
+        if not doc["reward"]:  # the default: the record as it was before runs had a reward setting
+            del doc["reward"]
+        return orjson.dumps({"v": SCHEMA_VERSION, **doc})
 
     @classmethod
     def decode(cls, raw: bytes) -> Theorem:
@@ -54,6 +64,7 @@ class Theorem:
             raise SchemaError(f"bad theorem record {raw[:60]!r}: {e}") from e
 
 
+REWARDS = ("", "shaped", "paper")  # tasks.countdown_check.SCHEMES, and "" for the default
 _ENDS_BY = re.compile(r":=\s*by\s*$")
 
 

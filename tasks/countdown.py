@@ -31,7 +31,20 @@ from typing import Any
 
 from streams.theorems import Theorem
 from tasks import after_reasoning
-from tasks.countdown_check import check, last_tagged, partial_credit
+from tasks.countdown_check import (
+    CREDIT_CLOSE,
+    CREDIT_FORMAT,
+    CREDIT_NUMBERS,
+    CREDIT_PARSES,
+    PARTS,
+    RULES,
+    CountdownResult,
+    check,
+    credit_parts,
+    last_tagged,
+    partial_credit,
+    scored,
+)
 from tasks.problems import DataError, Problems
 
 MAX_COUNTDOWN_CHARS = 1000
@@ -80,11 +93,41 @@ def extract_countdown(text: str, fmt: str = "tinyzero") -> str:
     return tail.strip()[:MAX_COUNTDOWN_CHARS]
 
 
-def reward(numbers: list[int], target: int, answer: str) -> float:
-    """The reward the verifier gives `answer` (1.0 when correct, else the checker's partial credit), computed
-    in this process: for measurements that score answers without a sandbox (evals.members). Parsing only,
-    nothing of the answer is run."""
-    return partial_credit(answer, check(list(numbers), target, answer), target)
+def reward(numbers: list[int], target: int, answer: str, scheme: str = "shaped") -> float:
+    """The reward the verifier gives `answer` under reward `scheme` (1.0 when correct, else the checker's
+    partial credit, or the paper's format credit), computed in this process: for measurements that score
+    answers without a sandbox (evals.members). Parsing only, nothing of the answer is run."""
+    result = check(list(numbers), target, answer)
+    return (
+        partial_credit(answer, result, target)
+        if scheme == "shaped"
+        else scored(credit_parts(answer, result, target), scheme)
+    )
+
+
+def verdict_parts(answer: str, verdict: str, detail: str, score: float | None) -> dict[str, float]:
+    """The credit by part (tasks.countdown_check.PARTS) of an answer the sandboxed checker judged, from its
+    verdict: what the verifier sends with each reward. The checker's verdict carries its shaped score and its
+    rule (the detail's first word, verifier_pool.checkers), and the parts follow from them and the answer's
+    tags, which the checker reads with the same `last_tagged`: an answer refused by `value` has the expression
+    and the numbers, and its closeness is what its score holds above those and its tags. Any other verdict
+    (a timeout, a checker that crashed on it) has no part."""
+    if verdict == "proved":
+        return credit_parts(answer, _SOLVED, 0)
+    rule = detail.split(":", 1)[0]
+    if verdict != "rejected" or score is None or rule not in RULES:
+        return dict.fromkeys(PARTS, 0.0)
+    tagged = 1.0 if last_tagged(answer) is not None else 0.0
+    parts = {"format": tagged, "expression": 0.0, "numbers": 0.0, "closeness": 0.0, "solved": 0.0}
+    if rule in ("numbers", "value", "equation"):
+        parts["expression"] = 1.0
+    if rule == "value":
+        above = score - CREDIT_FORMAT * tagged - CREDIT_PARSES - CREDIT_NUMBERS
+        parts["numbers"], parts["closeness"] = 1.0, round(min(1.0, max(0.0, above / CREDIT_CLOSE)), 6)
+    return parts
+
+
+_SOLVED = CountdownResult(True, "", "")
 
 
 # --- problems -------------------------------------------------------------------------------------------

@@ -193,19 +193,53 @@ CREDIT_PARSES = 0.1  # it is an arithmetic expression over integers
 CREDIT_NUMBERS = 0.3  # it uses each given number exactly once
 CREDIT_CLOSE = 0.3  # with the right numbers, times 1 - |value - target| / max(|target|, 1), floored at 0
 
+# An answer's credit by part, each in [0, 1] (what a run's curves by part average): `format` the <answer>
+# tags, `expression` an arithmetic expression over integers, `numbers` each given number once, `closeness`
+# 1 - |value - target| / max(|target|, 1) floored at 0 (with the right numbers only), `solved` correct.
+PARTS = ("format", "expression", "numbers", "closeness", "solved")
+# The reward schemes (the trainer's `reward` setting): `shaped`, the partial credit above; `paper`, TinyZero's
+# and the ES-at-scale paper's (Qiu et al. 2025, arXiv 2509.24372): PAPER_FORMAT for an answer in <answer>
+# tags, 1.0 for a correct one, nothing between.
+SCHEMES = ("shaped", "paper")
+PAPER_FORMAT = 0.1
+
+
+def credit_parts(answer_text: str, result: CountdownResult, target: int) -> dict[str, float]:
+    """The answer's credit by part (PARTS). A correct answer has every part but `format` whole; `format` is
+    its tags, whatever else."""
+    tagged = 1.0 if last_tagged(answer_text) is not None else 0.0
+    if result.ok:
+        return {"format": tagged, "expression": 1.0, "numbers": 1.0, "closeness": 1.0, "solved": 1.0}
+    # A false equation ("equation") parses but states a wrong value: no credit for numbers or closeness.
+    parses = result.reason in ("numbers", "value", "equation") and result.value is not None
+    right = parses and result.reason == "value"  # closeness counts only with the right numbers: "19" earns none
+    close = max(0.0, 1.0 - abs(result.value - target) / max(abs(target), 1)) if right else 0.0
+    return {
+        "format": tagged,
+        "expression": 1.0 if parses else 0.0,
+        "numbers": 1.0 if right else 0.0,
+        "closeness": close,
+        "solved": 0.0,
+    }
+
+
+def scored(parts: dict[str, float], scheme: str = "shaped") -> float:
+    """The reward of an answer with credit `parts` under `scheme` (SCHEMES): 1.0 solved, else the shaped
+    credit (< 0.8) or the paper's format credit."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown Countdown reward {scheme!r}: use one of {', '.join(SCHEMES)}")
+    if parts["solved"] >= 1.0:
+        return 1.0
+    if scheme == "paper":
+        return PAPER_FORMAT * parts["format"]
+    credit = CREDIT_FORMAT * parts["format"] + CREDIT_PARSES * parts["expression"]
+    credit += CREDIT_NUMBERS * parts["numbers"] + CREDIT_CLOSE * parts["closeness"]
+    return round(credit, 6)
+
 
 def partial_credit(answer_text: str, result: CountdownResult, target: int) -> float:
     """The reward of an answer: 1.0 when correct, else the shaped credit above (< 0.8)."""
-    if result.ok:
-        return 1.0
-    credit = CREDIT_FORMAT if last_tagged(answer_text) is not None else 0.0
-    # A false equation ("equation") parses but states a wrong value: no credit for numbers or closeness.
-    if result.reason in ("numbers", "value", "equation") and result.value is not None:
-        credit += CREDIT_PARSES
-        if result.reason == "value":  # closeness counts only with the right numbers: "19" alone earns none
-            credit += CREDIT_NUMBERS
-            credit += CREDIT_CLOSE * max(0.0, 1.0 - abs(result.value - target) / max(abs(target), 1))
-    return round(credit, 6)
+    return scored(credit_parts(answer_text, result, target))
 
 
 def handle_request(request: dict) -> dict:

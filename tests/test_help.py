@@ -51,6 +51,7 @@ def test_the_trainers_help_shows_the_defaults_it_runs_with():
         "sigma",
         "alpha",
         "antithetic",
+        "reward",
         "batch",
         "run_dir",
         "model",
@@ -66,6 +67,9 @@ def test_the_trainers_help_shows_the_defaults_it_runs_with():
     assert f"cpu {es.population}" in default_in(shown["population"]) and es.population == 8
     assert f"cpu {es.alpha}" in default_in(shown["alpha"]) and f"cpu {es.sigma}" in default_in(shown["sigma"])
     assert f"cpu {shown_default(loaded.antithetic)}" in default_in(shown["antithetic"])
+    assert (
+        default_in(shown["reward"]) == f"the preset's (paper paper, cpu {loaded.reward})" and loaded.reward == "shaped"
+    )
     grpo = TrainerSettings.load(env={}, flags={"algo": "grpo"})
     assert default_in(shown["batch"]) == f"ES: the preset's (paper 200, cpu {loaded.batch}); GRPO: {grpo.batch}"
     assert loaded.directory() == Path("runs/default") and default_in(shown["run_dir"]) == "runs/<run>"

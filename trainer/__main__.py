@@ -336,7 +336,7 @@ def _main(settings: TrainerSettings, args: argparse.Namespace) -> int:
         print(f"trainer: {headline}", file=sys.stderr)
         for line in verdict_lines(summary, run_dir, sink.records()):
             print(f"trainer: {line}", file=sys.stderr)
-        print(f"trainer: reading: {result.reading(settings.task)}", file=sys.stderr)
+        print(f"trainer: reading: {result.reading(settings.task, settings.reward)}", file=sys.stderr)
     print(f"trainer: report {report}; metrics {run_dir / 'metrics.jsonl'}", file=sys.stderr)
     if plots:
         print(f"trainer: plots {', '.join(str(p) for p in plots)}", file=sys.stderr)

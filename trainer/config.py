@@ -12,17 +12,25 @@ from streams.settings import shown_default
 from tasks.prompts import PromptSettings
 from weights.settings import ModelSettings
 
-# ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch` and `antithetic` a run takes
-# unless set, filled in by `with_preset` alone. Here, not in trainer/es.py, because the settings fill their
-# defaults from them and trainer/es.py imports the settings.
+# ES presets (trainer/es.py): the values of `population`, `sigma`, `alpha`, `batch`, `antithetic` and Countdown's
+# `reward` a run takes unless set, filled in by `with_preset` alone. Here, not in trainer/es.py, because the
+# settings fill their defaults from them and trainer/es.py imports the settings.
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's defaults (Qiu et al. 2025, Countdown and reasoning tasks on 0.5B-8B models).
-    "paper": {"population": 30, "sigma": 0.001, "alpha": 0.0005, "batch": 200, "antithetic": False},
+    # Its Countdown reward is TinyZero's: 0.1 for the format, 1 solved (tasks/countdown_check.py SCHEMES).
+    "paper": {
+        "population": 30,
+        "sigma": 0.001,
+        "alpha": 0.0005,
+        "batch": 200,
+        "antithetic": False,
+        "reward": "paper",
+    },
     # A population a 2-core CPU gets through in minutes with the 135M default model. alpha 4x the paper's:
     # measured over 3 seeds at 8 versions (docs/results/sweep-cpu: greedy members, batch 16, antithetic),
     # the held-out shaped reward gained 0.004 +- 0.002 at 0.0005, 0.032 +- 0.006 at 0.002, 0.015 +- 0.020 at
     # 0.008; the paper's alpha is made for 1,000 iterations, not a budget of minutes.
-    "cpu": {"population": 8, "sigma": 0.001, "alpha": 0.002, "batch": 16, "antithetic": True},
+    "cpu": {"population": 8, "sigma": 0.001, "alpha": 0.002, "batch": 16, "antithetic": True, "reward": "shaped"},
 }
 GRPO_BATCH = 8  # theorems (groups) per GRPO step unless `batch` says otherwise
 ROWS_PER_ORDER = 256  # members x problems one ES work order asks of an engine call, unless members_per_order
@@ -31,8 +39,9 @@ ROWS_PER_ORDER = 256  # members x problems one ES work order asks of an engine c
 def with_preset(data: dict[str, Any]) -> dict[str, Any]:
     """`data` (settings as given, or as a run stored them: run.json, report.json) with what its algorithm's
     defaults and its ES preset decide filled in where unset: an ES run takes `population`, `sigma`, `alpha` and
-    `batch` from the preset, GRPO its own batch; both the preset's `antithetic`. The one place a preset is
-    applied. `data` unchanged where its preset is unknown (validation says what is wrong)."""
+    `batch` from the preset, GRPO its own batch; both the preset's `antithetic` and `reward` (Countdown's; a
+    Lean run ignores it). The one place a preset is applied. `data` unchanged where its preset is unknown
+    (validation says what is wrong)."""
     if data.get("preset") is not None and data["preset"] not in PRESETS:
         return data
     preset, data = PRESETS[data.get("preset") or "cpu"], dict(data)
@@ -44,6 +53,8 @@ def with_preset(data: dict[str, Any]) -> dict[str, Any]:
         data["batch"] = GRPO_BATCH
     if data.get("antithetic") is None:
         data["antithetic"] = preset["antithetic"]
+    if data.get("reward") is None:
+        data["reward"] = preset["reward"]
     return data
 
 
@@ -72,6 +83,7 @@ class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
             "problems",
             "held_out",
             "curriculum",
+            "reward",
             "batch",
             "eval_every",
         ),
@@ -121,6 +133,13 @@ class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
     held_out: int = Field(32, ge=0, description="problems kept out of training for evaluation")
     curriculum: Literal["easy", "ramp", "none"] = Field(
         "easy", description="countdown: easy = 2-3 numbers, + - * only (what the 135M default can reach)"
+    )
+    reward: Literal["shaped", "paper"] | None = Field(
+        None,
+        description="countdown's reward: shaped, partial credit by part (tags 0.1, expression 0.1, numbers 0.3, "
+        "closeness up to 0.3, 1 solved); paper, TinyZero's and Qiu et al.'s (0.1 for the tags, 1 solved, nothing "
+        "between)",
+        json_schema_extra=_preset_default("reward"),
     )
     batch: int = Field(
         GRPO_BATCH,

@@ -42,6 +42,7 @@ statement-integrity check requires, and must name its theorem (`theorem NAME` / 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -236,12 +237,14 @@ def _unit(seed: int, theorem_id: str) -> float:
 
 
 def load_theorems(settings: TrainerSettings) -> tuple[list[Theorem], list[Theorem]]:
-    """(train, held-out) for the task: seeded Countdown problems, or a Lean jsonl (the shipped examples
-    when no dataset is named)."""
+    """(train, held-out) for the task: seeded Countdown problems (scored by the run's `reward`), or a Lean jsonl
+    (the shipped examples when no dataset is named)."""
     if settings.task == "countdown":
         curriculum = None if settings.curriculum == "none" else settings.curriculum
         count = settings.problems + settings.held_out
         problems = countdown.countdown_problems(count, settings.seed, curriculum=curriculum)
+        if settings.reward == "paper":  # the verifier scores by the record's scheme (streams/theorems.py)
+            problems = [dataclasses.replace(t, reward="paper") for t in problems]
         return problems[settings.held_out :], problems[: settings.held_out]
     path = Path(settings.dataset) if settings.dataset else EXAMPLES
     theorems = load_jsonl(path)

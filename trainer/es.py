@@ -123,6 +123,22 @@ def make_step(members: list[Order], cfg: ESConfig) -> ESStep:
     return ESStep(seeds, signs, tuple(z), cfg.sigma, cfg.alpha, cfg.noise, cfg.rank)  # type: ignore[arg-type]
 
 
+def member_spread(members: list[Order]) -> dict[str, Any]:
+    """How the members an update used differed in reward (their fitness, to 6 decimals): how many, how many
+    distinct rewards, the most common one (`mode`), how many members differed from it, the lowest and highest.
+    One distinct reward is a step of zeros (`zscore`): a flat ES curve at a small budget reads as that."""
+    rewards = collections.Counter(round(m.score, 6) for m in members)
+    mode, common = rewards.most_common(1)[0] if rewards else (0.0, 0)
+    return {
+        "members": len(members),
+        "distinct": len(rewards),
+        "mode": mode,
+        "differed": len(members) - common,
+        "min": min(rewards, default=0.0),
+        "max": max(rewards, default=0.0),
+    }
+
+
 def bundle_id(members: list[Order]) -> str:
     """The work id of one work order for several members of a center: it names the first member, how many
     follow and a hash of all of them, so a bundle of other members (after a cut, or a resume) is another order."""
@@ -213,6 +229,7 @@ class ESRun(Run):
         own = {
             "reward_max": round(max(m.score for m in used), 6),
             "members": len(used),
+            "member_spread": member_spread(used),
             "stragglers": sum(1 for m in self.orders.values() if not m.complete),
         }
         return await self._publish(policy, used, stale, own)

@@ -2,10 +2,11 @@
 
 An evaluation's work id is `eval-v<version>` for its first try and `eval-v<version>-r<try>` for the next ones:
 a lost evaluation is issued again under a new work id (the generators' markers would drop the same one as a
-repeat), up to `EVAL_TRIES` times. Its result is one record in metrics.jsonl (`"eval": true`): the means, and
-for the comparison of the first and last evaluation (streams/learned.py) each problem's reward and the
-problems solved; the run's checkpoint keeps the means only (a record a problem in a state written every few
-seconds would grow with the run). When it lands the console says so in one line (`announce`).
+repeat), up to `EVAL_TRIES` times. Its result is one record in metrics.jsonl (`"eval": true`): the means
+(Countdown's credit by part too, `held_out_parts`), and for the comparison of the first and last evaluation
+(streams/learned.py) each problem's reward and the problems solved; the run's checkpoint keeps the means
+only (a record a problem in a state written every few seconds would grow with the run). When it lands the
+console says so in one line (`announce`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from streams.theorems import Theorem
-from trainer.orders import Order
+from trainer.orders import Order, mean_parts
 
 if TYPE_CHECKING:
     from trainer.metrics import MetricsSink
@@ -37,13 +38,15 @@ def next_try(lost: Order) -> str | None:
 
 
 def result(done: Order) -> dict[str, Any]:
-    """A complete evaluation's result: mean reward and exact success over the held-out problems."""
-    return {
+    """A complete evaluation's result: mean reward and exact success over the held-out problems, and for
+    Countdown the mean credit by part (`held_out_parts`)."""
+    out = {
         "version": done.center,
         "held_out_reward": round(done.score, 6),
         "held_out_exact": round(done.proved / max(1, done.expected), 6),
         "problems": done.expected,
     }
+    return out | ({"held_out_parts": parts} if (parts := mean_parts([done])) else {})
 
 
 def record(result: dict[str, Any], done: Order | None = None) -> dict[str, Any]:

@@ -46,6 +46,9 @@ class Order:
     # an evaluation's figures by problem, theorem id -> [reward, 1 if proved else 0] (streams/learned.py pairs
     # them across evaluations); kept in the checkpoint only while it is non-empty, so other orders keep the format
     by_theorem: dict[str, list[float]] = field(default_factory=dict)
+    # Countdown: each credit part (tasks.countdown_check.PARTS) summed over the order's rewards; kept in the
+    # checkpoint only while it is non-empty, like `by_theorem`
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_eval(self) -> bool:
@@ -60,6 +63,12 @@ class Order:
     def complete(self) -> bool:
         return len(self.rewards) >= self.expected
 
+    def add_parts(self, parts: dict[str, float]) -> None:
+        """Count one reward's credit by part (its numeric figures; anything else a newer writer sent is not ours)."""
+        for name, value in parts.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.parts[name] = self.parts.get(name, 0.0) + float(value)
+
     @property
     def score(self) -> float:
         """The order's reward: mean over its attempts (success rate when rewards are 0/1)."""
@@ -67,13 +76,23 @@ class Order:
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
-        if not doc["by_theorem"]:
-            del doc["by_theorem"]
+        for key in ("by_theorem", "parts"):
+            if not doc[key]:
+                del doc[key]
         return doc
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Order:
         return cls(**doc)
+
+
+def mean_parts(orders: Iterable[Order]) -> dict[str, float]:
+    """The mean credit by part over the rewards of `orders` that carried parts (Countdown's; {} for Lean and
+    for rewards of verifiers before parts): each order's sums over its own count of rewards."""
+    orders = [o for o in orders if o.parts]
+    count = sum(len(o.rewards) for o in orders)
+    names = dict.fromkeys(name for o in orders for name in o.parts)
+    return {name: round(sum(o.parts.get(name, 0.0) for o in orders) / count, 6) for name in names} if count else {}
 
 
 def work_order(

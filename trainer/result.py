@@ -15,22 +15,33 @@ import time
 from typing import Any
 
 from streams import learned
-from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES
+from tasks.countdown_check import CREDIT_CLOSE, CREDIT_FORMAT, CREDIT_NUMBERS, CREDIT_PARSES, PAPER_FORMAT, PARTS
 from tasks.prompts import task_format
 from trainer.config import with_preset
 from weights.model import DEFAULT_MODEL_NAME
 
 ETA_WINDOW = 5  # the newest update intervals the ETA averages (a run speeds up once its caches are warm)
+# The ES-at-scale paper's Countdown budget (Qiu et al. 2025, "Evolution Strategies at Scale", arXiv 2509.24372):
+# population 30, every member on all 200 problems of an iteration, 500 iterations: 3,000,000 generations. An ES
+# run's samples are said against it, so a flat curve at a small budget reads as what it is.
+PAPER_POPULATION, PAPER_PROBLEMS, PAPER_ITERATIONS = 30, 200, 500
+PAPER_SAMPLES = PAPER_POPULATION * PAPER_PROBLEMS * PAPER_ITERATIONS
 
 
 def model_name(settings: dict[str, Any]) -> str:
     return settings.get("model") or f"{DEFAULT_MODEL_NAME} (default)"
 
 
-def reading(task: str | None) -> str | None:
-    """How to read the reward and exact figures of `task`, so nobody takes shaped credit for solved problems;
-    None for a task this does not know (a run whose settings were not kept says nothing rather than another
-    task's reading)."""
+def reading(task: str | None, reward: str | None = None) -> str | None:
+    """How to read the reward and exact figures of `task` (Countdown: under its `reward` scheme, shaped unless
+    named), so nobody takes shaped credit for solved problems; None for a task this does not know (a run whose
+    settings were not kept says nothing rather than another task's reading)."""
+    if task == "countdown" and reward == "paper":
+        return (
+            f"Countdown's reward is the paper's (TinyZero's; Qiu et al. 2025): {PAPER_FORMAT:g} for an answer in "
+            "<answer> tags, 1 solved, nothing between; the credit by part says what else the answers have; exact "
+            "counts solved problems only"
+        )
     if task == "countdown":
         # An untagged expression earns CREDIT_PARSES without CREDIT_FORMAT: the base model's copy of the prompt's
         # example, "1 + 2 = 3", is the 0.1 most ES runs climb to, not the tag format (docs/EXPERIMENTS.md).
@@ -79,7 +90,71 @@ def main_settings(settings: dict[str, Any]) -> dict[str, Any]:
             k: settings.get(k)
             for k in ("group_size", "batch", "lr", "temperature", "advantage", "kl_coef", "train_precision")
         }
+    if settings.get("task", "countdown") == "countdown":  # a run from before the setting was shaped
+        shared["reward"] = settings.get("reward") or "shaped"
     return {**own, **shared, "prompt_format": prompt_format(settings)}
+
+
+def budget(samples: int) -> dict[str, Any]:
+    """An ES run's training samples against the paper's (`PAPER_SAMPLES`), with the words `ops run` and the
+    dashboard say it in: `1,024 samples: 0.034% of the paper's 3M (population 30 x 200 problems x 500
+    iterations)`."""
+    share = samples / PAPER_SAMPLES
+    pct = share * 100
+    shown = f"{pct:.0f}%" if pct >= 10 else f"{pct:.2g}%"
+    words = (
+        f"{samples:,} samples: {shown} of the paper's {PAPER_SAMPLES / 1e6:g}M (population {PAPER_POPULATION} x "
+        f"{PAPER_PROBLEMS} problems x {PAPER_ITERATIONS} iterations, Qiu et al. 2025)"
+    )
+    return {"samples": samples, "paper_samples": PAPER_SAMPLES, "share": round(share, 8), "words": words}
+
+
+def spread(update: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How the members of an ES run's last update differed (its metrics' `member_spread`, trainer/es.py), with
+    its words: all alike is a step of zeros (the z-scores of equal rewards), which no curve shows. None for a
+    record without it (GRPO, or an ES run from before it was kept)."""
+    figures = (update or {}).get("member_spread")
+    if not isinstance(figures, dict) or not figures.get("members"):
+        return None
+    n, distinct, lo, hi = figures["members"], figures["distinct"], figures["min"], figures["max"]
+    at = f"last update (v{update['version']})" if "version" in (update or {}) else "last update"
+    if distinct <= 1:
+        words = f"{at}: all {n} members scored {lo:.3f}: no reward difference, so a step of zeros"
+    else:
+        words = (
+            f"{at}: {figures['differed']} of {n} members' rewards differed from the most common "
+            f"({figures['mode']:.3f}); {distinct} distinct, {lo:.3f} to {hi:.3f}"
+        )
+    return {**figures, "words": words}
+
+
+def parts_words(first: dict[str, float] | None, last: dict[str, float] | None = None) -> str:
+    """Credit by part in words: `format 0.91, expression 0.50, ...`, or first -> last: `format 0.91 -> 0.97`."""
+    names = [k for k in PARTS if k in (last or first or {})]
+    names += [k for k in (last or first or {}) if k not in PARTS]
+    if last is None:
+        return ", ".join(f"{k} {first[k]:.3f}" for k in names)
+    return ", ".join(f"{k} {(first or {}).get(k, 0.0):.3f} -> {last[k]:.3f}" for k in names)
+
+
+def by_part(evals: dict[Any, dict[str, Any]], update: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Countdown's credit by part: held-out at the first and last evaluation that has it, and training over the
+    attempts of the last update; each with its words. None where neither has it (Lean, older runs)."""
+    with_parts = sorted((int(v), e["held_out_parts"]) for v, e in evals.items() if e.get("held_out_parts"))
+    train = (update or {}).get("parts") or None
+    if not with_parts and not train:
+        return None
+    out: dict[str, Any] = {"held_out": None, "training": None}
+    if with_parts:
+        (v0, first), (v1, last) = with_parts[0], with_parts[-1]
+        shown = parts_words(first, last) if v1 != v0 else parts_words(last)
+        span = f"v{v0} -> v{v1}" if v1 != v0 else f"v{v1}"
+        out["held_out"] = {"first_version": v0, "first": first, "last_version": v1, "last": last}
+        out["held_out_words"] = f"held-out by part ({span}): {shown}"
+    if train:
+        out["training"] = {"version": update.get("version"), "parts": train}
+        out["training_words"] = f"training by part (v{update.get('version')}): {parts_words(train)}"
+    return out
 
 
 def held_out(evals: dict[Any, dict[str, Any]]) -> dict[str, Any] | None:
@@ -141,12 +216,15 @@ def summary(
     eval_s: float | None = None,
     answers: list[str] = (),
     prompt: dict[str, Any] | None = None,
+    last_update: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result. `status`: live, finished, interrupted (stopped before its last version). `wall_s`: the
     trainer's own measure once it ended, else the time since `started`. `evals` with their per-problem figures
     (streams/learned.py `with_problems`) give the verdict with its noise; `answers`: what the answers were at
     the first and last evaluation (`learned.answers`); `eval_s`: an evaluation's time, for the ETA; `prompt`:
-    the prompt the run recorded (tasks/prompts.py `applied`), else its format from the settings."""
+    the prompt the run recorded (tasks/prompts.py `applied`), else its format from the settings; `last_update`:
+    the metrics of its newest version, for the credit by part in training and an ES update's member spread.
+    An ES run's samples are also said against the paper's budget (`budget`)."""
     now = time.time() if now is None else now
     iterations = int(settings.get("iterations") or 0)
     live = status == "live"
@@ -162,6 +240,9 @@ def summary(
         "version": version,
         "iterations": iterations,
         "samples": int(counts.get("samples") or 0),
+        "budget": budget(int(counts.get("samples") or 0)) if settings.get("algo", "es") == "es" else None,
+        "spread": spread(last_update),
+        "by_part": by_part(evals, last_update),
         "held_out": held_out(evals),
         "verdict": learned.verdict(evals),
         "answers": list(answers),
@@ -171,7 +252,7 @@ def summary(
         "eta_s": eta,
         "settings": main_settings(settings),
         "prompt": prompt or {"format": prompt_format(settings)},
-        "reading": reading(settings.get("task")),
+        "reading": reading(settings.get("task"), settings.get("reward")),
     }
 
 

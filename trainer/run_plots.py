@@ -19,6 +19,12 @@ COLORS = {
     "held_out_exact": "#d62728",
     "rewards_per_s": "#1f77b4",
     "generator_tokens_per_s": "#ff7f0e",
+    # Countdown's credit by part (tasks/countdown_check.py PARTS): the rest of tab10, one colour a part
+    "format": "#9467bd",
+    "expression": "#8c564b",
+    "numbers": "#e377c2",
+    "closeness": "#7f7f7f",
+    "solved": "#17becf",
 }
 log = structlog.get_logger("trainer.run_plots")
 

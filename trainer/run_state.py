@@ -105,6 +105,7 @@ class RunState:
             return "duplicate_rewards"
         order.rewards[reward.attempt_id] = reward.reward
         order.proved += reward.verdict == "proved"
+        order.add_parts(reward.parts)
         if order.is_eval:
             order.by_theorem[reward.theorem_id] = [reward.reward, int(reward.verdict == "proved")]
         return ""

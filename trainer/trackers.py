@@ -5,14 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+NESTED = ("parts", "held_out_parts", "member_spread")  # figures kept as objects, logged one number a key
+
 
 def tracked(record: dict[str, Any]) -> tuple[dict[str, float], int]:
-    """What a tracker logs of a record: its numbers (not flags, not the version or time), evaluations under
-    `eval/`, and the step, which is the version."""
+    """What a tracker logs of a record: its numbers (not flags, not the version or time), those of its
+    `NESTED` objects as `<object>/<key>` (Countdown's credit by part: `parts/format`, `held_out_parts/solved`),
+    evaluations under `eval/`, and the step, which is the version."""
     prefix = "eval/" if record.get("eval") else ""
+    flat = {k: v for k, v in record.items() if k not in NESTED}
+    for name in NESTED:
+        if isinstance(record.get(name), dict):
+            flat |= {f"{name}/{k}": v for k, v in record[name].items()}
     numbers = {
         prefix + k: float(v)
-        for k, v in record.items()
+        for k, v in flat.items()
         if isinstance(v, int | float) and not isinstance(v, bool) and k not in ("version", "time")
     }
     return numbers, int(record.get("version", 0))

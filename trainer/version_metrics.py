@@ -4,10 +4,11 @@
 `version`, `algo`, `reward_mean` and `pass_rate` over the attempts used, `attempts` (used by this update),
 `samples` (training attempts consumed by the updates so far, with or without a version: the run's x axis),
 `stale_dropped`, `staleness` (orders used by their lag, trainer/orders.py `staleness`: {"0": n, ...}, 0 for
-the newest version), the verdicts of the rewards read since the last update, rewards read per second and
-seconds since the last update; then the algorithm's own figures; then `health_figures` (orders in flight,
-the age of the oldest, evaluations in flight, the orders lost so far by outcome) and `time`. The pipeline's
-figures (trainer/pipeline_figures.py) follow.
+the newest version), the verdicts of the rewards read since the last update, rewards read per second,
+seconds since the last update and, for Countdown, `parts`: the mean credit by part over the attempts used
+(format, expression, numbers, closeness, solved: tasks/countdown_check.py); then the algorithm's own
+figures; then `health_figures` (orders in flight, the age of the oldest, evaluations in flight, the orders
+lost so far by outcome) and `time`. The pipeline's figures (trainer/pipeline_figures.py) follow.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainer.orders import Order, staleness
+from trainer.orders import Order, mean_parts, staleness
 
 
 def version_metrics(
@@ -45,6 +46,7 @@ def version_metrics(
         "verdicts": dict(read),
         "rewards_per_s": round(sum(read.values()) / max(elapsed_s, 1e-9), 2),
         "update_s": round(elapsed_s, 2),
+        **({"parts": parts} if (parts := mean_parts(used)) else {}),
     }
 
 

@@ -3,14 +3,16 @@
 The page (one HTML file with its script inline: no build step, nothing fetched from elsewhere) asks the API
 every `--refresh-s` seconds and draws, first, whether the run learned: its result (trainer/result.py: what ran,
 how far, the held-out evaluation first -> last and best, the verdict with its noise and the most common answers
-(streams/learned.py), the samples, the wall time or ETA, how to read the
-numbers) and a chart of the members' reward and exact success beside the held-out reward and exact success
-(axes with values, a tooltip on every point, x by version, training samples or minutes, the PNG plots'
-colours), with a run selector over the runs `ops runs` finds (`--dir`) and a second run to overlay; the
-throughput over time (generated tokens/s, checks/s); then the trainer's counts, the staleness of the last
-update, every stream with its groups, the generators and verifiers, the verdict mix, dead letters by kind with
-the newest ones' fields, and the judged samples, filtered by verdict, version, kind and a regular expression,
-each opening to its problem, the model's text, the proof judged and the checker's message.
+(streams/learned.py), Countdown's credit by part, the samples (an ES run's against the paper's budget, and its
+last update's member spread), the wall time or ETA, how to read the numbers) and a chart of the members' reward
+and exact success beside the held-out reward and exact success (axes with values, a tooltip on every point, x by
+version, training samples or minutes, the PNG plots' colours), with a run selector over the runs `ops runs`
+finds (`--dir`) and a second run to overlay; a chart of Countdown's credit by part (format, expression, numbers,
+closeness, solved: held-out solid, training dashed); the throughput over time (generated tokens/s, checks/s);
+then the trainer's counts, the staleness of the last update, every stream with its groups, the generators and
+verifiers, the verdict mix, dead letters by kind with the newest ones' fields, and the judged samples, filtered
+by verdict, version, kind and a regular expression, each opening to its problem, the model's text, the proof
+judged and the checker's message.
 
 API (JSON): `/api/state` the served run's snapshot; `/api/samples?verdict=&version=&kind=&text=&n=` samples
 (the run's traces with `--run-dir`, else the newest rewards in Redis) with their problems; `/api/runs` the
@@ -64,7 +66,8 @@ def loopback(host: str) -> bool:
 
 def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], started: float | None) -> dict[str, Any]:
     """What the charts draw: per update its version, training samples so far, minutes since the trainer's start,
-    members' reward and exact, throughput; per evaluation the same x and its held-out figures. An evaluation
+    members' reward and exact, throughput, Countdown's credit by part; per evaluation the same x and its held-out
+    figures (by part too). An evaluation
     without a time of its own (the trainer's state keeps none) sits at its version's update."""
     minutes = lambda t: None if t is None or started is None else round((t - started) / 60, 3)  # noqa: E731
     updates = []
@@ -75,6 +78,7 @@ def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], star
                 "samples": r.get("samples"),
                 "minutes": minutes(r.get("time")),
                 **{k: r.get(k) for k in ("reward_mean", "pass_rate", "rewards_per_s", "generator_tokens_per_s")},
+                "parts": r.get("parts"),  # Countdown's credit by part over the attempts used
             }
         )
     at = {0: (0, 0.0 if started is not None else None)} | {u["version"]: (u["samples"], u["minutes"]) for u in updates}
@@ -92,6 +96,7 @@ def series(records: list[dict[str, Any]], evals: dict[Any, dict[str, Any]], star
                 "held_out_exact": e["held_out_exact"],
                 "solved": round(e["held_out_exact"] * problems),
                 "problems": problems,
+                "parts": e.get("held_out_parts"),
             }
         )
     return {"updates": updates, "evals": points}

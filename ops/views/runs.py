@@ -100,6 +100,7 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
         eval_s=eval_time(records),
         answers=learned.answers(run_dir, learned.ends(evals)) if with_answers else (),
         prompt=(report or {}).get("prompt") or (info or {}).get("prompt"),
+        last_update=max(updates, key=lambda r: int(r["version"]), default=None),
     )
     out["dir"] = str(run_dir)
     out["reconstructed_from"] = source.get("reconstructed_from")  # evals/publish.py: not the trainer's own files
@@ -132,7 +133,8 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
     info = orjson.loads(raw_info) if raw_info else (read_json(run_dir / INFO) if run_dir else None) or {}
     report = read_json(run_dir / REPORT) if run_dir else None
     settings = info.get("settings") or (report or {}).get("settings") or {"run": keys.run, "algo": state.get("algo")}
-    times = [orjson.loads(f[b"json"]).get("time") for _, f in await redis.xrevrange(keys.metrics, count=8)]
+    newest = [orjson.loads(f[b"json"]) for _, f in await redis.xrevrange(keys.metrics, count=8) if b"json" in f]
+    times = [m.get("time") for m in newest]
     if state.get("finished"):
         status = "finished"
     elif await redis.exists(keys.trainer_lease) and run_dir is None:
@@ -160,6 +162,9 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         eval_s=eval_time(records),
         answers=learned.answers(files_at, learned.ends(evals)) if files_at else (),
         prompt=info.get("prompt") or (report or {}).get("prompt"),
+        last_update=newest[0]
+        if newest
+        else max(update_records(records), key=lambda r: int(r["version"]), default=None),
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out

@@ -168,7 +168,11 @@ def result(r: dict[str, Any]) -> list[str]:
             lines.append(f"  answers: {'; '.join(r['answers'])}")
     else:
         lines.append("  held-out: not evaluated yet")
-    lines.append(f"  training: {r['samples']} samples")
+    lines += [f"  {line}" for line in part_lines(r)]
+    trained = (r.get("budget") or {}).get("words") or f"{r['samples']} samples"  # ES: against the paper's
+    lines.append(f"  training: {trained}")
+    if r.get("spread"):
+        lines.append(f"  {r['spread']['words']}")
     rebuilt, shown = r.get("reconstructed_from"), r["settings"]
     if rebuilt:  # a rebuilt record holds the settings its command gave, no others (evals/publish.py)
         shown = {k: v for k, v in shown.items() if v is not None}
@@ -181,6 +185,13 @@ def result(r: dict[str, Any]) -> list[str]:
     if r.get("reading"):
         lines.append(f"  reading: {r['reading']}")
     return lines
+
+
+def part_lines(r: dict[str, Any]) -> list[str]:
+    """Countdown's credit by part (trainer/result.py `by_part`): held-out first -> last, training at the last
+    version; [] where the run has none (Lean, runs from before parts were kept)."""
+    b = r.get("by_part") or {}
+    return [b[k] for k in ("held_out_words", "training_words") if b.get(k)]
 
 
 def prompt_lines(prompt: dict[str, Any]) -> list[str]:
@@ -474,6 +485,19 @@ def compare(data: dict[str, Any]) -> str:
         lines.append(f"  {r['name'].ljust(width)}  {r['verdict']['words'] if r['held_out'] else 'not evaluated yet'}")
         if r.get("answers"):
             lines.append(f"  {''.ljust(width)}  answers: {'; '.join(r['answers'])}")
+    if any(part_lines(r) for r in rs):
+        lines += [
+            "",
+            "credit by part (what the answers have: Countdown's format, expression, numbers, closeness, solved):",
+        ]
+        for r in rs:
+            shown = part_lines(r) or ["none recorded"]
+            lines += [f"  {(r['name'] if i == 0 else '').ljust(width)}  {line}" for i, line in enumerate(shown)]
+    if any(r.get("budget") for r in rs):
+        lines += ["", "ES budget (against the paper's) and the last update's member spread:"]
+        for r in (r for r in rs if r.get("budget")):
+            shown = [r["budget"]["words"]] + ([r["spread"]["words"]] if r.get("spread") else [])
+            lines += [f"  {(r['name'] if i == 0 else '').ljust(width)}  {line}" for i, line in enumerate(shown)]
     if data["differ"]:
         lines += ["", "they differ in:"]
         for key, values in data["differ"].items():

@@ -633,3 +633,51 @@ async def test_a_batch_without_a_verdict_for_each_answer_is_judged_one_answer_at
     ]
     assert (stats.timeouts, stats.crashes) == {"hang": (1, 0), "crash": (0, 1)}.get(answer, (0, 0))
     assert stats.total_requests == 1 + len(answers) - (answer in ("hang", "crash"))  # the batch, then each alone
+
+
+def test_the_reward_scheme_joins_the_verdict_cache_key():
+    """A Countdown problem scored the paper's way is another key than the same problem scored the shaped way,
+    so no verdict (nor the parts a verdict carries) crosses from a run of one to a run of the other."""
+    shaped = Theorem("cd1", "countdown", numbers=[3, 4, 7], target=19)
+    paper = dataclasses.replace(shaped, reward="paper")
+    assert verdict_digest(shaped, "<answer>3+4+7</answer>", "env") != verdict_digest(
+        paper, "<answer>3+4+7</answer>", "env"
+    )
+    assert verdict_digest(dataclasses.replace(shaped, reward="shaped"), "x", "env") != verdict_digest(paper, "x", "env")
+
+
+async def test_a_paper_run_is_scored_the_papers_way_by_part_and_never_served_a_shaped_verdict(redis, redis_url, keys):
+    """The same problem and answer under both schemes: each judged by the checker (the second is no cache hit:
+    it would be if the scheme left the key), each with the answer's credit by part and its own scheme's reward."""
+    await register(
+        redis,
+        keys,
+        [
+            Theorem("shaped", "countdown", numbers=[3, 4, 7], target=19),
+            Theorem("paper", "countdown", numbers=[3, 4, 7], target=19, reward="paper"),
+        ],
+    )
+    pub = Publisher(redis, keys)
+    async with countdown_pool(redis_url, keys):
+        await pub.publish([attempt(0, "shaped", "<answer>3+4+7</answer>")])
+        await wait_settled(redis, keys)
+        await pub.publish(
+            [attempt(1, "paper", "<answer>3+4+7</answer>"), attempt(2, "paper", "<answer>3*4+7</answer>")]
+        )
+        await wait_settled(redis, keys)
+    got = await rewards_by_attempt(redis, keys)
+    # 3+4+7 = 14, 5 from 19: tags, an expression, the right numbers, closeness 1 - 5/19
+    near = {
+        "format": 1.0,
+        "expression": 1.0,
+        "numbers": 1.0,
+        "closeness": pytest.approx(14 / 19, abs=1e-5),
+        "solved": 0.0,
+    }
+    assert got["a0"].parts == near and got["a1"].parts == near
+    assert got["a0"].reward == pytest.approx(0.1 + 0.1 + 0.3 + 0.3 * 14 / 19, abs=1e-6)  # shaped
+    assert got["a1"].reward == 0.1  # the paper's: the format, nothing between
+    assert (got["a1"].verdict, got["a1"].cached) == ("rejected", False)
+    assert (got["a2"].verdict, got["a2"].reward) == ("proved", 1.0)
+    assert got["a2"].parts == dict.fromkeys(["format", "expression", "numbers", "closeness", "solved"], 1.0)
+    assert await redis.hlen(keys.verdicts) == 3

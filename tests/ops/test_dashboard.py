@@ -50,6 +50,10 @@ RUN = "dash"
 STARTED = 1_700_000_000.0
 THINKING = "<think>2 + 3 makes 5, then times 4</think>\n<answer>(2 + 3) * 4</answer>"
 HOSTILE = "<img src=x onerror=\"document.title = 'pwned'\">"  # a model's text is untrusted: shown, never run
+# Countdown's credit by part (tasks/countdown_check.py PARTS): held-out at v0 and v1, training at v1
+PARTS_V0 = {"format": 0.5, "expression": 0.25, "numbers": 0.125, "closeness": 0.05, "solved": 0.0}
+PARTS_V1 = {"format": 0.875, "expression": 0.5, "numbers": 0.25, "closeness": 0.2, "solved": 0.125}
+TRAIN_PARTS = {"format": 0.75, "expression": 0.5, "numbers": 0.25, "closeness": 0.1, "solved": 0.0625}
 
 
 async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
@@ -90,8 +94,8 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
         "evals": [],
         "counts": {"samples": first + count},
         "eval_results": {
-            "0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8},
-            "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8},
+            "0": {"held_out_reward": 0.09, "held_out_exact": 0.0, "problems": 8, "held_out_parts": PARTS_V0},
+            "1": {"held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 8, "held_out_parts": PARTS_V1},
         },
     }
     await redis.hset(keys.trainer_state, "state", orjson.dumps(state))
@@ -106,6 +110,8 @@ async def _write_run(redis, keys: Keys, first: int, count: int) -> None:
         "time": STARTED + 90,
         "rewards_per_s": 2.5,
         "generator_tokens_per_s": 48.0,
+        "parts": TRAIN_PARTS,
+        "member_spread": {"members": 8, "distinct": 3, "mode": 0.1, "differed": 3, "min": 0.1, "max": 0.35},
     }
     await redis.xadd(keys.metrics, {b"v": b"1", b"json": orjson.dumps(metrics)})
     info = {
@@ -253,6 +259,38 @@ async def test_the_page_shows_the_runs_figures_follows_it_and_opens_a_sample(one
             "held-out reward 0.090 (v0) → 0.250 (v1); exact 0/8 → 1/8 · 5 training samples"
         )
         assert page.text("result-verdict") == "Did it learn? no per-problem data: noise unknown"  # Redis: means only
+        # the credit by part, held-out v0 -> v1 and training at v1, three places as `ops run` says them
+        assert page.text("result-parts-held-out") == (
+            "held-out by part (v0 -> v1): format 0.500 -> 0.875, expression 0.250 -> 0.500, numbers 0.125 -> 0.250, "
+            "closeness 0.050 -> 0.200, solved 0.000 -> 0.125"
+        )
+        assert page.text("result-parts-training") == (
+            "training by part (v1): format 0.750, expression 0.500, numbers 0.250, closeness 0.100, solved 0.062"
+        )
+        # 5 samples of the paper's 30 x 200 x 500 = 3,000,000: 0.000167% (two significant digits: 0.00017%)
+        assert page.text("result-budget") == (
+            "training: 5 samples: 0.00017% of the paper's 3M (population 30 x 200 problems x 500 iterations, "
+            "Qiu et al. 2025)"
+        )
+        assert page.text("result-spread") == (
+            "last update (v1): 3 of 8 members' rewards differed from the most common (0.100); 3 distinct, 0.100 to "
+            "0.350"
+        )
+        # the chart of the parts: each part's held-out line solid, its training line dashed, in the part's colour
+        wait.until(lambda d: len(page.lines("#parts polyline")) == 10)
+        assert {(line["series"], line["stroke"], line["dashed"]) for line in page.lines("#parts polyline")} == {
+            (f"{kind}_{part}", COLORS[part], kind == "train")
+            for part in ("format", "expression", "numbers", "closeness", "solved")
+            for kind in ("held_out", "train")
+        }
+        tips = driver.execute_script(
+            "return [...document.querySelectorAll('#parts circle[data-series=held_out_format] title')]"
+            ".map(t => t.textContent)"
+        )
+        assert tips == [
+            "format (held-out)\npolicy version 0: 0.500\nversion 0",
+            "format (held-out)\npolicy version 1: 0.875\nversion 1",
+        ]
         assert page.text("learned-word") == "No per-problem data."  # the chart's question, answered
         wait.until(lambda d: len(page.lines()) == 4)
         drawn = {line["series"]: line["stroke"] for line in page.lines()}

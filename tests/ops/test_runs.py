@@ -277,7 +277,11 @@ def test_run_on_a_finished_run_leads_with_its_result_and_blanks_idle(tmp_path):
         '  answers: v0: 6 of 8 answers are "1 + 2 = 3", 2 are "3 * 8"; 2 distinct; '
         'v4: 7 of 8 answers are "1 + 2 = 3", 1 is "8 * 3 * 1"; 2 distinct'
     )
-    assert lines[5] == "  training: 512 samples"
+    # 512 of the paper's 30 x 200 x 500 = 3,000,000 samples: 0.01707% (two significant digits)
+    assert lines[5] == (
+        "  training: 512 samples: 0.017% of the paper's 3M (population 30 x 200 problems x 500 iterations, Qiu et al. "
+        "2025)"
+    )
     assert "population 8, sigma 0.001, alpha 0.002, batch 16" in lines[6]
     assert lines[7].startswith("  reading: Countdown's reward is shaped credit: <answer> tags 0.1, plus 0.1")
     assert "IDLE: not kept in a finished run's data" in done.stdout
@@ -310,3 +314,65 @@ def test_a_live_run_read_from_redis_finds_its_directory_on_its_own_host(tmp_path
     assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "r")}) == tmp_path / "r"
     assert local_dir({"host": "another-host"}, {"run": "r", "run_dir": str(tmp_path / "r")}) is None
     assert local_dir(here, {"run": "r", "run_dir": str(tmp_path / "gone")}) is None
+
+
+def test_run_says_the_credit_by_part_the_papers_budget_and_the_member_spread(tmp_path):
+    """A paper-reward ES run kept as its files: its evaluations' and last update's credit by part, its samples
+    against the paper's budget, its last update's member spread, the scheme among its settings and reading."""
+    parts_v0 = {"format": 0.25, "expression": 0.5, "numbers": 0.125, "closeness": 0.1, "solved": 0.0}
+    parts_v2 = {"format": 0.75, "expression": 0.625, "numbers": 0.25, "closeness": 0.2, "solved": 0.125}
+    evals = [
+        {
+            "eval": True,
+            "version": 0,
+            "held_out_reward": 0.025,
+            "held_out_exact": 0.0,
+            "problems": 8,
+            "held_out_parts": parts_v0,
+            "time": NOW - 500,
+        },
+        {
+            "eval": True,
+            "version": 2,
+            "held_out_reward": 0.2,
+            "held_out_exact": 0.125,
+            "problems": 8,
+            "held_out_parts": parts_v2,
+            "time": NOW - 100,
+        },
+    ]
+    _write_run(tmp_path / "p", "p", started=NOW - 600, pid=1, updates=2, evals=evals, reward="paper")
+    records = (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(records[1]) | {
+        "parts": {"format": 0.5, "expression": 0.5, "numbers": 0.25, "closeness": 0.125, "solved": 0.0625},
+        "member_spread": {"members": 8, "distinct": 1, "mode": 0.1, "differed": 0, "min": 0.1, "max": 0.1},
+    }
+    records[1] = json.dumps(last)
+    (tmp_path / "p" / "metrics.jsonl").write_text("\n".join(records) + "\n")
+    lines = _ops("run", "--run-dir", str(tmp_path / "p")).stdout.splitlines()
+    assert (
+        "  held-out by part (v0 -> v2): format 0.250 -> 0.750, expression 0.500 -> 0.625, numbers 0.125 -> 0.250, "
+        "closeness 0.100 -> 0.200, solved 0.000 -> 0.125"
+    ) in lines
+    assert (
+        "  training by part (v2): format 0.500, expression 0.500, numbers 0.250, closeness 0.125, solved 0.062" in lines
+    )
+    # 256 samples (2 updates of 128) of 3,000,000: 0.0085333%
+    assert (
+        "  training: 256 samples: 0.0085% of the paper's 3M (population 30 x 200 problems x 500 iterations, Qiu et al. "
+        "2025)"
+    ) in lines
+    assert "  last update (v2): all 8 members scored 0.100: no reward difference, so a step of zeros" in lines
+    [settings] = [line for line in lines if line.startswith("  settings: ")]
+    assert ", reward paper," in settings
+    assert any(line.startswith("  reading: Countdown's reward is the paper's (TinyZero's") for line in lines)
+    # beside a shaped run from before parts were kept: the scheme is a difference, the parts one run's alone
+    _write_run(tmp_path / "s", "s", started=NOW - 600, pid=1, updates=1, evals=[])
+    shown = _ops("compare", "p", "s", "--dir", str(tmp_path), "--plot", str(tmp_path / "c.png")).stdout
+    assert "\nthey differ in:\n" in shown and "\n  reward: paper | shaped\n" in shown
+    assert (
+        "credit by part (what the answers have: Countdown's format, expression, numbers, closeness, solved):\n"
+        "  p  held-out by part (v0 -> v2): format 0.250 -> 0.750"
+    ) in shown
+    assert "\n     training by part (v2): format 0.500" in shown and "\n  s  none recorded\n" in shown
+    assert "\n  s  128 samples: 0.0043% of the paper's 3M" in shown  # 128 / 3e6 = 0.004267%

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.countdown import countdown_problems, reward
-from tasks.countdown_check import check, partial_credit
+from tasks.countdown import countdown_problems, reward, verdict_parts
+from tasks.countdown_check import check, credit_parts, partial_credit, scored
 
 # --- Countdown problems --------------------------------------------------------------------------------------
 
@@ -79,3 +79,58 @@ def test_reward_is_monotone_in_closeness_with_the_right_numbers():
     by_distance = sorted(values, key=lambda e: abs(values[e] - target))
     scores = [rewards[e] for e in by_distance]
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
+
+
+# --- the reward schemes and the credit by part ---------------------------------------------------------------
+
+NUMBERS, TARGET = [3, 4, 7], 19
+# answer -> (its parts by hand: format, expression, numbers, closeness, solved; its shaped reward; its paper reward)
+BY_HAND = {
+    "<answer>3 * 4 + 7</answer>": ((1, 1, 1, 1, 1), 1.0, 1.0),
+    "3 * 4 + 7": ((0, 1, 1, 1, 1), 1.0, 1.0),  # correct without tags: solved all the same, no format
+    # 3 + 4 + 7 = 14, 5 from 19: closeness 1 - 5/19 = 14/19; shaped 0.1 + 0.1 + 0.3 + 0.3 * 14/19
+    "<answer>3 + 4 + 7</answer>": ((1, 1, 1, 14 / 19, 0), 0.5 + 0.3 * 14 / 19, 0.1),
+    "3 + 4 + 7": ((0, 1, 1, 14 / 19, 0), 0.4 + 0.3 * 14 / 19, 0.0),
+    # 3 * 4 * 7 = 84, 65 from 19: closeness floored at 0
+    "<answer>3 * 4 * 7</answer>": ((1, 1, 1, 0, 0), 0.5, 0.1),
+    "<answer>12 + 7</answer>": ((1, 1, 0, 0, 0), 0.2, 0.1),  # 19, but not the given numbers
+    "<answer>3 + 4 = 8</answer>": ((1, 1, 0, 0, 0), 0.2, 0.1),  # a false equation: parses, no more
+    "<answer>banana</answer>": ((1, 0, 0, 0, 0), 0.1, 0.1),
+    "I don't know": ((0, 0, 0, 0, 0), 0.0, 0.0),
+}
+PARTS = ("format", "expression", "numbers", "closeness", "solved")
+
+
+@pytest.mark.parametrize("answer", list(BY_HAND))
+def test_each_answers_parts_and_rewards_under_both_schemes_as_worked_by_hand(answer):
+    parts, shaped, paper = BY_HAND[answer]
+    result = check(NUMBERS, TARGET, answer)
+    assert credit_parts(answer, result, TARGET) == pytest.approx(dict(zip(PARTS, parts, strict=True)))
+    assert reward(NUMBERS, TARGET, answer) == pytest.approx(shaped, abs=1e-6)
+    assert reward(NUMBERS, TARGET, answer, "paper") == pytest.approx(paper)
+
+
+@pytest.mark.parametrize("answer", list(BY_HAND))
+def test_the_parts_of_a_checkers_verdict_are_the_answers_own(answer):
+    """What the verifier reads back from a verdict (its rule word and shaped score, the answer's tags) is the
+    credit the checker computed, part by part: verified here against the parts worked by hand."""
+    parts, shaped, _ = BY_HAND[answer]
+    result = check(NUMBERS, TARGET, answer)
+    verdict = "proved" if result.ok else "rejected"
+    detail = result.detail if result.ok else f"{result.reason}: {result.detail}"
+    score = None if result.ok else partial_credit(answer, result, TARGET)
+    got = verdict_parts(answer, verdict, detail, score)
+    assert got == pytest.approx(dict(zip(PARTS, parts, strict=True)), abs=1e-6)
+    assert scored(got) == pytest.approx(shaped, abs=1e-6)
+
+
+def test_verdicts_without_the_checkers_credit_have_no_part():
+    nothing = dict.fromkeys(PARTS, 0.0)
+    assert verdict_parts("<answer>1</answer>", "timeout", "no answer within 5 s", None) == nothing
+    crashed = "lean_error: the checker crashed twice on this input: ..."  # verifier_pool.checkers._twice
+    assert verdict_parts("<answer>1</answer>", "rejected", crashed, None) == nothing
+
+
+def test_an_unknown_scheme_is_refused():
+    with pytest.raises(ValueError, match="unknown Countdown reward"):
+        scored(dict.fromkeys(PARTS, 0.0), "tinyzero")

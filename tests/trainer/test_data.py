@@ -269,3 +269,17 @@ def test_pure_python_no_torch():
 
     code = "import sys, trainer.data; assert 'torch' not in sys.modules, 'trainer.data imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_the_paper_preset_scores_countdown_the_papers_way_and_its_problems_say_so():
+    from trainer.config import TrainerSettings
+    from trainer.data import load_theorems
+
+    assert TrainerSettings.load(env={}, flags={}).reward == "shaped"  # the cpu preset's
+    paper = TrainerSettings.load(env={}, flags={"preset": "paper", "problems": 4, "held_out": 2})
+    assert paper.reward == "paper" and paper.model_dump()["reward"] == "paper"  # run.json's settings
+    assert TrainerSettings.load(env={}, flags={"preset": "paper", "reward": "shaped"}).reward == "shaped"
+    train, held_out = load_theorems(paper)
+    assert {t.reward for t in train + held_out} == {"paper"}  # the verifier scores each by its record
+    shaped_train, _ = load_theorems(TrainerSettings.load(env={}, flags={"problems": 4, "held_out": 2}))
+    assert {t.reward for t in shaped_train} == {""} and b'"reward"' not in shaped_train[0].encode()  # as before

@@ -51,6 +51,15 @@ def test_the_local_run_finishes_and_stops_all_its_children(tmp_path):
     evals = [r for r in map(orjson.loads, (tmp_path / "metrics.jsonl").read_bytes().splitlines()) if r.get("eval")]
     assert {e["version"] for e in evals} >= {0, 2} and all(e["problems"] == 2 for e in evals)
     assert all(len(e["problem_rewards"]) == 2 and set(e["problems_solved"]) <= set(e["problem_rewards"]) for e in evals)
+    # Countdown's credit by part, held-out and in each version's training, each part a mean in [0, 1]; the ES
+    # update's member spread over the members it used
+    parts = {"format", "expression", "numbers", "closeness", "solved"}
+    updates = [r for r in map(orjson.loads, (tmp_path / "metrics.jsonl").read_bytes().splitlines()) if "algo" in r]
+    for shares in [e["held_out_parts"] for e in evals] + [u["parts"] for u in updates]:
+        assert set(shares) == parts and all(0 <= v <= 1 for v in shares.values())
+    assert all(e["held_out_parts"]["solved"] == e["held_out_exact"] for e in evals)  # solved is exact success
+    assert all(u["member_spread"]["members"] == u["members"] for u in updates)
+    assert report["settings"]["reward"] == "shaped"  # the cpu preset's
     # stderr is a pipe here: no bar, a plain line a version and one an evaluation, then the verdict
     assert "\r" not in err and "trainer: version 2 of 2 after " in err and "trainer: held-out v2: reward " in err
     assert "\ntrainer: did it learn? " in err

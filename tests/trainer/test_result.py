@@ -138,3 +138,69 @@ def test_the_prompt_format_is_the_one_applied_to_the_task():
     assert result.prompt_format({"task": "lean", "prompt_format": "kimina"}) == "kimina"
     assert result.prompt_format({"task": "countdown"}) is None
     assert result.main_settings({**SETTINGS, "prompt_format": "kimina"})["prompt_format"] == "tinyzero"
+
+
+def test_an_es_runs_samples_are_said_against_the_papers_budget():
+    # the paper: 30 members x 200 problems x 500 iterations = 3,000,000 generations (arXiv 2509.24372)
+    b = result.budget(1024)
+    assert (b["paper_samples"], b["share"]) == (3_000_000, 0.00034133)  # 1024 / 3e6 = 0.000341333..., 8 places
+    assert b["words"] == (
+        "1,024 samples: 0.034% of the paper's 3M (population 30 x 200 problems x 500 iterations, Qiu et al. 2025)"
+    )
+    assert result.budget(204_800)["words"].startswith("204,800 samples: 6.8% of the paper's 3M")  # 6.8266...%
+    assert result.budget(1_500_000)["words"].startswith("1,500,000 samples: 50% of")
+    es = result.summary(SETTINGS, version=8, counts={"samples": 1024}, evals=EVALS, status="finished")
+    grpo = result.summary(
+        {**SETTINGS, "algo": "grpo"}, version=8, counts={"samples": 1024}, evals={}, status="finished"
+    )
+    assert es["budget"]["samples"] == 1024 and grpo["budget"] is None  # the paper's budget is ES's
+
+
+def test_the_last_updates_member_spread_says_how_many_members_differed():
+    # 8 members: five at 0.1, two at 0.2, one at 0.35 -> 3 distinct, 3 differ from the most common 0.1
+    spread = {"members": 8, "distinct": 3, "mode": 0.1, "differed": 3, "min": 0.1, "max": 0.35}
+    s = result.spread({"version": 6, "member_spread": spread})
+    assert s["words"] == (
+        "last update (v6): 3 of 8 members' rewards differed from the most common (0.100); 3 distinct, 0.100 to 0.350"
+    )
+    flat = {"members": 8, "distinct": 1, "mode": 0.1, "differed": 0, "min": 0.1, "max": 0.1}
+    assert result.spread({"version": 6, "member_spread": flat})["words"] == (
+        "last update (v6): all 8 members scored 0.100: no reward difference, so a step of zeros"
+    )
+    assert result.spread({"version": 6}) is None and result.spread(None) is None  # GRPO, or an older ES run
+
+
+def test_the_credit_by_part_first_to_last_held_out_and_in_training():
+    evals = {
+        "0": {
+            **EVALS["0"],
+            "held_out_parts": {"format": 0.5, "expression": 0.25, "numbers": 0.1, "closeness": 0.05, "solved": 0.0},
+        },
+        "4": EVALS["4"],  # an evaluation without parts (a resumed older run) is passed over
+        "8": {
+            **EVALS["8"],
+            "held_out_parts": {"format": 0.9, "expression": 0.6, "numbers": 0.3, "closeness": 0.2, "solved": 0.0625},
+        },
+    }
+    update = {
+        "version": 8,
+        "parts": {"format": 0.75, "expression": 0.5, "numbers": 0.25, "closeness": 0.125, "solved": 0.1},
+    }
+    b = result.by_part(evals, update)
+    assert b["held_out_words"] == (
+        "held-out by part (v0 -> v8): format 0.500 -> 0.900, expression 0.250 -> 0.600, numbers 0.100 -> 0.300, "
+        "closeness 0.050 -> 0.200, solved 0.000 -> 0.062"
+    )
+    assert b["training_words"] == (
+        "training by part (v8): format 0.750, expression 0.500, numbers 0.250, closeness 0.125, solved 0.100"
+    )
+    assert result.by_part(EVALS, {"version": 8}) is None  # Lean, or a run from before parts were kept
+
+
+def test_the_reward_scheme_is_a_main_setting_and_says_how_to_read_it():
+    assert result.main_settings(SETTINGS)["reward"] == "shaped"  # a run from before the setting: shaped
+    assert result.main_settings({**SETTINGS, "reward": "paper"})["reward"] == "paper"
+    assert "reward" not in result.main_settings({**SETTINGS, "task": "lean"})
+    paper = result.reading("countdown", "paper")
+    assert "0.1 for an answer in <answer> tags, 1 solved, nothing between" in paper
+    assert result.reading("countdown", "shaped") == result.reading("countdown")

@@ -4,7 +4,10 @@ expected value is worked out by hand here."""
 
 from __future__ import annotations
 
+from trainer.es import member_spread
+from trainer.held_out import result as eval_result
 from trainer.orders import Order, at_quorum, expired, room
+from trainer.trackers import tracked
 from trainer.version_metrics import health_figures, version_metrics
 
 
@@ -196,3 +199,67 @@ def test_an_evaluation_keeps_each_problem_and_says_its_line_when_it_lands(tmp_pa
         "held-out v0: reward 0.100, 0/2 solved",
         "held-out v4: reward 0.750, 1/2 solved (+0.650 vs v0)",
     ]
+
+
+def test_countdowns_credit_by_part_is_the_mean_over_the_attempts_used_and_kept_in_the_checkpoint_when_set():
+    """Orders a (2 attempts) and b (1 attempt) with their parts summed as RunState.add sums them: format 1 + 1 | 1,
+    expression 1 + 0 | 1, closeness 0.5 + 0 | 0.25. Means over 3 attempts: format 1, expression 2/3, closeness
+    0.75 / 3 = 0.25. An order without parts (a Lean run, an older verifier) adds none."""
+    a, b = _order("a", 5, [0.4, 0.1]), _order("b", 5, [0.575])
+    for order, parts in (
+        (a, {"format": 1.0, "expression": 1.0, "closeness": 0.5}),
+        (a, {"format": 1.0}),
+        (b, {"format": 1.0, "expression": 1.0, "closeness": 0.25, "note": "x"}),
+    ):
+        order.add_parts(parts)
+    metrics = version_metrics(6, "es", 5, [a, b], [], 3, {}, 1.0)
+    assert metrics["parts"] == {"format": 1.0, "expression": 0.666667, "closeness": 0.25}  # "note": not a figure
+    assert "parts" not in version_metrics(6, "es", 5, [_order("c", 5, [1.0])], [], 1, {}, 1.0)
+    assert Order.from_dict(a.to_dict()).parts == {"format": 2.0, "expression": 1.0, "closeness": 0.5}
+    assert "parts" not in _order("c", 5, [1.0]).to_dict()  # the checkpoint's format unchanged without parts
+
+
+def test_an_es_updates_member_spread_counts_the_members_that_differed():
+    """Rewards 0.1 five times, 0.2 twice, 0.35 once: 3 distinct, the most common 0.1, 3 members differ from it."""
+    members = [_order(f"m{i}", 5, [r]) for i, r in enumerate([0.1, 0.2, 0.1, 0.35, 0.1, 0.2, 0.1, 0.1])]
+    assert member_spread(members) == {"members": 8, "distinct": 3, "mode": 0.1, "differed": 3, "min": 0.1, "max": 0.35}
+    flat = member_spread([_order(f"m{i}", 5, [0.1, 0.1]) for i in range(4)])
+    assert (flat["distinct"], flat["differed"]) == (1, 0)  # a step of zeros
+
+
+def test_an_evaluations_result_has_its_held_out_credit_by_part():
+    """Two held-out answers: one solved with tags (every part 1), one tagged expression with the wrong numbers
+    (format 1, expression 1): means format 1, expression 1, numbers 0.5, closeness 0.5, solved 0.5."""
+    done = Order("eval-v2", 2, 0, 1, ["t1", "t2"], rewards={"eval-v2:0:0": 1.0, "eval-v2:1:0": 0.2}, proved=1)
+    done.add_parts({"format": 1.0, "expression": 1.0, "numbers": 1.0, "closeness": 1.0, "solved": 1.0})
+    done.add_parts({"format": 1.0, "expression": 1.0, "numbers": 0.0, "closeness": 0.0, "solved": 0.0})
+    assert eval_result(done) == {
+        "version": 2,
+        "held_out_reward": 0.6,
+        "held_out_exact": 0.5,
+        "problems": 2,
+        "held_out_parts": {"format": 1.0, "expression": 1.0, "numbers": 0.5, "closeness": 0.5, "solved": 0.5},
+    }
+
+
+def test_the_trackers_log_the_credit_by_part_one_number_a_part():
+    evaluation = {
+        "eval": True,
+        "version": 3,
+        "held_out_reward": 0.2,
+        "problems": 8,
+        "time": 1.0,
+        "held_out_parts": {"format": 0.5, "solved": 0.125},
+        "problems_solved": ["p0"],
+    }
+    assert tracked(evaluation) == (
+        {
+            "eval/held_out_reward": 0.2,
+            "eval/problems": 8.0,
+            "eval/held_out_parts/format": 0.5,
+            "eval/held_out_parts/solved": 0.125,
+        },
+        3,
+    )
+    update = {"version": 4, "reward_mean": 0.3, "parts": {"numbers": 0.25}, "member_spread": {"distinct": 2}}
+    assert tracked(update) == ({"reward_mean": 0.3, "parts/numbers": 0.25, "member_spread/distinct": 2.0}, 4)
