@@ -21,9 +21,14 @@ A GPU box is lent rarely and for about 15 minutes, so the experiment is one comm
    the same `--minutes` (`--max-minutes`), evaluated every (minutes - ES's start-up) / evals minutes and at the
    end. Same seed, problems, held-out split, prompt, max_new_tokens and generator precision.
 
+A box's call limit (10 minutes) is shorter than probe and both runs: `--experiment-algos es`, then
+`--experiment-algos grpo` in a second call of the same commit and day, which takes the probe and the sizing
+from the JSON the first wrote and adds its run to it.
+
 It writes `experiment-<gpu>-<date>.json` (device, versions, the probe, the sizing with its reasons, each run's
-figures and curve: samples, wall time, held-out reward and exact per evaluation, samples/s) and `.png` (held-out
-reward and exact against samples and wall time) to `--out` (default docs/results/gpu); the runs stay in `--work`.
+figures and curve: samples, wall time, held-out reward and exact per evaluation, samples/s) and `.png`
+(held-out reward and exact against samples and wall time) to `--out` (default docs/results/gpu); the runs stay
+in `--work`.
 """
 
 from __future__ import annotations
@@ -153,6 +158,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--gen-dtype", default="float32", choices=("auto", "float32", "bfloat16"), help="the generators' precision"
     )
     g.add_argument("--seed", type=int, default=0, help="problems, held-out split and member seeds (default 0)")
+    g.add_argument(
+        "--experiment-algos",
+        nargs="+",
+        choices=("es", "grpo"),
+        default=["es", "grpo"],
+        help="the runs of this call (a later call of the same commit and day reuses the probe and sizing)",
+    )
     g.add_argument("--probe-versions", type=int, default=2, help="the probe's versions (default 2)")
     g.add_argument(
         "--probe-shape",
@@ -204,17 +216,24 @@ def main(args: argparse.Namespace) -> int:
     common = ["--seed", str(args.seed), "--max-new-tokens", str(args.max_new_tokens)]
     common += ["--prompt-format", args.prompt_format, "--problems", "1024"]
     env = {**full._env(device)} | ({"PROOFSTREAM_DTYPE": args.gen_dtype} if args.gen_dtype != "auto" else {})
-    print(f"gpu_check: experiment: probe, ES {probe_shape[0]} x {probe_shape[1]} ...", file=sys.stderr, flush=True)
-    try:
-        shown = (args.probe_versions, args.held_out, args.step_timeout_s)
-        probe = measure(work / "probe", env, common, *probe_shape, *shown)
-    except Exception as e:  # noqa: BLE001 - said in the JSON; without a probe nothing can be sized
-        result["errors"]["probe"] = f"{type(e).__name__}: {e}"[-3000:]
-        full._write(out, result)
-        print(json.dumps(result["errors"]), file=sys.stderr)
-        return 1
-    sizing = size(args.minutes, target, probe, floors)
-    result |= {"probe": {**asdict(probe), "row_s": round(probe.row_s, 4)}, "sizing": sizing}
+    if earlier := _earlier(out, result):  # a call before this one measured and sized: its runs and sizing stay
+        result |= {k: earlier[k] for k in ("probe", "sizing", "runs", "work")} | {"errors": {}}
+        probe = Probe(**{k: v for k, v in earlier["probe"].items() if k != "row_s"})
+        work = Path(earlier["work"])
+        print("gpu_check: experiment: the probe and sizing of an earlier call", file=sys.stderr, flush=True)
+    else:
+        print(f"gpu_check: experiment: probe, ES {probe_shape[0]} x {probe_shape[1]} ...", file=sys.stderr, flush=True)
+        try:
+            shown = (args.probe_versions, args.held_out, args.step_timeout_s)
+            probe = measure(work / "probe", env, common, *probe_shape, *shown)
+        except Exception as e:  # noqa: BLE001 - said in the JSON; without a probe nothing can be sized
+            result["errors"]["probe"] = f"{type(e).__name__}: {e}"[-3000:]
+            full._write(out, result)
+            print(json.dumps(result["errors"]), file=sys.stderr)
+            return 1
+        sizing = size(args.minutes, target, probe, floors)
+        result |= {"probe": {**asdict(probe), "row_s": round(probe.row_s, 4)}, "sizing": sizing}
+    sizing = result["sizing"]
     full._write(out, result)
     print(f"gpu_check: experiment: sized {json.dumps(sizing)}", file=sys.stderr, flush=True)
     shape = Shape(**sizing["shape"])
@@ -232,6 +251,8 @@ def main(args: argparse.Namespace) -> int:
         ],
     }  # fmt: skip
     for algo, flags in runs.items():
+        if algo not in args.experiment_algos:
+            continue
         print(f"gpu_check: experiment: {algo} for {args.minutes:g} minutes ...", file=sys.stderr, flush=True)
         try:
             result["runs"][algo] = run(algo, work / algo, env, [*common, *flags], args.step_timeout_s)
@@ -242,6 +263,16 @@ def main(args: argparse.Namespace) -> int:
     print(json.dumps({k: result[k] for k in ("sizing", "errors")} | {"runs": _short(result["runs"])}))
     print(f"gpu_check: wrote {out} and {out.with_suffix('.png')}; the runs: {work}", file=sys.stderr)
     return 1 if result["errors"] else 0
+
+
+def _earlier(out: Path, fresh: dict[str, Any]) -> dict[str, Any] | None:
+    """The file's result where it is of this commit, device, budget and targets and has a sizing; else None."""
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return None
+    same = all(earlier.get(k) == fresh[k] for k in ("commit", "device", "minutes", "target", "gen_dtype"))
+    return earlier if same and "sizing" in earlier and "probe" in earlier else None
 
 
 def _trainer(run_dir: Path, algo: str, argv: list[str]) -> list[str]:
