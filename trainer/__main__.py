@@ -71,7 +71,10 @@ async def train(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    bar = Console(settings.iterations, final_evaluation=settings.evaluates)
+    ends_at = None
+    if settings.max_minutes:  # the budget counts from the trainer's start (`started_at`, wall-clock time)
+        ends_at = time.monotonic() + 60 * settings.max_minutes - (time.time() - (started_at or time.time()))
+    bar = Console(settings.iterations, final_evaluation=settings.evaluates, ends_at=ends_at)
     model_path = None
     if settings.algo == "grpo":
         model_path = await asyncio.to_thread(resolve_model, settings.model)
