@@ -122,7 +122,10 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
                 f"{r.get('engine_why')}"
             )
     out += [
-        f"evaluations: version 0, every iterations // {s['eval_points']} versions, and the last (`--eval-points`)",
+        f"evaluations: version 0, every iterations // {s['eval_points']} versions, and the last (`--eval-points`)"
+        if result.get("wall_clock_min") is None
+        else "evaluations: each run's own generator (engine and precision above), so version 0 may differ by "
+        "their numerics",
         f"quorum {s['quorum']} for both (`--quorum`), max_staleness {s.get('max_staleness', 1)}",
     ]
     if es:
@@ -131,19 +134,25 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         alpha = s["es_alpha"] or f"preset cpu ({cpu['alpha']})"
         out.append(
             f"ES: population {s['es_population']} (`--es-population`) x batch {s['es_batch']} (`--es-batch`) = "
-            f"{p['samples_per_version']} samples a version, {p['iterations']} version(s); sigma {sigma}, alpha {alpha}"
+            f"{p['samples_per_version']} samples a version, {_versions(p)}; sigma {sigma}, alpha {alpha}"
         )
     if grpo:
         p = grpo["plan"]
         out.append(
             f"GRPO: batch {s['grpo_batch']} theorems (`--grpo-batch`) x group size {s['grpo_group_size']} "
-            f"(`--grpo-group-size`) = {p['samples_per_version']} samples a version, {p['iterations']} version(s); "
+            f"(`--grpo-group-size`) = {p['samples_per_version']} samples a version, {_versions(p)}; "
             f"learning rate {s['grpo_lr']} (`--grpo-lr`)"
         )
     if result.get("extra"):
         out.append(f"passed to both trainers unchanged: `{' '.join(result['extra'])}`")
     out.append(f"what these settings mean and why: {GUIDE}")
     return out
+
+
+def _versions(p: dict[str, Any]) -> str:
+    if p.get("minutes") is not None:
+        return f"versions until the {p['minutes']:g} minutes run out"
+    return f"{p['iterations']} version(s)"
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
@@ -154,7 +163,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         f"ES vs GRPO, {result['settings']['task']}, {budget_words(result)} each, greedy on "
         f"{result['settings']['held_out']} held-out"
     )
-    return plot_runs(runs, path, title, budget=result["budget"])
+    return plot_runs(runs, path, title, budget=result["budget"], minutes=result.get("wall_clock_min"))
 
 
 def write(result: dict[str, Any], out: Path) -> None:

@@ -340,7 +340,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     if not runs:
         return None
     title = f"ES vs GRPO for {result['minutes']:g} min each on {result.get('gpu') or result['device']}"
-    return plot_runs(runs, path, title)
+    return plot_runs(runs, path, title, minutes=result["minutes"])
 
 
 def _short(runs: dict[str, Any]) -> dict[str, Any]:
