@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test run lint bench gpu-check lean-box clean kimina-server
+.PHONY: install test run lint bench gpu-check gpu-experiment lean-box clean kimina-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -69,6 +69,15 @@ bench: $(STAMP)
 GPU_ARGS ?=
 gpu-check: $(STAMP)
 	$(BIN)/python -m ops.gpu_check --full $(GPU_ARGS)
+
+# On a machine with a GPU, after gpu-check: ES (32 members x 64 problems, greedy, low-rank, 100 versions or what
+# fits) against GRPO (its defaults) for the same wall-clock, EXPERIMENT_MINUTES each, held-out 128 evaluated 5
+# times, the real default model on the hf engine; it measures throughput first and sizes the ES run to the time
+# (ops/gpu/experiment.py). JSON and plot to docs/results/gpu/experiment-<gpu>-<date>.*. Rehearsed on a CPU with
+# GPU_ARGS="--device cpu --out docs/results/gpu-rehearsal-cpu" (docs/EXPERIMENTS.md).
+EXPERIMENT_MINUTES ?= 5
+gpu-experiment: $(STAMP)
+	$(BIN)/python -m ops.gpu_check --experiment --minutes $(EXPERIMENT_MINUTES) $(GPU_ARGS)
 
 # On a machine with Docker that reaches GitHub: build the Lean image and run the Lean path end to end through
 # LeanChecker and lean-audit, figures to docs/results/lean-box/ (ops/deploy/lean_box.sh says the steps). Where

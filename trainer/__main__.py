@@ -71,7 +71,10 @@ async def train(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    bar = Console(settings.iterations, final_evaluation=settings.eval_every > 0)
+    ends_at = None
+    if settings.max_minutes:  # the budget counts from the trainer's start (`started_at`, wall-clock time)
+        ends_at = time.monotonic() + 60 * settings.max_minutes - (time.time() - (started_at or time.time()))
+    bar = Console(settings.iterations, final_evaluation=settings.evaluates, ends_at=ends_at)
     model_path = None
     if settings.algo == "grpo":
         model_path = await asyncio.to_thread(resolve_model, settings.model)
@@ -82,8 +85,12 @@ async def train(
         if settings.algo == "grpo":
             from trainer.grpo import GRPORun  # torch and transformers: an ES trainer never loads them
 
-            return GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
-        return ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+            run = GRPORun(settings, redis, train_set, held_out, sink, bar, model_path=model_path)
+        else:
+            run = ESRun(settings, redis, train_set, held_out, sink, progress=bar)
+        if started_at is not None:  # `max_minutes` counts from the trainer's start, start-up included
+            run.started_at = started_at
+        return run
 
     lease = TrainerLease(redis, Keys(settings.run), settings.lease_s)
     try:
@@ -196,7 +203,7 @@ def headline_of(settings: TrainerSettings, summary: dict) -> str:
     and in how long, the held-out evaluation first, last and best, the problems solved, the samples."""
     if summary.get("version") is None:
         return ""
-    done = not summary.get("interrupted") and summary["version"] >= settings.iterations
+    done = not summary.get("interrupted") and (summary["version"] >= settings.iterations or summary.get("time_up"))
     r = result.summary(
         shown_settings(settings),
         version=summary["version"],

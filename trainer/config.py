@@ -86,6 +86,8 @@ class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
             "reward",
             "batch",
             "eval_every",
+            "eval_every_minutes",
+            "max_minutes",
         ),
         "ES": (
             "preset",
@@ -148,6 +150,18 @@ class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
         json_schema_extra={"default_text": f"ES: {_preset_default('batch')['default_text']}; GRPO: {GRPO_BATCH}"},
     )
     eval_every: int = Field(5, ge=0, description="evaluate the center on the held-out split every K versions")
+    eval_every_minutes: float = Field(
+        0.0,
+        ge=0,
+        description="also evaluate after the first update this many minutes after the last evaluation was "
+        "issued (a wall-clock run's curve over time; with eval_every 0, the only schedule); 0: off",
+    )
+    max_minutes: float = Field(
+        0.0,
+        ge=0,
+        description="wall-clock budget from the trainer's start: once spent, the version under way is finished, "
+        "the final evaluation runs and the run ends as finished (iterations stays the cap); 0: no budget",
+    )
 
     # sampling
     temperature: float = Field(
@@ -281,6 +295,11 @@ class TrainerSettings(ModelSettings, PromptSettings, SandboxSettings):
         if self.task == "countdown" and self.dataset:
             raise ValueError("dataset is for the lean task; countdown problems are generated from the seed")
         return self
+
+    @property
+    def evaluates(self) -> bool:
+        """The run evaluates on the held-out split (at version 0, on a schedule, and at the end)."""
+        return self.eval_every > 0 or self.eval_every_minutes > 0
 
     def directory(self) -> Path:
         return Path(self.run_dir or Path("runs") / self.run).expanduser()

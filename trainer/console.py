@@ -58,9 +58,18 @@ class _AboveBar:
 
 class Console:
     """The versions as they come (`console(version)`; `console(None)` at the end), evaluations as they land
-    (`evaluated`). `final_evaluation`: the run ends with an evaluation (eval_every > 0), which the ETA counts."""
+    (`evaluated`). `final_evaluation`: the run ends with an evaluation (eval_every > 0), which the ETA counts.
+    `ends_at`: the monotonic time a wall-clock budget (`max_minutes`) runs out: the ETA is then at most what is
+    left of it and one version (the one under way when it runs out is finished)."""
 
-    def __init__(self, total: int, final_evaluation: bool = True, stream: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        final_evaluation: bool = True,
+        stream: IO[str] | None = None,
+        ends_at: float | None = None,
+    ) -> None:
+        self.ends_at = ends_at
         self.stream = stream if stream is not None else sys.stderr
         self.total, self.final_evaluation = total, final_evaluation
         self.eval_s: float | None = None  # the newest evaluation's time from issue to landing
@@ -101,6 +110,8 @@ class Console:
             return "ETA after the first version"
         per_version = (now - first_t) / (version - first_version)
         left = per_version * (self.total - version)
+        if self.ends_at is not None:
+            left = min(left, max(0.0, self.ends_at - now) + per_version)
         if not self.final_evaluation:
             return f"ETA {duration(left)} ({duration(per_version)} a version)"
         if self.eval_s is None:

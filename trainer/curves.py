@@ -53,10 +53,12 @@ def samples_used(records: list[dict[str, Any]]) -> int | None:
     return max(updates, key=lambda r: r["version"]).get("samples")
 
 
-def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | None = None) -> Path | None:
+def plot_runs(
+    runs: list[dict[str, Any]], path: Path, title: str, budget: int | None = None, minutes: float | None = None
+) -> Path | None:
     """One figure, two panels: held-out reward (solid, o) and exact success (dashed, ^) of each run against
     training samples (left) and wall time (right). `runs`: [{"label", "curve", "color" (optional)}].
-    `budget`: a dotted line at that many samples. None where matplotlib is missing."""
+    `budget`: a dotted line at that many samples; `minutes`, at that wall time. None where matplotlib is missing."""
     if (plt := pyplot()) is None:
         return None
     fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
@@ -78,6 +80,8 @@ def plot_runs(runs: list[dict[str, Any]], path: Path, title: str, budget: int | 
             )
     if budget is not None:
         by_samples.axvline(budget, color="grey", linewidth=0.8, linestyle=":")
+    if minutes is not None:
+        by_time.axvline(minutes, color="grey", linewidth=0.8, linestyle=":")
     by_samples.set_xlabel(SAMPLES_LABEL)
     by_time.set_xlabel(WALL_LABEL)
     by_samples.set_ylabel("held-out reward (solid) / exact success (dashed)")

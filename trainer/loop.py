@@ -2,7 +2,8 @@
 
 `Run` holds the run's orders (trainer/orders.py `Order`: an ES member, a GRPO group, an evaluation); an
 algorithm (trainer/es.py, trainer/grpo.py) says what its orders are, when an update is ready and what it
-publishes. Until `iterations` versions exist:
+publishes. Until `iterations` versions exist (or, with `max_minutes`, until the version under way when the
+wall-clock budget runs out is made):
 
 1. **Top up.** Keep the algorithm's number of orders in flight around the newest version. Orders are written
    to the checkpoint before their work orders are published (write-ahead); work ids are pure functions of
@@ -98,6 +99,10 @@ class Run(RunState):
         self._watching_since = time.time()  # an order's timeout counts from here at the earliest
         self._verdicts: collections.Counter[str] = collections.Counter()  # of the rewards read since the update
         self._traced: list[tuple[bytes, Reward]] = []  # rewards read, not yet written to the run's traces
+        # the wall-clock budget (`max_minutes`) counts from here, or from the trainer's start where it says
+        # (trainer/__main__.py sets it); `time_up`: the budget ended the loop
+        self.started_at, self.time_up = time.time(), False
+        self._last_eval_at = self.started_at  # when the last evaluation was issued (`eval_every_minutes`)
 
     # -- checkpoint ------------------------------------------------------------------------------------
 
@@ -316,19 +321,34 @@ class Run(RunState):
         """Evaluate `version` on the held-out split, once (a GRPO step without signal keeps the version; the end
         of a run asks for the last version again), or again under the work id `retry` after a lost one."""
         if retry or self.evaluations.wanted(self, version):
+            if not retry:
+                self._last_eval_at = time.time()
             order = eval_order(version, self.held_out, retry)
             self.eval_ids = order.theorem_ids
             await self._write_ahead([order], self.evals)
 
     # -- the loop ----------------------------------------------------------------------------------------
 
+    def _time_up(self) -> bool:
+        """The run's wall-clock budget (`max_minutes`, counted from the trainer's start) is spent."""
+        budget = self.settings.max_minutes
+        return bool(budget) and time.time() - self.started_at >= 60 * budget
+
+    def _eval_due(self) -> bool:
+        """An evaluation of the version just made is due: every `eval_every` versions, or `eval_every_minutes`
+        after the last one was issued."""
+        s = self.settings
+        if s.eval_every and self.version % s.eval_every == 0:
+            return True
+        return bool(s.eval_every_minutes) and time.time() - self._last_eval_at >= 60 * s.eval_every_minutes
+
     async def run(self, stop: asyncio.Event) -> dict[str, Any]:
         await self.resume()
         await self.redis.delete(self.keys.trainer_alert)  # a stalled trainer's, killed before progress resumed
-        if self.settings.eval_every and self.version == 0:
+        if self.settings.evaluates and self.version == 0:
             await self.issue_eval(0)
         self.progress(self.version)
-        while not stop.is_set() and self.version < self.settings.iterations:
+        while not stop.is_set() and self.version < self.settings.iterations and not self.time_up:
             await self.top_up()
             await self.poll(block_ms=500)
             self.evaluations.collect(self)
@@ -339,20 +359,25 @@ class Run(RunState):
                 await self.update(ready)
                 self.watch.saw_progress()
                 await self.trim_history()
-                if self.settings.eval_every and self.version % self.settings.eval_every == 0:
+                if self.settings.evaluates and self._eval_due():
                     await self.issue_eval(self.version)
                 self.progress(self.version)
+                # the budget is looked at once a version is made: the version under way when it ran out is finished
+                if self._time_up():
+                    self.time_up = True
+                    log.info("time_budget_spent", version=self.version, max_minutes=self.settings.max_minutes)
             elif self.checkpointer.due(CHECKPOINT_EVERY_S):
                 await self.checkpoint()
-        if not stop.is_set() and self.settings.eval_every:
+        if not stop.is_set() and self.settings.evaluates:
             await self.issue_eval(self.version)
             deadline = time.monotonic() + self.settings.deadline_s
             while self.evals and not stop.is_set() and time.monotonic() < deadline:
                 await self.poll(block_ms=500)
                 self.evaluations.collect(self)
                 await self._expire()
-        self.finished = not stop.is_set() and self.version >= self.settings.iterations
+        self.finished = not stop.is_set() and (self.version >= self.settings.iterations or self.time_up)
         await self.watch.clear(self.redis, self.keys)
         await self.checkpoint()
         await self.trim_history()
-        return {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
+        summary = {"version": self.version, "counts": dict(self.counts), "evals": self.eval_results}
+        return summary | ({"time_up": True} if self.time_up else {})

@@ -47,7 +47,7 @@ run() {
   local code=0
   timeout -k 10 "${GPU_CHECK_TIMEOUT_S:-560}" "$python" -m ops.gpu_check --full --out "$KEEP/results" \
     --work "$KEEP/runs" "$@" 2> >(tee "$OUT/gpu_check.log" >&2) || code=$?
-  cp "$KEEP"/results/*.json "$OUT/" 2>/dev/null || true
+  cp "$KEEP"/results/*.json "$KEEP"/results/*.png "$OUT/" 2>/dev/null || true
   # the runs' figures and logs, without weights and checkpoints
   tar -czf "$OUT/runs.tar.gz" -C "$KEEP" --exclude='*.safetensors' --exclude='checkpoints' --exclude='policy' \
     --exclude='redis' runs 2>/dev/null || true

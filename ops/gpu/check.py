@@ -1,4 +1,5 @@
-"""`python -m ops.gpu_check [--full] [--device cuda|cpu]`: do the engine and trainer paths run on a GPU?
+"""`python -m ops.gpu_check [--full | --experiment] [--device cuda|cpu]`: do the engine and trainer paths run on a
+GPU? (`--experiment`, `make gpu-experiment`: ES against GRPO at equal wall-clock on it, ops/gpu/experiment.py.)
 
 `--full` (`make gpu-check`) runs the real pipeline with the real default model on the device and writes
 docs/results/gpu/<gpu>-<date>.json: ops/gpu/full.py says what it runs and records. Without it, the quick
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 import transformers
 
+from ops.gpu import experiment as gpu_experiment
 from ops.gpu import full as gpu_full
 from producers.engine import Sampling
 from producers.hf import HFEngine
@@ -157,10 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         "(ops/gpu/full.py); without it, the quick checks on a 2-layer model",
     )
     p.add_argument(
+        "--experiment",
+        action="store_true",
+        help="ES against GRPO at equal wall-clock with the real model, sized to --minutes from a throughput "
+        "it measures first (ops/gpu/experiment.py; `make gpu-experiment`)",
+    )
+    p.add_argument(
         "--device",
         default="cuda",
         choices=("cuda", "cpu"),
-        help="--full: where to run (default cuda, refused without a GPU; cpu rehearses the script)",
+        help="--full, --experiment: where to run (default cuda, refused without a GPU; cpu rehearses the script)",
     )
     p.add_argument(
         "--tokenizer",
@@ -170,10 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out",
         default="",
-        help="also write the JSON here (--full: a folder, default docs/results/gpu; the file is <gpu>-<date>.json)",
+        help="also write the JSON here (--full, --experiment: a folder, default docs/results/gpu; the file is "
+        "<gpu>-<date>.json, experiment-<gpu>-<date>.json)",
     )
     gpu_full.add_arguments(p)
+    gpu_experiment.add_arguments(p)
     args = p.parse_args(argv)
+    if args.experiment:  # before --full: ops/gpu/box.sh's `run` always passes --full
+        return gpu_experiment.main(args)
     if args.full:
         return gpu_full.main(args, quick)
     if not torch.cuda.is_available():

@@ -248,9 +248,10 @@ def test_the_table_json_and_plot_from_two_runs(tmp_path):
     result = _result(tmp_path)
     es_vs_grpo_report.write(result, tmp_path)
     md = (tmp_path / "compare.md").read_text()
-    assert "| ES | 2 | 124 | 0.200 | 0.250 |" in md
-    assert "| GRPO | 1 | 128 | 0.120 | 0.000 |" in md
-    assert "| ES | 64 | 3 | 188 | - | 0.100 -> 0.150 | 0.000 -> 0.000 | 42 s |" in md
+    assert "| ES | 2 | 124 | - | 0.200 | 0.250 |" in md  # no run.json here: the wall time is unknown
+    assert "| GRPO | 1 | 128 | - | 0.120 | 0.000 |" in md
+    # 188 samples in the trainer's 40 s: 4.70 a second
+    assert "| ES | hf float32 | 64 | 3 | 188 | - | 4.70 | 0.100 -> 0.150 | 0.000 -> 0.000 | 42 s |" in md
     assert "learning rate 1e-05" in md and "generator precision: float32" in md
     assert json.loads((tmp_path / "compare.json").read_text())["algos"]["grpo"]["samples_used"] == 192
     assert (tmp_path / "compare.png").stat().st_size > 1000
@@ -289,3 +290,71 @@ def test_a_short_real_comparison_writes_its_table_plot_and_json(tmp_path):
     assert (out / "compare.png").stat().st_size > 1000
     # the GRPO generator loaded the announced weights after checking their digest
     assert '"grpo_weights_loaded"' in (out / "grpo" / "logs" / "generator.log").read_text()
+
+
+def test_wall_clock_engines_are_the_fastest_measured_unless_told_and_hf_without_vllm():
+    with_vllm = es_vs_grpo.engine_choices(["es", "grpo", "es-lowrank"], [], "float32", vllm=True)
+    assert with_vllm == {"es": ("vllm", "bfloat16"), "grpo": ("vllm", "float32"), "es-lowrank": ("hf", "float32")}
+    without = es_vs_grpo.engine_choices(["es", "grpo"], [], "float32", vllm=False)
+    assert without == {"es": ("hf", "float32"), "grpo": ("hf", "float32")}
+    told = es_vs_grpo.engine_choices(["es", "grpo"], ["es=hf", "grpo=auto:bfloat16"], "float32", vllm=True)
+    assert told == {"es": ("hf", "float32"), "grpo": ("auto", "bfloat16")}
+    with pytest.raises(ValueError, match="ALGO=ENGINE"):
+        es_vs_grpo.engine_choices(["es"], ["es=tpu"], "float32", vllm=True)
+
+
+def test_wall_clock_pairs_both_algorithms_on_the_same_minutes_and_reports_time_and_samples(tmp_path, monkeypatch):
+    """Stand-in trainers (their metrics known): each run gets `--max-minutes 3`, evaluations every 3 / 3 = 1
+    minute, its own engine and precision (ES: hf at bfloat16 as told; GRPO: hf at the common float32), and
+    the report pairs the two at 3 minutes of wall-clock with each curve against samples and minutes."""
+    seen = {}
+
+    def fake_run(argv, env, log_path, tick=None):
+        algo = argv[argv.index("--algo") + 1]
+        seen[algo] = (argv, env.get("PROOFSTREAM_DTYPE"))
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        per = 128 if algo == "es" else 64
+        (run_dir / "run.json").write_text(json.dumps({"started": 1000.0}))
+        records = [{"eval": True, "version": 0, "held_out_reward": 0.1, "held_out_exact": 0.0, "time": 1030.0}]
+        records += [{"version": v, "algo": algo, "attempts": per, "samples": per * v} for v in (1, 2, 3)]
+        records += [{"eval": True, "version": 3, "held_out_reward": 0.2, "held_out_exact": 0.25, "time": 1210.0}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run_dir / "report.json").write_text(json.dumps({"version": 3, "wall_s": 240.0, "time_up": True}))
+        return 0, 245.0
+
+    monkeypatch.setattr(es_vs_grpo, "run_one", fake_run)
+    monkeypatch.setattr(es_vs_grpo, "generated_for_training", lambda *a: None)
+    argv = ["--wall-clock", "3", "--seeds", "0", "--eval-points", "3", "--out", str(tmp_path)]
+    argv += ["--es-population", "8", "--es-batch", "16", "--engine-for", "es=hf:bfloat16", "grpo=hf"]
+    assert es_vs_grpo.main(argv) == 0
+    for algo, dtype in (("es", "bfloat16"), ("grpo", "float32")):
+        cmd, env_dtype = seen[algo]
+        flag = lambda name, cmd=cmd: cmd[len(cmd) - cmd[::-1].index(name)]  # noqa: E731 - the last one wins
+        assert flag("--max-minutes") == "3.0" and flag("--eval-every-minutes") == "1.0"
+        assert flag("--eval-every") == "0" and flag("--engine") == "hf" and env_dtype == dtype
+        assert int(flag("--iterations")) >= 10_000  # a cap the budget reaches first
+    result = json.loads((tmp_path / "seed0" / "compare.json").read_text())
+    assert result["wall_clock_min"] == 3.0 and result["budget"] is None
+    es, grpo = result["algos"]["es"], result["algos"]["grpo"]
+    assert (es["engine"], es["gen_dtype"], grpo["engine"], grpo["gen_dtype"]) == ("hf", "bfloat16", "hf", "float32")
+    assert es["plan"]["minutes"] == grpo["plan"]["minutes"] == 3.0
+    assert [(p["samples"], p["wall_s"]) for p in es["curve"]] == [(0, 30.0), (384, 210.0)]
+    md = (tmp_path / "seed0" / "compare.md").read_text()
+    assert md.startswith("# ES vs GRPO on countdown: 3 minutes of wall-clock each")
+    assert "| ES | 3 | 384 | 3.5 | 0.200 | 0.250 |" in md and "| GRPO | 3 | 192 | 3.5 |" in md
+    assert "| ES | hf bfloat16 | 128 | 3 | 384 |" in md and "| 1.60 |" in md  # 384 samples in 240 s
+    summary = json.loads((tmp_path / "compare.json").read_text())
+    assert summary["wall_clock_min"] == 3.0
+    assert summary["algos"]["grpo"]["samples_per_s"]["mean"] == pytest.approx(192 / 240)
+    assert (tmp_path / "compare.md").read_text().startswith("# ES vs GRPO: 3 minutes of wall-clock each")
+
+
+def test_wall_clock_and_budget_are_one_or_the_other(capsys):
+    assert es_vs_grpo.main(["--seeds", "0"]) == 2
+    assert es_vs_grpo.main(["--budget", "64", "--wall-clock", "2"]) == 2
+    assert es_vs_grpo.main(["--budget", "64", "--engine-for", "es=hf"]) == 2
+    assert es_vs_grpo.main(["--wall-clock", "2", "--max-minutes", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget N (training samples) or --wall-clock MINUTES" in err and "--engine-for is for --wall-clock" in err
+    assert "--max-minutes is set by the comparison: use --wall-clock" in err

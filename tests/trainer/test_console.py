@@ -153,4 +153,9 @@ def test_the_eta_counts_the_final_evaluation():
     no_eval = Console(8, final_evaluation=False, stream=console.stream)
     no_eval.start = (2, 100.0)  # a resumed run counts from where it started: 2 versions in 300 s
     assert no_eval.eta(4, 400.0) == "ETA 10 min 00 s (2 min 30 s a version)"
+    # a wall-clock budget ending at t = 700 s: 300 s left at t = 400 s and the version under way then, 150 s
+    timed = Console(100_000, final_evaluation=False, stream=console.stream, ends_at=700.0)
+    timed.start = (0, 100.0)
+    assert timed.eta(2, 400.0) == "ETA 7 min 30 s (2 min 30 s a version)"
+    assert timed.eta(4, 700.0) == "ETA 2 min 30 s (2 min 30 s a version)"  # spent: the version under way
     console.stream.close()

@@ -4,6 +4,7 @@ engine, tiny generations), real verifier worker with the Countdown checker in a 
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -28,11 +29,11 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
 
 
-def _trainer(run_dir: Path, iterations: int) -> subprocess.Popen:
+def _trainer(run_dir: Path, iterations: int, *extra: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "trainer", "--algo", "es", "--task", "countdown", "--run", "local"]
     argv += ["--run-dir", str(run_dir), "--iterations", str(iterations)]
     argv += ["--population", "2", "--batch", "2", "--problems", "8", "--held-out", "2", "--eval-every", "1"]
-    argv += ["--max-new-tokens", "8", "--engine", "hf", "--sandbox", "process", "--log-level", "warning"]
+    argv += ["--max-new-tokens", "8", "--engine", "hf", "--sandbox", "process", "--log-level", "warning", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFSTREAM_")}
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -69,6 +70,31 @@ def test_the_local_run_finishes_and_stops_all_its_children(tmp_path):
     assert report["settings"]["prompt_format"] == "kimina"
     [user] = report["prompt"]["messages"]
     assert user["role"] == "user" and user["content"].startswith("Using the numbers [")
+
+
+@needs_model
+def test_a_wall_clock_budget_ends_the_run_after_the_version_under_way_with_a_final_evaluation(tmp_path):
+    budget_min, every_min = 0.5, 0.1
+    flags = ("--max-minutes", str(budget_min), "--eval-every", "0", "--eval-every-minutes", str(every_min))
+    proc = _trainer(tmp_path, 1000, *flags)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    report = orjson.loads((tmp_path / "report.json").read_bytes())
+    assert report["time_up"] and not report["interrupted"] and 1 <= report["version"] < 1000
+    assert "finished at version" in err
+    started = orjson.loads((tmp_path / "run.json").read_bytes())["started"]
+    records = [orjson.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
+    updates = sorted((r for r in records if "reward_mean" in r), key=lambda r: r["version"])
+    evals = sorted((r for r in records if r.get("eval")), key=lambda r: r["version"])
+    ends_at = started + 60 * budget_min
+    # the last version was made after the budget ran out, every one before it inside the budget
+    assert updates[-1]["version"] == report["version"] and updates[-1]["time"] >= ends_at
+    assert all(u["time"] < ends_at for u in updates[:-1])
+    # version 0 and the last evaluated, the last after the budget; each evaluation stamped with its time
+    assert evals[0]["version"] == 0 and evals[-1]["version"] == report["version"] and evals[-1]["time"] >= ends_at
+    # the ones between issued at least `every_min` apart (issued at its landing less its time in flight)
+    issued = [e["time"] - e["took_s"] for e in evals[:-1]]
+    assert all(b - a >= 60 * every_min - 1 for a, b in itertools.pairwise(issued))
 
 
 @needs_model
