@@ -122,10 +122,10 @@ class Console:
 
     def _begin(self, version: int) -> None:
         if not self.tty:
-            self.say(f"trainer: version {version} of {self.total}; {self.eta(version, time.monotonic())}")
+            self.say(f"trainer: {self._version_of(version)}; {self.eta(version, time.monotonic())}")
             return
         self.bar = tqdm(
-            total=self.total,
+            total=None if self.ends_at is not None else self.total,
             initial=version,
             desc="policy versions",
             unit="version",
@@ -137,11 +137,15 @@ class Console:
         self._above, self._saved_stderr = _AboveBar(self.stream), sys.stderr
         sys.stderr = self._above
 
+    def _version_of(self, version: int) -> str:
+        """`version 3 of 8`; under a wall-clock budget the count is a cap the budget reaches first: `version 3`."""
+        return f"version {version}" if self.ends_at is not None else f"version {version} of {self.total}"
+
     def _version(self, version: int) -> None:
         now = time.monotonic()
         if self.bar is None:
             elapsed = duration(now - self.start[1])
-            self.say(f"trainer: version {version} of {self.total} after {elapsed}; {self.eta(version, now)}")
+            self.say(f"trainer: {self._version_of(version)} after {elapsed}; {self.eta(version, now)}")
             return
         self.bar.set_postfix_str(self.eta(version, now), refresh=False)
         self.bar.update(version - self.bar.n)

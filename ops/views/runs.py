@@ -74,7 +74,8 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
             report.get("evals") or {},
             report.get("wall_s"),
         )
-        done = not report.get("interrupted") and (version or 0) >= int(settings.get("iterations") or 0)
+        reached = report.get("time_up") or (version or 0) >= int(settings.get("iterations") or 0)  # or its budget
+        done = not report.get("interrupted") and bool(reached)
         status = "finished" if done else "interrupted"
         if started is None and wall_s is not None and not report.get("reconstructed_from"):
             # a run without run.json: its report's time less its wall (a rebuilt report's time is the rebuild's)

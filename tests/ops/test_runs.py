@@ -376,3 +376,24 @@ def test_run_says_the_credit_by_part_the_papers_budget_and_the_member_spread(tmp
     ) in shown
     assert "\n     training by part (v2): format 0.500" in shown and "\n  s  none recorded\n" in shown
     assert "\n  s  128 samples: 0.0043% of the paper's 3M" in shown  # 128 / 3e6 = 0.004267%
+
+
+def test_a_run_its_wall_clock_budget_ended_is_finished(tmp_path):
+    """`--max-minutes`: the budget ends the run at version 3 of a 100,000 cap, and its report says `time_up`;
+    the same report without it is a run stopped short."""
+    report = {"version": 3, "counts": {"samples": 384}, "interrupted": False, "wall_s": 200.0, "evals": {}}
+    for name, extra, status in (("timed", {"time_up": True}, "finished"), ("short", {}, "interrupted")):
+        _write_run(
+            tmp_path / name,
+            name,
+            started=NOW - 300,
+            pid=1,
+            updates=3,
+            evals=[],
+            report={**report, **extra},
+            iterations=100_000,
+        )
+        done = _ops("runs", str(tmp_path / name), "--json")
+        assert done.returncode == 0, done.stderr
+        [row] = json.loads(done.stdout)["runs"]
+        assert (row["status"], row["version"]) == (status, 3), name

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,19 @@ def test_the_eta_counts_the_final_evaluation():
     assert timed.eta(2, 400.0) == "ETA 7 min 30 s (2 min 30 s a version)"
     assert timed.eta(4, 700.0) == "ETA 2 min 30 s (2 min 30 s a version)"  # spent: the version under way
     console.stream.close()
+
+
+def test_under_a_wall_clock_budget_a_version_is_counted_without_its_cap(tmp_path):
+    """The budget's run has `iterations` 100,000, a cap the budget reaches first: `version 2 of 100000` would
+    promise versions that never come."""
+    lines = tmp_path / "console.txt"
+    with lines.open("w") as stream:
+        timed = Console(100_000, final_evaluation=False, stream=stream, ends_at=time.monotonic() + 600)
+        timed(0)
+        timed(2)
+        plain = Console(8, final_evaluation=False, stream=stream)
+        plain(0)
+    first, second, third = lines.read_text().splitlines()
+    assert first == "trainer: version 0; ETA after the first version"
+    assert second.startswith("trainer: version 2 after ") and "of" not in second.split(";")[0]
+    assert third == "trainer: version 0 of 8; ETA after the first version"
