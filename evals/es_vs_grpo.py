@@ -112,6 +112,7 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1],
         epilog="Any other flag goes to both `python -m trainer` runs.",
         formatter_class=DefaultsFormatter,
+        allow_abbrev=False,  # a trainer flag passed through (`--engine`) is never read as one of ours (`--engine-for`)
     )
     p.add_argument("--task", choices=("countdown", "lean"), default="countdown", help="the task both runs train on")
     p.add_argument("--budget", type=int, default=None, help="training samples (generated attempts) per algorithm")

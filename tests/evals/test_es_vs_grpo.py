@@ -353,6 +353,9 @@ def test_wall_clock_pairs_both_algorithms_on_the_same_minutes_and_reports_time_a
 def test_wall_clock_and_budget_are_one_or_the_other(capsys):
     assert es_vs_grpo.main(["--seeds", "0"]) == 2
     assert es_vs_grpo.main(["--budget", "64", "--wall-clock", "2"]) == 2
+    # a trainer flag passed through is not an abbreviation of ours: `--engine` is not `--engine-for`
+    args, extra = es_vs_grpo.parser().parse_known_args(["--budget", "8", "--engine", "hf"])
+    assert (args.engine_for, extra) == ([], ["--engine", "hf"])
     assert es_vs_grpo.main(["--budget", "64", "--engine-for", "es=hf"]) == 2
     assert es_vs_grpo.main(["--wall-clock", "2", "--max-minutes", "3"]) == 2
     err = capsys.readouterr().err
