@@ -1,8 +1,8 @@
-"""The `hf` engine: transformers `generate`, batched, on CPU (the default) or one GPU.
+"""The `hf` engine: a transformers model, batched, on CPU (the default) or one GPU.
 
 Prompts of a call are left-padded into one batch (`padding_side="left"`: decoder-only models continue
-from the last real token). Behaviour logprobs are recorded while sampling by a logits processor that
-sees the raw logits of each step and is paid one log-softmax per step, not a second forward pass.
+from the last real token). Behaviour logprobs are recorded while sampling from the raw logits of each step
+(before temperature and top-p): one log-softmax per step, not a second forward pass.
 ES weights are written straight into the model's parameters (`copy_` casts the fp32 values into the
 model's dtype); GRPO weights are loaded from a safetensors folder by checkpoint name.
 
@@ -13,6 +13,17 @@ row's own low-rank term (x B_i) A_i^T through a forward hook, two batched matmul
 members (`_LowRankRows`). Not PEFT's mixed-adapter batch: PEFT runs one sub-batch per adapter through each
 layer (a Python loop over the population at every layer and step), where the members' factors stacked in
 one tensor need two `bmm` calls whatever the population; no weight is written per member either way.
+A call's cost follows the tokens its rows write, not its longest row: the engine runs its own decoding loop
+(`_decode`, transformers' greedy or multinomial step on a DynamicCache, the same positions, mask and logits
+processors) and a row leaves the batch at the step it writes EOS: its KV-cache rows, mask row and position
+go, and in a low-rank call its slot in its member's group (`_LowRankRows.select`), so every later step runs
+on the rows still writing. Greedy answers are those of `generate`; sampling draws `torch.multinomial`'s
+exponential noise for the call's whole batch at every step as `generate` does, so a seed gives the same
+samples and logprobs whichever rows have left (tests/producers/test_hf_engine.py). `drop_finished=False`
+(and the static cache) use transformers' `generate`, every row decoding until the longest ends. transformers'
+own continuous batching (`generate_batch`, paged attention) is not used: it packs every request's tokens
+into one flat sequence on a thread of its own, where a member's rows could no longer be told apart by the
+low-rank hooks, and it samples with its own generator.
 `kv_cache="static"` preallocates the KV cache to the call's full length (transformers' StaticCache), which
 lets transformers compile the decoding step with torch.compile on a GPU (its auto-compile criteria: a
 compilable cache on cuda): the overhead that dominates short sequences of a small model. Whether it pays
@@ -176,6 +187,7 @@ class HFEngine:
         )
         self._params: dict[str, torch.Tensor] | None = None
         self._rows: _LowRankRows | None = None  # the low-rank hooks of an `es_members` call, while it runs
+        self.row_steps = 0  # rows x steps the model computed a next token for (a row that wrote n tokens: n)
 
     # -- weights ---------------------------------------------------------------------------------------
 
@@ -305,6 +317,7 @@ class HFEngine:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        self.row_steps += out.shape[0] * (out.shape[1] - ids.shape[1])
         # The recorder's logprobs live on the model's device: finish them there, then bring both to the host.
         logprobs = recorder.finish(out[:, -1]).cpu() if recorder else None
         return out[:, ids.shape[1] :].cpu(), logprobs
@@ -346,6 +359,7 @@ class HFEngine:
         )
         position = position[:, -1:]
         for step in range(steps):
+            self.row_steps += alive.shape[0]
             logits = out.logits[:, -1].to(dtype=torch.float32)
             raw = torch.log_softmax(logits, dim=-1) if logprobs is not None else None
             if greedy:
