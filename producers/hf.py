@@ -1,8 +1,8 @@
-"""The `hf` engine: transformers `generate`, batched, on CPU (the default) or one GPU.
+"""The `hf` engine: a transformers model, batched, on CPU (the default) or one GPU.
 
 Prompts of a call are left-padded into one batch (`padding_side="left"`: decoder-only models continue
-from the last real token). Behaviour logprobs are recorded while sampling by a logits processor that
-sees the raw logits of each step and is paid one log-softmax per step, not a second forward pass.
+from the last real token). Behaviour logprobs are recorded while sampling from the raw logits of each step
+(before temperature and top-p): one log-softmax per step, not a second forward pass.
 ES weights are written straight into the model's parameters (`copy_` casts the fp32 values into the
 model's dtype); GRPO weights are loaded from a safetensors folder by checkpoint name.
 
@@ -13,6 +13,17 @@ row's own low-rank term (x B_i) A_i^T through a forward hook, two batched matmul
 members (`_LowRankRows`). Not PEFT's mixed-adapter batch: PEFT runs one sub-batch per adapter through each
 layer (a Python loop over the population at every layer and step), where the members' factors stacked in
 one tensor need two `bmm` calls whatever the population; no weight is written per member either way.
+A call's cost follows the tokens its rows write, not its longest row: the engine runs its own decoding loop
+(`_decode`, transformers' greedy or multinomial step on a DynamicCache, the same positions, mask and logits
+processors) and a row leaves the batch at the step it writes EOS: its KV-cache rows, mask row and position
+go, and in a low-rank call its slot in its member's group (`_LowRankRows.select`), so every later step runs
+on the rows still writing. Greedy answers are those of `generate`; sampling draws `torch.multinomial`'s
+exponential noise for the call's whole batch at every step as `generate` does, so a seed gives the same
+samples and logprobs whichever rows have left (tests/producers/test_hf_engine.py). `drop_finished=False`
+(and the static cache) use transformers' `generate`, every row decoding until the longest ends. transformers'
+own continuous batching (`generate_batch`, paged attention) is not used: it packs every request's tokens
+into one flat sequence on a thread of its own, where a member's rows could no longer be told apart by the
+low-rank hooks, and it samples with its own generator.
 `kv_cache="static"` preallocates the KV cache to the call's full length (transformers' StaticCache), which
 lets transformers compile the decoding step with torch.compile on a GPU (its auto-compile criteria: a
 compilable cache on cuda): the overhead that dominates short sequences of a small model. Whether it pays
@@ -63,22 +74,56 @@ class _RawLogprobs(transformers.LogitsProcessor):
 class _LowRankRows:
     """Forward hooks that add member i's low-rank term to the output of each perturbed linear layer for its
     rows: the batch is member-major (rows [i*k, (i+1)*k) are member i's), so one layer's input (M*k, t, in)
-    is viewed as (M, k*t, in) and the term is bmm(bmm(x, B), A^T) with A, B stacked over the members."""
+    is viewed as (M, k*t, in) and the term is bmm(bmm(x, B), A^T) with A, B stacked over the members.
 
-    def __init__(self, model: torch.nn.Module, stacked: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    When the decoding loop drops finished rows (`select`), the rows stay member-major but the members' counts
+    differ: each row then has a slot in an (M, cmax) grid (member, place among its member's rows), the rows
+    are scattered into the grid, the same two bmm run on it (empty slots are zeros and are never read back),
+    and the rows are gathered out of it. The term is r (4) columns wide, so the empty slots cost next to
+    nothing; the layer's own matmul runs on the kept rows only."""
+
+    def __init__(
+        self, model: torch.nn.Module, stacked: dict[str, tuple[torch.Tensor, torch.Tensor]], rows: int
+    ) -> None:
+        members = next(iter(stacked.values()))[0].shape[0] if stacked else 1
+        device = next(iter(stacked.values()))[0].device if stacked else "cpu"
+        self.members = members
+        self.member = torch.arange(members, device=device).repeat_interleave(rows // members)  # row -> member
+        self.slot: torch.Tensor | None = None  # row -> place in the (M * cmax) grid; None: every member has k rows
+        self.width = rows // members  # cmax
         self.handles = []
         for name, (a, b) in stacked.items():
             module = model.get_submodule(name.removesuffix(".weight"))
             self.handles.append(module.register_forward_hook(self._hook(a, b)))
 
-    @staticmethod
-    def _hook(a: torch.Tensor, b: torch.Tensor):  # a: (M, out, r), b: (M, in, r)
+    def select(self, keep: torch.Tensor) -> None:
+        """The batch keeps rows `keep` (indices into the current rows, ascending): members follow their rows."""
+        self.member = self.member[keep]
+        counts = torch.bincount(self.member, minlength=self.members)
+        width = int(counts.max())
+        start = torch.cumsum(counts, 0) - counts  # first row of each member (rows stay member-major)
+        place = torch.arange(len(self.member), device=self.member.device) - start[self.member]
+        slot = self.member * width + place
+        equal = bool((counts == width).all())
+        self.slot, self.width = (None, width) if equal else (slot, width)
+
+    def _hook(self, a: torch.Tensor, b: torch.Tensor):  # a: (M, out, r), b: (M, in, r)
         members, a_t = a.shape[0], a.transpose(1, 2).contiguous()
 
         def add_term(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            x = inputs[0]
-            low = torch.bmm(x.reshape(members, -1, x.shape[-1]), b)  # (M, k*t, r): member-major rows
-            output.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # += (x B) A^T, in place
+            x, slot = inputs[0], self.slot
+            if slot is None:
+                low = torch.bmm(x.reshape(members, -1, x.shape[-1]), b)  # (M, k*t, r): member-major rows
+                output.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # += (x B) A^T, in place
+                return
+            grid = members * self.width
+            xs = x.new_zeros((grid, *x.shape[1:]))
+            xs[slot] = x
+            low = torch.bmm(xs.view(members, -1, x.shape[-1]), b)
+            out = output.new_zeros((grid, *output.shape[1:]))
+            out[slot] = output
+            out.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # the same fused op as above, per slot
+            output.copy_(out[slot])
 
         return add_term
 
@@ -104,10 +149,12 @@ class HFEngine:
         keep: int = 2,
         threads: int = 0,
         kv_cache: str = "dynamic",
+        drop_finished: bool = True,
     ) -> None:
         if kv_cache not in ("dynamic", "static"):
             raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
         self.kv_cache = kv_cache
+        self.drop_finished = drop_finished  # our decoding loop (rows leave as they end); False: transformers' generate
         dtype = checked_dtype(("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -139,6 +186,8 @@ class HFEngine:
             device=device,
         )
         self._params: dict[str, torch.Tensor] | None = None
+        self._rows: _LowRankRows | None = None  # the low-rank hooks of an `es_members` call, while it runs
+        self.row_steps = 0  # rows x steps the model computed a next token for (a row that wrote n tokens: n)
 
     # -- weights ---------------------------------------------------------------------------------------
 
@@ -191,8 +240,13 @@ class HFEngine:
             for name in per_member[0]
         }
         self.stats.policy_s += time.monotonic() - started
-        with _LowRankRows(self.model, stacked):
-            rows = self.generate([p for _ in members for p in prompts], sampling)
+        batch = [p for _ in members for p in prompts]
+        with _LowRankRows(self.model, stacked, len(batch) * sampling.n) as hooks:
+            self._rows = hooks  # the decoding loop tells it which rows it keeps
+            try:
+                rows = self.generate(batch, sampling)
+            finally:
+                self._rows = None
         return [rows[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(members))]
 
     def es_digest(self, version: int) -> str:
@@ -221,24 +275,10 @@ class HFEngine:
         for i, p in enumerate(batch):
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
-        recorder = _RawLogprobs() if sampling.logprobs else None
-        greedy = sampling.temperature == 0
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": sampling.max_new_tokens,
-            "do_sample": not greedy,
-            "pad_token_id": pad,
-            "logits_processor": transformers.LogitsProcessorList([recorder] if recorder else []),
-        }
-        if not greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        if self.kv_cache == "static":
-            kwargs["cache_implementation"] = "static"
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
-        # The recorder's logprobs live on the model's device: finish them there, then bring both to the host.
-        logprobs = recorder.finish(out[:, -1]).cpu() if recorder else None
-        completions = out[:, width:].cpu()
+        if self.drop_finished and self.kv_cache == "dynamic":
+            completions, logprobs = self._decode(ids.to(self.device), mask.to(self.device), sampling)
+        else:
+            completions, logprobs = self._generate(ids.to(self.device), mask.to(self.device), sampling)
         eos = set(self._eos_ids())
         samples: list[list[Sample]] = [[] for _ in prompts]
         tokens = 0
@@ -255,6 +295,102 @@ class HFEngine:
         self.stats.prompts += len(prompts)
         self.stats.generate_s += time.monotonic() - started
         return samples
+
+    def _generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """transformers' `generate`: every row decodes until the longest ends (the static cache needs it: one
+        shape for the whole call). (rows, steps) tokens and logprobs on the host."""
+        pad = self.tokenizer.pad_token_id
+        recorder = _RawLogprobs() if sampling.logprobs else None
+        greedy = sampling.temperature == 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "do_sample": not greedy,
+            "pad_token_id": pad,
+            "logits_processor": transformers.LogitsProcessorList([recorder] if recorder else []),
+        }
+        if not greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        if self.kv_cache == "static":
+            kwargs["cache_implementation"] = "static"
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        self.row_steps += out.shape[0] * (out.shape[1] - ids.shape[1])
+        # The recorder's logprobs live on the model's device: finish them there, then bring both to the host.
+        logprobs = recorder.finish(out[:, -1]).cpu() if recorder else None
+        return out[:, ids.shape[1] :].cpu(), logprobs
+
+    def _decode(
+        self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoding loop of transformers' `generate` (greedy or multinomial sampling, a DynamicCache, the
+        same positions, mask and logits processors), except that a row leaves the batch at the step it writes
+        EOS: its rows of the KV cache, attention mask and positions are dropped (and its low-rank member's
+        slot, `_LowRankRows.select`), so a step costs the rows still writing. The tokens are those of
+        `generate`: greedy is argmax of the same logits; sampling draws the exponential noise of
+        `torch.multinomial` (argmax of p / q, q ~ Exp(1)) for the call's full batch at every step, as
+        `generate` does, and each kept row reads its own row of it, so a seed gives the same samples whichever
+        rows have left. (rows, steps) tokens (pad after EOS) and raw logprobs, on the host."""
+        rows, steps = ids.shape[0], sampling.max_new_tokens
+        pad = self.tokenizer.pad_token_id
+        eos = torch.tensor(self._eos_ids(), device=ids.device)
+        greedy = sampling.temperature == 0
+        warpers = transformers.LogitsProcessorList()
+        if not greedy and sampling.temperature != 1.0:
+            warpers.append(transformers.TemperatureLogitsWarper(sampling.temperature))
+        if not greedy and sampling.top_p < 1.0:
+            warpers.append(transformers.TopPLogitsWarper(sampling.top_p))
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        tokens = torch.full((rows, steps), pad, dtype=torch.long, device=ids.device)
+        logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=ids.device) if sampling.logprobs else None
+        alive = torch.arange(rows, device=ids.device)  # the call's row of each row of the batch
+        position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache = transformers.DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        position = position[:, -1:]
+        for step in range(steps):
+            self.row_steps += alive.shape[0]
+            logits = out.logits[:, -1].to(dtype=torch.float32)
+            raw = torch.log_softmax(logits, dim=-1) if logprobs is not None else None
+            if greedy:
+                chosen = torch.argmax(logits, dim=-1)
+            else:
+                probs = torch.softmax(warpers(None, logits), dim=-1)
+                noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
+                chosen = torch.argmax(probs / noise[alive], dim=-1)
+            tokens[alive, step] = chosen
+            if logprobs is not None:
+                logprobs[alive, step] = raw.gather(1, chosen[:, None]).squeeze(1)
+            going = ~torch.isin(chosen, eos)
+            if step == steps - 1 or not bool(going.any()):
+                break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(1)
+                alive, chosen, position, mask = alive[keep], chosen[keep], position[keep], mask[keep]
+                for layer in cache.layers:
+                    layer.batch_select_indices(keep)
+                if self._rows is not None:
+                    self._rows.select(keep)
+            position = position + 1
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            out = self.model(
+                input_ids=chosen[:, None],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return tokens.cpu(), logprobs.cpu() if logprobs is not None else None
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id

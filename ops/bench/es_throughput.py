@@ -13,11 +13,11 @@ prompts for each of `--population` members:
 Each is generated tokens per second of its whole wall time (perturbations included); `ratio` =
 lowrank / inference (EGGROLL reports 0.91), `full_ratio` = full / inference. A member's answers differ
 from the center's, so row lengths differ a little between the ways: tokens per second, not seconds, are
-compared. `useful` is the share of the rows' decoding steps that wrote a token: an engine call decodes
-until its longest row ends (the hf engine: no continuous batching), so a call of rows x steps whose rows
-wrote `tokens` has `useful` = tokens / (rows x steps). The inference rows of one prompt are all the same
-answer and end together; members' answers differ, and one member's long answer keeps the whole call
-decoding (`longest`: the longest answer of the way, in tokens). Last line of output: one JSON object.
+compared. `useful` is the share of the rows' decoding steps that wrote a token: the hf engine counts the
+row-steps it computed (`row_steps`); a row leaves its call's batch at the step it ends (producers/hf.py), so
+`useful` is 1 there, and was tokens / (rows x steps) when a call decoded every row until its longest ended
+(the hf engine with `drop_finished=False` or a static cache; the estimate for an engine that counts
+nothing). `longest`: the longest answer of the way, in tokens. Last line of output: one JSON object.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def bench(args: argparse.Namespace) -> dict:
 
         def timed(name: str, run, one_call: bool) -> None:
             """`run` returns [part][row][sample]: its parts are one engine call (`one_call`), or a call each."""
+            computed = getattr(engine, "row_steps", None)
             started = time.perf_counter()
             parts = run()
             if device.startswith("cuda"):
@@ -60,7 +61,10 @@ def bench(args: argparse.Namespace) -> dict:
             lengths = [[len(s.token_ids) for row in part for s in row] for part in parts]
             calls = [[n for part in lengths for n in part]] if one_call else lengths
             tokens = sum(map(sum, calls))
-            decoded = sum(len(call) * max(call, default=0) for call in calls)
+            if computed is not None:  # the engine counts the row-steps it computed (hf: rows leave as they end)
+                decoded = engine.row_steps - computed
+            else:  # an engine call decodes until its longest row ends
+                decoded = sum(len(call) * max(call, default=0) for call in calls)
             out[name] = {
                 "s": round(seconds, 2),
                 "tokens": tokens,

@@ -20,8 +20,37 @@ MEMBERS = [(11, 1), (11, -1), (12, 1), (13, 1)]
 SIGMA, RANK = 0.01, 4  # sigma large enough that every member answers otherwise than the center somewhere
 
 
+# Chats whose greedy answers end far apart (8 to 32+ tokens on the default model), and one Countdown prompt:
+# the rows of one call leave the batch at very different steps (producers/hf.py `_decode`).
+MIXED_CHATS = (
+    "Answer with one word: what colour is the sky?",
+    "Count from 1 to 40, separated by commas.",
+    "Say hello.",
+    "What is 2+2? Reply with the number only.",
+)
+MIXED = Sampling(n=1, temperature=0.0, max_new_tokens=32, logprobs=True)
+
+
 def prompt_ids(tokenizer) -> list[list[int]]:
     return [prompts.tokenize(tokenizer, prompts.messages(t)) for t in THEOREMS]
+
+
+def mixed_ids(tokenizer) -> list[list[int]]:
+    chats = [prompts.tokenize(tokenizer, [{"role": "user", "content": c}]) for c in MIXED_CHATS]
+    return chats + prompt_ids(tokenizer)[:1]
+
+
+def decoded_rows(engine, call):
+    """(call(), rows the model decoded after the prefill): the batch size of every forward pass of the hf
+    engine's model but the first, summed, as its output layer sees them. A row that wrote n tokens needs n - 1
+    of them; a call that keeps every row until its longest ends pays rows x (longest - 1)."""
+    sizes: list[int] = []
+    handle = engine.model.lm_head.register_forward_hook(lambda module, args, out: sizes.append(args[0].shape[0]))
+    try:
+        out = call()
+    finally:
+        handle.remove()
+    return out, sum(sizes[1:])
 
 
 def tokens(rows) -> list[list[list[int]]]:

@@ -10,6 +10,7 @@ from producers.engine import Sampling  # noqa: E402
 from producers.engines import choose  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
 from tasks import prompts  # noqa: E402
+from tests.producers import cases  # noqa: E402
 
 THEOREMS = [
     Theorem("cd-1", "countdown", numbers=[3, 5, 7], target=22),
@@ -60,6 +61,53 @@ def test_greedy_samples_of_one_prompt_are_identical_and_stop_at_eos(hf_engine):
         assert len(samples[0].token_ids) == 200
     assert "<|im_end|>" not in samples[0].text
     assert hf_engine.stats.generated_tokens > 0 and hf_engine.stats.as_dict()["tokens_per_s"] > 0
+
+
+def _without_dropping(engine, call):
+    engine.drop_finished = False  # transformers' generate: every row decodes until the longest ends
+    try:
+        return cases.decoded_rows(engine, call)
+    finally:
+        engine.drop_finished = True
+
+
+def test_rows_leave_the_batch_as_they_end_and_greedy_answers_stay_token_identical(hf_engine):
+    ids = cases.mixed_ids(hf_engine.tokenizer)
+    kept, kept_rows = _without_dropping(hf_engine, lambda: hf_engine.generate(ids, cases.MIXED))
+    dropped, rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, cases.MIXED))
+    lengths = [len(samples[0].token_ids) for samples in dropped]
+    assert max(lengths) - min(lengths) >= 16, lengths  # rows that end far apart
+    assert [[s.token_ids for s in row] for row in dropped] == [[s.token_ids for s in row] for row in kept]
+    assert [s[0].finish_reason for s in dropped] == [s[0].finish_reason for s in kept]
+    worst = max(
+        abs(a - b)
+        for x, y in zip(dropped, kept, strict=True)
+        for a, b in zip(x[0].logprobs, y[0].logprobs, strict=True)
+    )
+    assert worst < 1e-4, worst  # the same fp32 model; only the batch's size differs between the steps
+    assert rows == sum(n - 1 for n in lengths)  # each row decoded for its own tokens only
+    assert kept_rows == len(ids) * (max(lengths) - 1)
+
+
+def test_sampled_rows_with_logprobs_are_the_same_whichever_rows_have_left(hf_engine):
+    """GRPO's sampling: temperature, top-p, n samples a prompt, a seed and behaviour logprobs. Dropping the rows
+    that ended changes neither the samples of the seed nor the kept rows' logprobs."""
+    ids = cases.mixed_ids(hf_engine.tokenizer)[:3]
+    sampling = Sampling(n=3, temperature=0.8, top_p=0.95, max_new_tokens=32, seed=11, logprobs=True)
+    kept, kept_rows = _without_dropping(hf_engine, lambda: hf_engine.generate(ids, sampling))
+    dropped, rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, sampling))
+    lengths = [len(s.token_ids) for samples in dropped for s in samples]
+    assert len(set(lengths)) > 1, lengths
+    assert [[s.token_ids for s in row] for row in dropped] == [[s.token_ids for s in row] for row in kept]
+    pairs = [
+        (a, b)
+        for x, y in zip(dropped, kept, strict=True)
+        for s, t in zip(x, y, strict=True)
+        for a, b in zip(s.logprobs, t.logprobs, strict=True)
+    ]
+    assert len(pairs) == sum(lengths)
+    assert max(abs(a - b) for a, b in pairs) < 1e-5
+    assert rows == sum(n - 1 for n in lengths) < kept_rows == len(lengths) * (max(lengths) - 1)
 
 
 def test_engine_choice():

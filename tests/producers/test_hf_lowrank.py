@@ -40,6 +40,30 @@ def test_batched_low_rank_members_answer_as_the_same_members_written_into_the_we
     assert tokens(alone) == tokens(batched[2]) == tokens(others)  # its batch-mates change nothing
 
 
+@pytest.mark.slow
+@needs_model
+def test_members_whose_rows_end_far_apart_answer_as_their_weights_written_in_full(hf_engine):
+    """Rows leave the batch as they end (producers/hf.py `_decode`), so the members' row counts differ in the
+    later steps: each kept row must keep its own member's term."""
+    ids = cases.mixed_ids(hf_engine.tokenizer)
+    try:
+        batched, rows = cases.decoded_rows(
+            hf_engine, lambda: hf_engine.es_members(0, MEMBERS, SIGMA, RANK, ids, cases.MIXED)
+        )
+    finally:
+        hf_engine.es_use(0, None)
+    written = cases.written_in_turn(hf_engine, MEMBERS, ids, cases.MIXED)
+    lengths = [[len(row[0].token_ids) for row in member] for member in batched]
+    assert max(map(max, lengths)) - min(map(min, lengths)) >= 16, lengths
+    assert any(len({member[p] for member in lengths}) > 1 for p in range(len(ids)))  # members end apart
+    assert rows == sum(n - 1 for member in lengths for n in member)  # each row decoded for its own tokens
+    for member, (got, want) in enumerate(zip(batched, written, strict=True)):
+        assert tokens(got) == tokens(want), member
+        for row, ref in zip(got, want, strict=True):
+            diffs = [abs(a - b) for a, b in zip(row[0].logprobs, ref[0].logprobs, strict=True)]
+            assert max(diffs) < 1e-4, (member, max(diffs))
+
+
 @needs_model
 def test_the_engine_replays_a_low_rank_history_to_the_bits_of_an_independent_replay(hf_engine, model_path):
     step = ESStep((21, 22, 23, 24), (1, -1, 1, -1), (1.0, -1.0, 0.5, -0.5), SIGMA, 0.05, "lowrank", RANK)
