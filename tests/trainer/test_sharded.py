@@ -129,12 +129,13 @@ def test_bf16_mixed_ranks_step_as_one_bf16_mixed_process_does(model, reference, 
     torch.set_num_threads(1)
     single = GRPOTrainer(model, dataclasses.replace(CFG, precision="bf16-mixed"), tmp_path / "single")
     want = [single.step(batch(1)), single.step(batch(2))]
-    # The first step starts from the same weights: measured 0.03% apart (fp32's is 1.4% away). The second
+    # The first step starts from the same weights: measured 0.03% apart on an AVX-512-BF16 CPU and 0.17% on one
+    # with AMX-BF16 (26.871 against 26.826: oneDNN's AMX kernels round otherwise); fp32's is 1.4% away. The second
     # starts from weights a few lr apart (AdamW's sign flips, the module docstring), which round to other
     # bf16 values: on its one 3-token sequence the norm moved by 4% on an AVX-512-BF16 CPU (0.5685 against
     # 0.5916; fp32 0.5703) and by 11% on an AVX2-only one (0.5318 against 0.5983, CI). Averaging the ranks'
     # gradients instead of summing them would halve it (the second batch leaves one rank idle): 25% tells.
-    for got, mixed, rel in zip(map(json.loads, lines), want, (1e-3, 0.25), strict=True):
+    for got, mixed, rel in zip(map(json.loads, lines), want, (5e-3, 0.25), strict=True):
         assert (got["world"], got["sequences"], got["tokens"]) == (2, mixed["sequences"], mixed["tokens"])
         assert got["grad_norm"] == pytest.approx(mixed["grad_norm"], rel=rel)
     first, fp32 = json.loads(lines[0])["grad_norm"], reference["metrics"][0]["grad_norm"]

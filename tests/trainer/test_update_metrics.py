@@ -71,8 +71,8 @@ async def test_an_es_version_counts_staleness_from_the_version_it_steps_from_and
     # the record's keys in the order metrics.jsonl has always had them: common, ES's own, health, time, pipeline
     assert list(metrics) == [
         *("version", "algo", "reward_mean", "pass_rate", "attempts", "samples", "stale_dropped", "staleness"),
-        *("verdicts", "rewards_per_s", "update_s", "reward_max", "members", "stragglers", "in_flight"),
-        *("oldest_in_flight_s", "evals_in_flight", "time", "dead_letters", "dead_letters_by_reason"),
+        *("verdicts", "rewards_per_s", "update_s", "reward_max", "members", "member_spread", "stragglers"),
+        *("in_flight", "oldest_in_flight_s", "evals_in_flight", "time", "dead_letters", "dead_letters_by_reason"),
         "oldest_pending_idle_ms",
     ]
 

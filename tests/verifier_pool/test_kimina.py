@@ -162,9 +162,7 @@ async def test_positions_in_no_known_convention_are_an_error_that_says_so(server
     "text",
     [
         attempt("sorry"),
-        attempt("norm_num\n#print axioms Nat.add_comm"),  # `#print axioms mathd_algebra_10` is dropped (tested below)
         attempt("native_decide"),
-        attempt("norm_num\n#eval 1"),
         attempt("norm_num\naxiom cheat : False"),
         "```lean4\ntheorem mathd_algebra_10 : (1 : ℕ) = 1 := by\n  rfl\n```",  # altered statement
     ],
