@@ -131,7 +131,9 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     for u in updates:
         step = u.es_step
         assert step.get("noise", "full") == ("lowrank" if noise else "full")
-        assert all(u.policy_version - 1 - c <= 1 for c in step["centers"])  # within the staleness bound
+        # within the staleness bound, `max_staleness` 2 by default (trainer/config.py): a member 2 versions back is
+        # used when its reward lands late, as on a loaded machine (the bound written as 1 failed once in CI's load)
+        assert all(u.policy_version - 1 - c <= 2 for c in step["centers"])
         for seed, raw in zip(step["seeds"], step["raw_rewards"], strict=True):
             # every member's score is the mean of all 3 of its rewards: none lost, none counted twice
             assert raw == pytest.approx(sum(fake_reward(seed, i) for i in range(3)) / 3, abs=1e-6)
