@@ -42,7 +42,6 @@ from tasks.countdown_check import (
     check,
     credit_parts,
     last_tagged,
-    partial_credit,
     scored,
 )
 from tasks.problems import DataError, Problems
@@ -97,12 +96,7 @@ def reward(numbers: list[int], target: int, answer: str, scheme: str = "shaped")
     """The reward the verifier gives `answer` under reward `scheme` (1.0 when correct, else the checker's
     partial credit, or the paper's format credit), computed in this process: for measurements that score
     answers without a sandbox (evals.members). Parsing only, nothing of the answer is run."""
-    result = check(list(numbers), target, answer)
-    return (
-        partial_credit(answer, result, target)
-        if scheme == "shaped"
-        else scored(credit_parts(answer, result, target), scheme)
-    )
+    return scored(credit_parts(answer, check(list(numbers), target, answer), target), scheme)
 
 
 def verdict_parts(answer: str, verdict: str, detail: str, score: float | None) -> dict[str, float]:
