@@ -5,7 +5,8 @@
       report.json           REPORT: written at the end: settings, version, counts, evaluations, wall time
       metrics.jsonl         METRICS: one record a version (an update) or an evaluation (`"eval": true`, with each
                             problem's reward and the problems solved: streams/learned.py), in order
-      reward.png, staleness.png, throughput.png   PLOTS, drawn from metrics.jsonl at the end
+      reward.png, staleness.png, throughput.png, parts.png   PLOTS, drawn from metrics.jsonl at the end (parts.png:
+                            Countdown's credit by part, where the records carry it)
       samples/              SAMPLES: the judged attempts, v<version>.jsonl.gz (streams/samples.py)
       logs/                 LOGS: the local pipeline's roles' logs (trainer/local.py)
       redis/                REDIS: the local pipeline's Redis data; `redis/.lock` (DATA_LOCK) is held by whoever
@@ -27,7 +28,7 @@ import orjson
 INFO = "run.json"
 REPORT = "report.json"
 METRICS = "metrics.jsonl"
-PLOTS = ("reward.png", "staleness.png", "throughput.png")
+PLOTS = ("reward.png", "staleness.png", "throughput.png", "parts.png")
 SAMPLES = "samples"
 LOGS = "logs"
 REDIS = "redis"

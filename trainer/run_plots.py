@@ -30,8 +30,8 @@ log = structlog.get_logger("trainer.run_plots")
 
 
 def draw(run_dir: Path, records: list[dict[str, Any]]) -> list[Path]:
-    """reward.png, staleness.png, throughput.png in `run_dir`, from its metrics `records`. [] when matplotlib is
-    missing."""
+    """reward.png, staleness.png, throughput.png in `run_dir`, from its metrics `records`, and parts.png where
+    they carry Countdown's credit by part. [] when matplotlib is missing."""
     if (plt := pyplot()) is None:
         log.warning("no_plots", reason="matplotlib is not installed")
         return []
@@ -116,4 +116,31 @@ def draw(run_dir: Path, records: list[dict[str, Any]]) -> list[Path]:
     ax.set_ylabel("rewards/s")
     ax.legend(loc="upper left", fontsize=8)
     out.append(save(fig, run_dir / "throughput.png"))
+    if parts := draw_parts(plt, updates, evals):
+        out.append(save(parts, run_dir / "parts.png"))
     return out
+
+
+def draw_parts(plt: Any, updates: list[dict[str, Any]], evals: list[dict[str, Any]]) -> Any | None:
+    """Countdown's credit by part against the version (what a run learned: the tags, the numbers, the answer),
+    held-out on the left (each evaluation's `held_out_parts`), training on the right (each update's `parts`,
+    over the attempts it used). None where no record has parts (a Lean run, runs from before parts were kept)."""
+    panels = [
+        ("held-out (greedy center)", [(r["version"], r["held_out_parts"]) for r in evals if r.get("held_out_parts")]),
+        ("training (attempts used)", [(r["version"], r["parts"]) for r in updates if r.get("parts")]),
+    ]
+    if not any(points for _, points in panels):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (title, points) in zip(axes, panels, strict=True):
+        names = [n for n in COLORS if any(n in p for _, p in points)]  # the parts in COLORS' order
+        for name in names:
+            kept = [(v, p[name]) for v, p in points if name in p]
+            ax.plot([v for v, _ in kept], [x for _, x in kept], marker="o", color=COLORS[name], label=name)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("policy version")
+        ax.grid(alpha=0.3)
+        if names:
+            ax.legend(fontsize=8)
+    axes[0].set_ylabel("mean credit (1: every attempt earned the part)")
+    return fig
