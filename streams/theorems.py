@@ -64,7 +64,7 @@ class Theorem:
             raise SchemaError(f"bad theorem record {raw[:60]!r}: {e}") from e
 
 
-REWARDS = ("", "shaped", "paper")  # tasks.countdown_check.SCHEMES, and "" for the default
+REWARDS = ("", "shaped", "paper")  # tasks.countdown_check.SCHEMES, and "" for the default (a test keeps them equal)
 _ENDS_BY = re.compile(r":=\s*by\s*$")
 
 

@@ -134,3 +134,13 @@ def test_verdicts_without_the_checkers_credit_have_no_part():
 def test_an_unknown_scheme_is_refused():
     with pytest.raises(ValueError, match="unknown Countdown reward"):
         scored(dict.fromkeys(PARTS, 0.0), "tinyzero")
+
+
+def test_the_theorem_record_accepts_exactly_the_checkers_schemes():
+    """streams.theorems (the layer below tasks, which cannot import it) names the schemes a Countdown theorem
+    may ask for; they must be the checker's, or a run asks for a reward no checker scores (or is refused one
+    it could have)."""
+    from streams.theorems import REWARDS
+    from tasks.countdown_check import SCHEMES
+
+    assert set(REWARDS) - {""} == set(SCHEMES)
