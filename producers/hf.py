@@ -76,11 +76,14 @@ class _LowRankRows:
     rows: the batch is member-major (rows [i*k, (i+1)*k) are member i's), so one layer's input (M*k, t, in)
     is viewed as (M, k*t, in) and the term is bmm(bmm(x, B), A^T) with A, B stacked over the members.
 
-    When the decoding loop drops finished rows (`select`), the rows stay member-major but the members' counts
-    differ: each row then has a slot in an (M, cmax) grid (member, place among its member's rows), the rows
-    are scattered into the grid, the same two bmm run on it (empty slots are zeros and are never read back),
-    and the rows are gathered out of it. The term is r (4) columns wide, so the empty slots cost next to
-    nothing; the layer's own matmul runs on the kept rows only."""
+    When the decoding loop drops finished rows (`select`), the rows stay member-major but their members'
+    counts differ, and a member whose rows have all ended has none. The term is then computed for the members
+    that still have rows (`present`; their factors gathered again each time members leave, so a step reads only theirs:
+    the call's last rows, one or two members', do not read the whole population's factors every step). Where
+    those members' counts differ, each row has a slot in a (P, cmax) grid (member, place among its member's
+    rows), the rows are scattered into the grid, the same two bmm run on it (empty slots are zeros and are
+    never read back), and the rows are gathered out of it. The term is r (4) columns wide, so the empty slots
+    cost next to nothing; the layer's own matmul runs on the kept rows only."""
 
     def __init__(
         self, model: torch.nn.Module, stacked: dict[str, tuple[torch.Tensor, torch.Tensor]], rows: int
@@ -89,8 +92,10 @@ class _LowRankRows:
         device = next(iter(stacked.values()))[0].device if stacked else "cpu"
         self.members = members
         self.member = torch.arange(members, device=device).repeat_interleave(rows // members)  # row -> member
-        self.slot: torch.Tensor | None = None  # row -> place in the (M * cmax) grid; None: every member has k rows
+        self.present: torch.Tensor | None = None  # the members with rows, where some have none; None: all
+        self.slot: torch.Tensor | None = None  # row -> place in the (P * cmax) grid; None: each present has cmax
         self.width = rows // members  # cmax
+        self.leaves = 0  # how many times members left (all their rows ended): a hook gathers its factors anew
         self.handles = []
         for name, (a, b) in stacked.items():
             module = model.get_submodule(name.removesuffix(".weight"))
@@ -99,30 +104,37 @@ class _LowRankRows:
     def select(self, keep: torch.Tensor) -> None:
         """The batch keeps rows `keep` (indices into the current rows, ascending): members follow their rows."""
         self.member = self.member[keep]
-        counts = torch.bincount(self.member, minlength=self.members)
+        present, local = torch.unique_consecutive(self.member, return_inverse=True)  # rows stay member-major
+        counts = torch.bincount(local)
         width = int(counts.max())
-        start = torch.cumsum(counts, 0) - counts  # first row of each member (rows stay member-major)
-        place = torch.arange(len(self.member), device=self.member.device) - start[self.member]
-        slot = self.member * width + place
-        equal = bool((counts == width).all())
-        self.slot, self.width = (None, width) if equal else (slot, width)
+        start = torch.cumsum(counts, 0) - counts  # first row of each present member
+        slot = local * width + torch.arange(len(local), device=local.device) - start[local]
+        if len(present) < (self.members if self.present is None else len(self.present)):  # members only leave
+            self.present, self.leaves = present, self.leaves + 1
+        self.slot = None if bool((counts == width).all()) else slot
+        self.width = width
 
     def _hook(self, a: torch.Tensor, b: torch.Tensor):  # a: (M, out, r), b: (M, in, r)
-        members, a_t = a.shape[0], a.transpose(1, 2).contiguous()
+        a_t = a.transpose(1, 2).contiguous()
+        gathered: list = [0, a_t, b]  # (self.leaves when gathered, A^T, B) of the present members
 
         def add_term(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
             x, slot = inputs[0], self.slot
+            if self.present is not None and gathered[0] != self.leaves:
+                gathered[:] = [self.leaves, a_t.index_select(0, self.present), b.index_select(0, self.present)]
+            _, at, bs = gathered
+            members = bs.shape[0]
             if slot is None:
-                low = torch.bmm(x.reshape(members, -1, x.shape[-1]), b)  # (M, k*t, r): member-major rows
-                output.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # += (x B) A^T, in place
+                low = torch.bmm(x.reshape(members, -1, x.shape[-1]), bs)  # (P, k*t, r): member-major rows
+                output.view(members, -1, output.shape[-1]).baddbmm_(low, at)  # += (x B) A^T, in place
                 return
             grid = members * self.width
             xs = x.new_zeros((grid, *x.shape[1:]))
             xs[slot] = x
-            low = torch.bmm(xs.view(members, -1, x.shape[-1]), b)
+            low = torch.bmm(xs.view(members, -1, x.shape[-1]), bs)
             out = output.new_zeros((grid, *output.shape[1:]))
             out[slot] = output
-            out.view(members, -1, output.shape[-1]).baddbmm_(low, a_t)  # the same fused op as above, per slot
+            out.view(members, -1, output.shape[-1]).baddbmm_(low, at)  # the same fused op as above, per slot
             output.copy_(out[slot])
 
         return add_term

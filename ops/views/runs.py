@@ -101,7 +101,7 @@ def from_dir(run_dir: Path, now: float | None = None, with_answers: bool = False
         eval_s=eval_time(records),
         answers=learned.answers(run_dir, learned.ends(evals)) if with_answers else (),
         prompt=(report or {}).get("prompt") or (info or {}).get("prompt"),
-        last_update=max(updates, key=lambda r: int(r["version"]), default=None),
+        last_update=newest_update(updates),
     )
     out["dir"] = str(run_dir)
     out["reconstructed_from"] = source.get("reconstructed_from")  # evals/publish.py: not the trainer's own files
@@ -163,12 +163,15 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
         eval_s=eval_time(records),
         answers=learned.answers(files_at, learned.ends(evals)) if files_at else (),
         prompt=info.get("prompt") or (report or {}).get("prompt"),
-        last_update=newest[0]
-        if newest
-        else max(update_records(records), key=lambda r: int(r["version"]), default=None),
+        last_update=newest[0] if newest else newest_update(update_records(records)),
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out
+
+
+def newest_update(updates: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The update record of the highest version, None where there is none."""
+    return max(updates, key=lambda r: int(r["version"]), default=None)
 
 
 # -- a folder of runs -----------------------------------------------------------------------------------
