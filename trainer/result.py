@@ -186,10 +186,13 @@ def eta_s(
     started: float | None,
     now: float,
     eval_s: float | None = None,
+    ends_at: float | None = None,
 ) -> float | None:
     """Seconds until the run ends: the versions left at the mean interval of the newest updates (the first
     interval counts from the trainer's start), less the time since the last one, plus `eval_s` for the final
-    evaluation (the newest evaluation's time from issue to landing). None before any update."""
+    evaluation (the newest evaluation's time from issue to landing). `ends_at`: when a wall-clock budget
+    (`max_minutes`) runs out; the versions then end at most one version after it (the one under way is
+    finished), as trainer/console.py says too. None before any update."""
     left = iterations - version
     if left <= 0:
         return eval_s or 0.0
@@ -199,7 +202,10 @@ def eta_s(
             return None
         times = [started, *times]
     per_version = (times[-1] - times[0]) / (len(times) - 1)
-    return max(0.0, per_version * left - (now - times[-1])) + (eval_s or 0.0)
+    versions_s = max(0.0, per_version * left - (now - times[-1]))
+    if ends_at is not None:
+        versions_s = min(versions_s, max(0.0, ends_at - now) + per_version)
+    return versions_s + (eval_s or 0.0)
 
 
 def summary(
@@ -230,7 +236,9 @@ def summary(
     live = status == "live"
     if wall_s is None and started is not None and live:
         wall_s = now - started
-    eta = eta_s(version or 0, iterations, list(update_times), started, now, eval_s) if live else None
+    minutes = float(settings.get("max_minutes") or 0)
+    ends_at = started + 60 * minutes if minutes and started is not None else None
+    eta = eta_s(version or 0, iterations, list(update_times), started, now, eval_s, ends_at) if live else None
     return {
         "run": settings.get("run"),
         "algo": settings.get("algo"),
@@ -239,6 +247,7 @@ def summary(
         "status": status,
         "version": version,
         "iterations": iterations,
+        "max_minutes": minutes or None,
         "samples": int(counts.get("samples") or 0),
         "budget": budget(int(counts.get("samples") or 0)) if settings.get("algo", "es") == "es" else None,
         "spread": spread(last_update),
@@ -280,11 +289,20 @@ def evaluation_line(h: dict[str, Any]) -> str:
     return line + (f", best {best['solved']}/{best['problems']}" if best["solved"] > last["solved"] else "")
 
 
+def progress(r: dict[str, Any], short: bool = False) -> str:
+    """How far a run is: `version 3 of 8`; under a wall-clock budget the version count is a cap the budget
+    reaches first, so `version 3 (45 min budget)`. `short`: a table cell, `3/8` or `3 (45 min)`."""
+    if r.get("max_minutes"):
+        budget = f"{r['max_minutes']:g} min"
+        return f"{r['version']} ({budget})" if short else f"version {r['version']} ({budget} budget)"
+    return f"{r['version']}/{r['iterations']}" if short else f"version {r['version']} of {r['iterations']}"
+
+
 def headline(r: dict[str, Any]) -> str:
     """The result in one line: the trainer's end line, `ops run`'s first."""
     algo = {"es": "ES", "grpo": "GRPO"}.get(r["algo"], r["algo"])
     state = {"live": "at", "finished": "finished at", "interrupted": "stopped at"}.get(r["status"], "at")
-    line = f"run {r['run']!r} {state} version {r['version']} of {r['iterations']}"
+    line = f"run {r['run']!r} {state} {progress(r)}"
     line += f" ({algo} on {r['task']}, {r['model']}"
     line += f", {duration(r['wall_s'])}" if r["wall_s"] is not None else ""
     line += f", ETA {duration(r['eta_s'])})" if r["eta_s"] is not None else ")"

@@ -13,7 +13,7 @@ import orjson
 from streams import learned
 from streams.run_dir import INFO, METRICS, REPORT
 from streams.settings import shown_default
-from trainer.result import duration, evaluation_line
+from trainer.result import duration, evaluation_line, progress
 
 NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES", "VERSION", "SAMPLES"}
 ALGOS = {"es": "ES", "grpo": "GRPO"}
@@ -147,7 +147,7 @@ def clock(epoch: float | None) -> str:
 def result(r: dict[str, Any]) -> list[str]:
     """A run's result (trainer/result.py) as the first lines of `ops run`: what ran, how far, the held-out
     evaluation, the samples, the settings that shape it, and how to read the numbers."""
-    where = f"version {r['version']} of {r['iterations']}"
+    where = progress(r)
     if r["status"] == "live":
         when = f"live at {where}, {duration(r['wall_s'])} so far"
         if r["eta_s"] is not None:
@@ -445,7 +445,7 @@ def _row(r: dict[str, Any]) -> list[str]:
         r["name"],
         ALGOS.get(r["algo"], r["algo"] or "-"),
         r["status"],
-        f"{r['version']}/{r['iterations']}",
+        progress(r, short=True),
         str(r["samples"]),
         *_held_out_cells(r),
         learned.short(r.get("verdict")) if r["held_out"] else "-",

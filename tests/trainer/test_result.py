@@ -68,6 +68,28 @@ def test_the_eta_is_the_versions_left_at_the_recent_pace_less_the_time_since_the
     assert result.eta_s(8, 8, times, started=900.0, now=2000.0, eval_s=95.0) == 95.0  # only the evaluation is left
 
 
+def test_under_a_wall_clock_budget_the_eta_ends_one_version_after_the_budget_and_no_cap_is_said():
+    # 100 s a version, 5 done at 1400, now 1430; 100000 versions left at that pace would be 115 days, but the
+    # 45-minute budget from 900 ends at 3600: 2170 s left, plus the version under way then (100 s)
+    times = [1000.0, 1100.0, 1200.0, 1300.0, 1400.0]
+    assert result.eta_s(5, 100000, times, started=900.0, now=1430.0, ends_at=3600.0) == 2270.0
+    assert result.eta_s(5, 100000, times, started=900.0, now=1430.0, eval_s=95.0, ends_at=3600.0) == 2365.0
+    # past the budget: the version under way, then the evaluation
+    assert result.eta_s(30, 100000, [3550.0, 3650.0], started=900.0, now=3700.0, eval_s=95.0, ends_at=3600.0) == 195.0
+    # a budget beyond the versions left changes nothing
+    assert result.eta_s(5, 8, times, started=900.0, now=1430.0, ends_at=90000.0) == 270.0
+    budgeted = {**SETTINGS, "iterations": 100000, "max_minutes": 45}
+    live = result.summary(
+        budgeted, version=5, counts={}, evals=EVALS, status="live", started=900.0, update_times=times, now=1430.0
+    )
+    assert (live["eta_s"], live["max_minutes"]) == (2270.0, 45.0)
+    assert result.progress(live) == "version 5 (45 min budget)" and result.progress(live, short=True) == "5 (45 min)"
+    assert "at version 5 (45 min budget) (ES on countdown" in result.headline(live)
+    plain = result.summary(SETTINGS, version=5, counts={}, evals=EVALS, status="finished", started=900.0, wall_s=9.0)
+    assert plain["max_minutes"] is None
+    assert (result.progress(plain), result.progress(plain, short=True)) == ("version 5 of 8", "5/8")
+
+
 def test_a_live_summary_counts_its_wall_time_from_the_start_and_a_finished_one_keeps_its_own():
     live = result.summary(
         SETTINGS,
