@@ -152,7 +152,8 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     assert any(m.get("eval") for m in metrics)
     report = orjson.loads((tmp_path / "report.json").read_bytes())
     assert report["version"] == iterations and not report["interrupted"]
-    assert {p.name for p in tmp_path.glob("*.png")} == {"reward.png", "staleness.png", "throughput.png", "parts.png"}
+    # no parts.png: the fake roles send no credit by part
+    assert {p.name for p in tmp_path.glob("*.png")} == {"reward.png", "staleness.png", "throughput.png"}
     r.close()
     from mlflow.tracking import MlflowClient
 
@@ -163,7 +164,7 @@ def test_a_trainer_killed_with_sigkill_resumes_and_loses_or_doubles_nothing(one_
     steps = {m.step for m in client.get_metric_history(logged.info.run_id, "reward_mean")}
     assert steps == set(range(1, iterations + 1))  # the killed trainer's versions and the resumed one's
     artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
-    assert artifacts == {"report.json", "reward.png", "staleness.png", "throughput.png", "parts.png"}
+    assert artifacts == {"report.json", "reward.png", "staleness.png", "throughput.png"}
     assert state["counts"]["traced_samples"] > 0 and (tmp_path / "samples").is_dir()
 
 

@@ -49,6 +49,7 @@ def test_the_local_run_finishes_and_stops_all_its_children(tmp_path):
     assert names == ["generator", "redis-server", "verifier-0"]
     assert not [c for c in report["children"] if _alive(c["pid"])]
     assert f"report {tmp_path / 'report.json'}" in err and "reward.png" in err
+    assert (tmp_path / "parts.png").is_file()  # Countdown's verifiers send the credit by part: its plot is drawn
     evals = [r for r in map(orjson.loads, (tmp_path / "metrics.jsonl").read_bytes().splitlines()) if r.get("eval")]
     assert {e["version"] for e in evals} >= {0, 2} and all(e["problems"] == 2 for e in evals)
     assert all(len(e["problem_rewards"]) == 2 and set(e["problems_solved"]) <= set(e["problem_rewards"]) for e in evals)
