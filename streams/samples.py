@@ -55,6 +55,8 @@ def sample(reward: Reward, reward_entry: bytes | str, attempt: Attempt | None) -
         "cached": reward.cached,
         "judged_ms": int(entry.split("-", 1)[0]),
     }
+    if reward.parts:  # Countdown's credit by part (tasks/countdown.py verdict_parts); Lean has none
+        out["parts"] = dict(reward.parts)
     if attempt is None:
         return out | {"text_missing": True}
     text = attempt.text or attempt.proof

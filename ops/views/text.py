@@ -13,7 +13,7 @@ import orjson
 from streams import learned
 from streams.run_dir import INFO, METRICS, REPORT
 from streams.settings import shown_default
-from trainer.result import duration, evaluation_line, progress
+from trainer.result import duration, evaluation_line, parts_words, progress
 
 NUMERIC = {"LENGTH", "LAG", "PENDING", "DELIVERIES", "VERSION", "SAMPLES"}
 ALGOS = {"es": "ES", "grpo": "GRPO"}
@@ -393,6 +393,8 @@ def samples(data: dict[str, Any]) -> str:
             f"== {s['attempt_id']}  v{s['policy_version']}  {who}  theorem {s['theorem_id']}",
             f"   {verdict}, reward {s['reward']:g}; {judged}",
         ]
+        if s.get("parts"):
+            out.append(f"   by part: {parts_words(s['parts'])}")
         if "problem" in s:
             first, *rest = problem_lines(s["problem"])
             out += [f"   problem: {_shown(first)}", *(f"     | {_shown(line)}" for line in rest)]

@@ -49,6 +49,10 @@ def _pair(i: int, version: int, verdict: str) -> tuple[Attempt, Reward]:
         detail=f'"{i} * 4" = 24' if verdict == "proved" else f'value: "{i} * 4" = {4 * i}, not 24',
         sandbox_id="process-0",
         verify_ms=0.5,
+        # Countdown's credit by part (tasks/countdown.py verdict_parts): an expression with the wrong value
+        parts={"format": 1.0, "expression": 1.0, "numbers": 0.0, "closeness": 0.25, "solved": 0.0}
+        if verdict == "rejected"
+        else {},
     )
     return a, r
 
@@ -71,6 +75,8 @@ def test_samples_from_a_run_directory_are_filtered_and_shown_with_their_text(tmp
     assert "     | <think>step one" in text and "     | step 2</think>" in text  # the model's text, line by line
     assert "rejected (wrong_answer), reward 0.1" in text and 'checker: value: "2 * 4" = 8, not 24' in text
     assert "judged:\n     | <answer>2 * 4</answer>" in text  # the proof it was judged by
+    by_part = "   by part: format 1.000, expression 1.000, numbers 0.000, closeness 0.250, solved 0.000"
+    assert by_part in text and doc["samples"][0]["parts"]["closeness"] == 0.25  # each sample's credit by part
     hostile = _pair(9, version=7, verdict="rejected")
     hostile = (
         dataclasses.replace(hostile[0], text="fine\n\x1b]52;c;cm0gLXJmIH4=\x07\rgone"),

@@ -28,7 +28,7 @@ def _attempt(i: int, text: str = "") -> Attempt:
     )
 
 
-def _reward(a: Attempt, entry: bytes | str) -> Reward:
+def _reward(a: Attempt, entry: bytes | str, parts: dict[str, float] | None = None) -> Reward:
     return Reward(
         attempt_id=a.attempt_id,
         theorem_id=a.theorem_id,
@@ -43,6 +43,7 @@ def _reward(a: Attempt, entry: bytes | str) -> Reward:
         sandbox_id="process-1",
         detail="value 3 != 24",
         attempt_entry=entry.decode() if isinstance(entry, bytes) else entry,
+        parts=parts or {},
     )
 
 
@@ -52,7 +53,9 @@ async def test_rewards_are_joined_with_their_attempts_text_while_it_is_in_the_st
     ids = [await redis.xadd(keys.attempts, encode(a)) for a in attempts]
     await redis.xdel(keys.attempts, ids[2])  # trimmed: history_s passed before the reward was read
     elsewhere = _reward(_attempt(3), ids[1])  # names an entry that holds another attempt
-    rewards = [_reward(a, i) for a, i in zip(attempts, ids, strict=True)] + [elsewhere]
+    parts = {"format": 1.0, "expression": 1.0, "numbers": 0.0, "closeness": 0.0, "solved": 0.0}
+    rewards = [_reward(a, i, parts if a is attempts[0] else None) for a, i in zip(attempts, ids, strict=True)]
+    rewards.append(elsewhere)
     for r in rewards:
         await redis.xadd(keys.rewards, encode(r))
     found = await samples.from_redis(redis, keys, newest=10)
@@ -76,12 +79,14 @@ async def test_rewards_are_joined_with_their_attempts_text_while_it_is_in_the_st
         "sandbox_id": "process-1",
         "cached": False,
         "judged_ms": first["judged_ms"],
+        "parts": parts,  # Countdown's credit by part, as the verifier sent it
         "task": "countdown",
         "text": None,
         "proof": "<answer>0 + 1</answer>",
         "num_tokens": 30,
         "gen_ms": 12.5,
     }
+    assert "parts" not in second  # a reward without parts (Lean's) has none
     assert found[2]["text_missing"] and "text" not in found[2]
     assert found[3]["text_missing"]  # never another attempt's text
     assert first["judged_ms"] > 1_700_000_000_000  # the reward entry's time, from its id
