@@ -28,7 +28,8 @@ from the JSON the first wrote and adds its run to it.
 It writes `experiment-<gpu>-<date>.json` (device, versions, the probe, the sizing with its reasons, each run's
 figures and curve: samples, wall time, held-out reward and exact per evaluation, samples/s) and `.png`
 (held-out reward and exact against samples and wall time) to `--out` (default docs/results/gpu); the runs stay
-in `--work`.
+in `--work`. A run that fails (killed, timed out, exits non-zero) is an `errors` entry, and what its
+metrics.jsonl held up to there (its curve and samples, `partial`) stays in `runs`.
 """
 
 from __future__ import annotations
@@ -258,6 +259,8 @@ def main(args: argparse.Namespace) -> int:
             result["runs"][algo] = run(algo, work / algo, env, [*common, *flags], args.step_timeout_s)
         except Exception as e:  # noqa: BLE001 - one run's failure is a result too; the other still runs
             result["errors"][algo] = f"{type(e).__name__}: {e}"[-3000:]
+            if kept := partial(work / algo, [*common, *flags]):
+                result["runs"][algo] = kept
         full._write(out, result)
     plot(result, out.with_suffix(".png"))
     print(json.dumps({k: result[k] for k in ("sizing", "errors")} | {"runs": _short(result["runs"])}))
@@ -328,6 +331,22 @@ def run(algo: str, run_dir: Path, env: dict[str, str], argv: list[str], timeout_
         **figures,
         "samples": used,
         "samples_per_s": round(used / figures["wall_s"], 2) if used and figures["wall_s"] else None,
+        "curve": curve(records, (read_json(run_dir / INFO) or {}).get("started")),
+        "command": " ".join(["python -m trainer", *argv]),
+    }
+
+
+def partial(run_dir: Path, argv: list[str]) -> dict[str, Any] | None:
+    """What a run that failed (killed, timed out, exited non-zero) kept in its metrics.jsonl: its curve up to
+    there and the training samples its updates used, marked `partial`; None where it wrote no metrics. Its
+    error is beside it in the JSON's `errors`."""
+    records = read_records(run_dir)
+    if not records:
+        return None
+    used = samples_used(records)
+    return {
+        "partial": True,
+        "samples": used,
         "curve": curve(records, (read_json(run_dir / INFO) or {}).get("started")),
         "command": " ".join(["python -m trainer", *argv]),
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.gpu.experiment import Floors, Probe, Shape, eval_every, probe_figures, size
+from ops.gpu.experiment import Floors, Probe, Shape, eval_every, partial, probe_figures, size
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = Shape(population=32, batch=64, versions=100, held_out=128, evals=5)
@@ -75,6 +75,25 @@ def test_the_probes_figures_come_from_its_start_and_its_versions_times(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(json.dumps(records[1]) + "\n")
     with pytest.raises(RuntimeError, match="fewer than two versions"):
         probe_figures(tmp_path, 4, 8)
+
+
+def test_a_failed_run_keeps_the_curve_and_samples_its_metrics_hold(tmp_path):
+    """A run killed mid-way wrote no report, but its metrics.jsonl holds its evaluations so far: the JSON keeps
+    them (marked partial) beside the error, and a run that wrote nothing keeps nothing."""
+    (tmp_path / "run.json").write_text(json.dumps({"started": 1000.0}))
+    records = [
+        {"version": 0, "eval": True, "held_out_reward": 0.25, "held_out_exact": 0.125, "problems": 16, "time": 1010.0},
+        {"version": 1, "algo": "grpo", "attempts": 48, "samples": 48, "time": 1200.0},
+        {"version": 1, "eval": True, "held_out_reward": 0.5, "held_out_exact": 0.25, "problems": 16, "time": 1230.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    kept = partial(tmp_path, ["--algo", "grpo"])
+    assert (kept["partial"], kept["samples"], kept["command"]) == (True, 48, "python -m trainer --algo grpo")
+    assert [(p["version"], p["samples"], p["held_out_reward"], p["wall_s"]) for p in kept["curve"]] == [
+        (0, 0, 0.25, 10.0),
+        (1, 48, 0.5, 230.0),
+    ]
+    assert partial(tmp_path / "nothing", ["--algo", "grpo"]) is None
 
 
 def test_without_a_gpu_the_experiment_refuses_with_the_reason_and_writes_nothing(tmp_path):
