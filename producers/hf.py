@@ -16,10 +16,13 @@ one tensor need two `bmm` calls whatever the population; no weight is written pe
 A call's cost follows the tokens its rows write, not its longest row: the engine runs its own decoding loop
 (`_decode`, transformers' greedy or multinomial step on a DynamicCache, the same positions, mask and logits
 processors) and a row leaves the batch at the step it writes EOS: its KV-cache rows, mask row and position
-go, and in a low-rank call its slot in its member's group (`_LowRankRows.select`), so every later step runs
-on the rows still writing. Greedy answers are those of `generate`; sampling draws `torch.multinomial`'s
-exponential noise for the call's whole batch at every step as `generate` does, so a seed gives the same
-samples and logprobs whichever rows have left (tests/producers/test_hf_engine.py). `drop_finished=False`
+go, and in a low-rank call its slot in its member's group (`_LowRankRows.select`; a member whose rows have
+all ended leaves the low-rank term's computation), so every later step runs on the rows still writing. The
+loop's KV cache is written in place (`_InPlaceLayer`: room for the whole call, where transformers'
+DynamicLayer concatenates the whole cache again at every step). Greedy answers are those of `generate`;
+sampling draws `torch.multinomial`'s exponential noise for the call's whole batch at every step as
+`generate` does, so a seed gives the same samples and logprobs whichever rows have left
+(tests/producers/test_hf_engine.py). `drop_finished=False`
 (and the static cache) use transformers' `generate`, every row decoding until the longest ends. transformers'
 own continuous batching (`generate_batch`, paged attention) is not used: it packs every request's tokens
 into one flat sequence on a thread of its own, where a member's rows could no longer be told apart by the
@@ -69,6 +72,39 @@ class _RawLogprobs(transformers.LogitsProcessor):
             self.steps.append(self._pending.gather(1, last_tokens[:, None]).squeeze(1))
             self._pending = None
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros((last_tokens.shape[0], 0))
+
+
+class _InPlaceLayer(transformers.cache_utils.DynamicLayer):
+    """transformers' DynamicLayer (one layer of the KV cache our decoding loop keeps), with its keys and values
+    in buffers that have room for the whole call (the prompt and every new token): a step writes its token's
+    key and value in place and hands attention a view of the filled part, where DynamicLayer concatenates, a
+    copy of the layer's whole cache at every step (its cost grows with the length written). Rows that leave
+    (`batch_select_indices`) are dropped from the buffers as DynamicLayer drops them from its tensors."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            shape = (*key_states.shape[:2], self.capacity, key_states.shape[-1])
+            self._keys, self._values = key_states.new_empty(shape), value_states.new_empty(shape)
+        end = self.length + key_states.shape[-2]
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
 
 class _LowRankRows:
@@ -167,6 +203,7 @@ class HFEngine:
             raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
         self.kv_cache = kv_cache
         self.drop_finished = drop_finished  # our decoding loop (rows leave as they end); False: transformers' generate
+        self.kv_in_place = True  # our loop's KV cache written in place (`_InPlaceLayer`); False: DynamicLayer's
         dtype = checked_dtype(("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -291,7 +328,7 @@ class HFEngine:
             completions, logprobs = self._decode(ids.to(self.device), mask.to(self.device), sampling)
         else:
             completions, logprobs = self._generate(ids.to(self.device), mask.to(self.device), sampling)
-        eos = set(self._eos_ids())
+        eos = set() if sampling.ignore_eos else set(self._eos_ids())
         samples: list[list[Sample]] = [[] for _ in prompts]
         tokens = 0
         for row in range(completions.shape[0]):
@@ -313,6 +350,8 @@ class HFEngine:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """transformers' `generate`: every row decodes until the longest ends (the static cache needs it: one
         shape for the whole call). (rows, steps) tokens and logprobs on the host."""
+        if sampling.ignore_eos:
+            raise ValueError("ignore_eos needs the engine's own decoding loop (drop_finished, the dynamic cache)")
         pad = self.tokenizer.pad_token_id
         recorder = _RawLogprobs() if sampling.logprobs else None
         greedy = sampling.temperature == 0
@@ -347,7 +386,7 @@ class HFEngine:
         rows have left. (rows, steps) tokens (pad after EOS) and raw logprobs, on the host."""
         rows, steps = ids.shape[0], sampling.max_new_tokens
         pad = self.tokenizer.pad_token_id
-        eos = torch.tensor(self._eos_ids(), device=ids.device)
+        eos = torch.tensor([] if sampling.ignore_eos else self._eos_ids(), dtype=torch.long, device=ids.device)
         greedy = sampling.temperature == 0
         warpers = transformers.LogitsProcessorList()
         if not greedy and sampling.temperature != 1.0:
@@ -361,6 +400,8 @@ class HFEngine:
         alive = torch.arange(rows, device=ids.device)  # the call's row of each row of the batch
         position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = transformers.DynamicCache(config=self.model.config)
+        if self.kv_in_place and all(type(layer) is transformers.cache_utils.DynamicLayer for layer in cache.layers):
+            cache.layers = [_InPlaceLayer(ids.shape[1] + steps) for _ in cache.layers]
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
