@@ -60,6 +60,9 @@ class Sampling:
     max_new_tokens: int = 256
     seed: int | None = None  # same seed, same prompts, same weights: same samples (per engine and device type)
     logprobs: bool = False
+    # every row writes max_new_tokens tokens, EOS included and not stopped at (vLLM's `ignore_eos`): benches
+    # that compare two ways at the same work (ops/bench/es_throughput.py --fixed-length); never from an order
+    ignore_eos: bool = False
 
     @classmethod
     def from_order(cls, sampling: dict[str, Any], n: int, seed: int | None, logprobs: bool) -> Sampling:

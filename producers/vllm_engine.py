@@ -288,6 +288,7 @@ class VLLMEngine:
                     top_p=1.0 if greedy else sampling.top_p,
                     top_k=0,
                     max_tokens=sampling.max_new_tokens,
+                    ignore_eos=sampling.ignore_eos,
                     seed=None if sampling.seed is None else _prompt_seed(sampling.seed, index),
                     logprobs=0 if sampling.logprobs else None,
                 )

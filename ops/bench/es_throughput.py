@@ -12,12 +12,17 @@ prompts for each of `--population` members:
 
 Each is generated tokens per second of its whole wall time (perturbations included); `ratio` =
 lowrank / inference (EGGROLL reports 0.91), `full_ratio` = full / inference. A member's answers differ
-from the center's, so row lengths differ a little between the ways: tokens per second, not seconds, are
-compared. `useful` is the share of the rows' decoding steps that wrote a token: the hf engine counts the
-row-steps it computed (`row_steps`); a row leaves its call's batch at the step it ends (producers/hf.py), so
-`useful` is 1 there, and was tokens / (rows x steps) when a call decoded every row until its longest ended
-(the hf engine with `drop_finished=False` or a static cache; the estimate for an engine that counts
-nothing). `longest`: the longest answer of the way, in tokens. Last line of output: one JSON object.
+from the center's, so row lengths differ between the ways: tokens per second, not seconds, are compared.
+A call's rows share its steps, so tokens written late by a few rows cost more each than tokens written while
+the batch is full: where the members write longer answers than the center (a member that runs to the cap
+while the center's answers end early), `ratio` counts that against them. `--fixed-length` takes the lengths
+out: every row writes `--max-new-tokens` tokens (the sampling's `ignore_eos`), so every way does the same
+work and `ratio` is what the low-rank terms themselves cost. `useful` is the share of the rows' decoding
+steps that wrote a token: the hf engine counts the row-steps it computed (`row_steps`); a row leaves its
+call's batch at the step it ends (producers/hf.py), so `useful` is 1 there, and was tokens / (rows x steps)
+when a call decoded every row until its longest ended (the hf engine with `drop_finished=False` or a static
+cache; the estimate for an engine that counts nothing). `longest`: the longest answer of the way, in tokens.
+Last line of output: one JSON object.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def bench(args: argparse.Namespace) -> dict:
     engine = make_engine(engine_name, resolve_model(args.model), threads=args.threads, device=device, dtype="auto")
     problems = countdown_problems(args.problems, seed=args.seed, curriculum="easy")
     members = [(1000 + i // 2, (1, -1)[i % 2]) for i in range(args.population)]  # antithetic pairs
-    sampling = Sampling(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens)
+    sampling = Sampling(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length)
     out: dict = {}
     try:
         ids = [prompts.tokenize(engine.tokenizer, prompts.messages(t)) for t in problems]
@@ -98,6 +103,7 @@ def bench(args: argparse.Namespace) -> dict:
         "problems": args.problems,
         "rows": args.population * args.problems,
         "max_new_tokens": args.max_new_tokens,
+        "fixed_length": args.fixed_length,
         "rank": args.rank,
         "sigma": args.sigma,
         **out,
@@ -132,6 +138,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also measure full-rank members written in turn (default on)",
+    )
+    p.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="every row writes --max-new-tokens tokens, EOS not stopped at: every way does the same work, so "
+        "the ratio is the low-rank terms' own cost (default: the rows end at their EOS, as in a run)",
     )
     common.add_threads(p)
     common.add_ending(p)

@@ -52,6 +52,15 @@ def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
     assert out["full_ratio"] == round(out["full"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
 
 
+def test_bench_es_throughput_at_fixed_length_gives_every_way_the_same_work():
+    """`--fixed-length`: every row writes --max-new-tokens tokens whatever it writes (EOS not stopped at), so
+    each way's tokens are rows x tokens, whichever answers the members give."""
+    out = _bench("es-throughput", "--population", "2", "--problems", "2", "--max-new-tokens", "6", "--fixed-length")
+    assert out["fixed_length"] is True
+    for way in ("inference", "lowrank", "full"):
+        assert (out[way]["tokens"], out[way]["longest"], out[way]["useful"]) == (4 * 6, 6, 1.0), way
+
+
 def test_every_model_bench_refuses_cuda_where_torch_sees_no_gpu_instead_of_measuring_the_cpu():
     """The first GPU box: `bench es` reported the CPU's numbers because nothing placed it on the GPU. Asked for
     cuda where there is none, a bench says so and measures nothing."""

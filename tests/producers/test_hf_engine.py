@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the hf engine needs torch (make test installs torch==2.13.0)")
@@ -87,6 +89,25 @@ def test_rows_leave_the_batch_as_they_end_and_greedy_answers_stay_token_identica
     assert worst < 1e-4, worst  # the same fp32 model; only the batch's size differs between the steps
     assert rows == sum(n - 1 for n in lengths)  # each row decoded for its own tokens only
     assert kept_rows == len(ids) * (max(lengths) - 1)
+
+
+def test_ignore_eos_writes_every_row_to_the_cap_through_its_eos(hf_engine):
+    """`Sampling.ignore_eos` (benches at equal work): each row writes max_new_tokens tokens; up to its own EOS
+    they are the answer it gives without the flag, and the EOS is among them, not stopped at."""
+    ids = cases.mixed_ids(hf_engine.tokenizer)
+    natural = hf_engine.generate(ids, cases.MIXED)
+    fixed = hf_engine.generate(ids, dataclasses.replace(cases.MIXED, ignore_eos=True))
+    cap = cases.MIXED.max_new_tokens
+    assert any(s[0].finish_reason == "stop" for s in natural)  # some rows end early by themselves
+    for short, full in zip(natural, fixed, strict=True):
+        assert len(full[0].token_ids) == cap and full[0].finish_reason == "length"
+        assert full[0].token_ids[: len(short[0].token_ids)] == short[0].token_ids
+    hf_engine.drop_finished = False
+    try:
+        with pytest.raises(ValueError, match="ignore_eos needs the engine's own decoding loop"):
+            hf_engine.generate(ids, dataclasses.replace(cases.MIXED, ignore_eos=True))
+    finally:
+        hf_engine.drop_finished = True
 
 
 def test_sampled_rows_with_logprobs_are_the_same_whichever_rows_have_left(hf_engine):
