@@ -107,14 +107,16 @@ def settings_lines(result: dict[str, Any]) -> list[str]:
         )
     else:
         budget = f"budget: {result['budget']} training samples per algorithm (`--budget`); evaluation not counted"
+    own_engines = result.get("wall_clock_min") is not None  # each algorithm on its own engine (the lines below)
     out = [
         budget,
         f"same for both: task {s['task']}, seed {s['seed']} (same {s['problems']} training problems and held-out "
         f"split), GRPO's sampling temperature {s['temperature']} (ES members: `es_temperature`, greedy unless "
         f"passed), max_new_tokens {s['max_new_tokens']}, held-out problems {s['held_out']}, base model "
-        f"{s['model']}, engine {s['engine']}",
-        f"generator precision: {s['gen_dtype']} (`--gen-dtype`; the GRPO trainer computes in float32)",
+        f"{s['model']}" + ("" if own_engines else f", engine {s['engine']}"),
     ]
+    if not own_engines:
+        out.append(f"generator precision: {s['gen_dtype']} (`--gen-dtype`; the GRPO trainer computes in float32)")
     for algo, r in result["algos"].items():
         if r.get("plan", {}).get("minutes") is not None:
             out.append(

@@ -344,6 +344,9 @@ def test_wall_clock_pairs_both_algorithms_on_the_same_minutes_and_reports_time_a
     assert md.startswith("# ES vs GRPO on countdown: 3 minutes of wall-clock each")
     assert "| ES | 3 | 384 | 3.5 | 0.200 | 0.250 |" in md and "| GRPO | 3 | 192 | 3.5 |" in md
     assert "| ES | hf bfloat16 | 128 | 3 | 384 |" in md and "| 1.60 |" in md  # 384 samples in 240 s
+    # each algorithm's engine and precision are said once, per algorithm: no common line contradicts them
+    assert "generator precision:" not in md and ", engine auto" not in md
+    assert "ES ran on the hf engine, generator in bfloat16" in md
     summary = json.loads((tmp_path / "compare.json").read_text())
     assert summary["wall_clock_min"] == 3.0
     assert summary["algos"]["grpo"]["samples_per_s"]["mean"] == pytest.approx(192 / 240)
