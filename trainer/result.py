@@ -291,10 +291,10 @@ def evaluation_line(h: dict[str, Any]) -> str:
 
 def progress(r: dict[str, Any], short: bool = False) -> str:
     """How far a run is: `version 3 of 8`; under a wall-clock budget the version count is a cap the budget
-    reaches first, so `version 3 (45 min budget)`. `short`: a table cell, `3/8` or `3 (45 min)`."""
+    reaches first, so `version 3 of a 45 min budget`. `short`: a table cell, `3/8` or `3 (45 min)`."""
     if r.get("max_minutes"):
         budget = f"{r['max_minutes']:g} min"
-        return f"{r['version']} ({budget})" if short else f"version {r['version']} ({budget} budget)"
+        return f"{r['version']} ({budget})" if short else f"version {r['version']} of a {budget} budget"
     return f"{r['version']}/{r['iterations']}" if short else f"version {r['version']} of {r['iterations']}"
 
 

@@ -83,8 +83,8 @@ def test_under_a_wall_clock_budget_the_eta_ends_one_version_after_the_budget_and
         budgeted, version=5, counts={}, evals=EVALS, status="live", started=900.0, update_times=times, now=1430.0
     )
     assert (live["eta_s"], live["max_minutes"]) == (2270.0, 45.0)
-    assert result.progress(live) == "version 5 (45 min budget)" and result.progress(live, short=True) == "5 (45 min)"
-    assert "at version 5 (45 min budget) (ES on countdown" in result.headline(live)
+    assert result.progress(live) == "version 5 of a 45 min budget" and result.progress(live, short=True) == "5 (45 min)"
+    assert "at version 5 of a 45 min budget (ES on countdown" in result.headline(live)
     plain = result.summary(SETTINGS, version=5, counts={}, evals=EVALS, status="finished", started=900.0, wall_s=9.0)
     assert plain["max_minutes"] is None
     assert (result.progress(plain), result.progress(plain, short=True)) == ("version 5 of 8", "5/8")
