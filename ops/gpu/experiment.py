@@ -325,28 +325,25 @@ def run(algo: str, run_dir: Path, env: dict[str, str], argv: list[str], timeout_
     started = time.monotonic()
     _call(_trainer(run_dir, algo, argv), env, timeout_s, f"python -m trainer --algo {algo}")
     figures = full.run_figures(run_dir, time.monotonic() - started)
-    records = read_records(run_dir)
-    used = samples_used(records)
-    return {
-        **figures,
-        "samples": used,
-        "samples_per_s": round(used / figures["wall_s"], 2) if used and figures["wall_s"] else None,
-        "curve": curve(records, (read_json(run_dir / INFO) or {}).get("started")),
-        "command": " ".join(["python -m trainer", *argv]),
-    }
+    kept = _kept(run_dir, argv)
+    used = kept["samples"]
+    rate = round(used / figures["wall_s"], 2) if used and figures["wall_s"] else None
+    return {**figures, "samples": used, "samples_per_s": rate, **kept}
 
 
 def partial(run_dir: Path, argv: list[str]) -> dict[str, Any] | None:
     """What a run that failed (killed, timed out, exited non-zero) kept in its metrics.jsonl: its curve up to
     there and the training samples its updates used, marked `partial`; None where it wrote no metrics. Its
     error is beside it in the JSON's `errors`."""
+    return {"partial": True, **_kept(run_dir, argv)} if read_records(run_dir) else None
+
+
+def _kept(run_dir: Path, argv: list[str]) -> dict[str, Any]:
+    """A run's figures from its metrics.jsonl, finished or not: the training samples its updates used, its
+    curve (samples, wall time, held-out reward and exact at each evaluation) and its command."""
     records = read_records(run_dir)
-    if not records:
-        return None
-    used = samples_used(records)
     return {
-        "partial": True,
-        "samples": used,
+        "samples": samples_used(records),
         "curve": curve(records, (read_json(run_dir / INFO) or {}).get("started")),
         "command": " ".join(["python -m trainer", *argv]),
     }
