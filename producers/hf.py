@@ -203,7 +203,6 @@ class HFEngine:
             raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
         self.kv_cache = kv_cache
         self.drop_finished = drop_finished  # our decoding loop (rows leave as they end); False: transformers' generate
-        self.kv_in_place = True  # our loop's KV cache written in place (`_InPlaceLayer`); False: DynamicLayer's
         dtype = checked_dtype(("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -400,7 +399,7 @@ class HFEngine:
         alive = torch.arange(rows, device=ids.device)  # the call's row of each row of the batch
         position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = transformers.DynamicCache(config=self.model.config)
-        if self.kv_in_place and all(type(layer) is transformers.cache_utils.DynamicLayer for layer in cache.layers):
+        if all(type(layer) is transformers.cache_utils.DynamicLayer for layer in cache.layers):  # not sliding windows
             cache.layers = [_InPlaceLayer(ids.shape[1] + steps) for _ in cache.layers]
         out = self.model(
             input_ids=ids,
