@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from trainer.result import duration
+from trainer.result import duration, within_budget
 
 BAR = "{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed} elapsed{postfix}"
 
@@ -109,9 +109,7 @@ class Console:
         if version <= first_version:
             return "ETA after the first version"
         per_version = (now - first_t) / (version - first_version)
-        left = per_version * (self.total - version)
-        if self.ends_at is not None:
-            left = min(left, max(0.0, self.ends_at - now) + per_version)
+        left = within_budget(per_version * (self.total - version), per_version, now, self.ends_at)
         if not self.final_evaluation:
             return f"ETA {duration(left)} ({duration(per_version)} a version)"
         if self.eval_s is None:

@@ -202,10 +202,15 @@ def eta_s(
             return None
         times = [started, *times]
     per_version = (times[-1] - times[0]) / (len(times) - 1)
-    versions_s = max(0.0, per_version * left - (now - times[-1]))
-    if ends_at is not None:
-        versions_s = min(versions_s, max(0.0, ends_at - now) + per_version)
+    versions_s = within_budget(max(0.0, per_version * left - (now - times[-1])), per_version, now, ends_at)
     return versions_s + (eval_s or 0.0)
+
+
+def within_budget(versions_s: float, per_version: float, now: float, ends_at: float | None) -> float:
+    """The seconds the versions left take, under a wall-clock budget that runs out at `ends_at` (None: no
+    budget): at most what is left of it and one version, the one under way when it runs out (trainer/loop.py
+    finishes it). The trainer's console and its result say the same ETA by this one rule."""
+    return versions_s if ends_at is None else min(versions_s, max(0.0, ends_at - now) + per_version)
 
 
 def summary(
