@@ -72,6 +72,11 @@ def update_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if not r.get("eval") and "version" in r]
 
 
+def newest_update(updates: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The update record of the highest version among `updates` (`update_records`), None where there is none."""
+    return max(updates, key=lambda r: int(r["version"]), default=None)
+
+
 def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of held-out evaluations, in the order written."""
     return [r for r in records if r.get("eval")]

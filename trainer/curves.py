@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from streams.run_dir import update_records
+from streams.run_dir import newest_update, update_records
 from trainer.plots import pyplot, save
 
 SAMPLES_LABEL = "training samples (generated attempts used by updates)"
@@ -47,10 +47,8 @@ def curve(records: list[dict[str, Any]], started: float | None = None) -> list[d
 def samples_used(records: list[dict[str, Any]]) -> int | None:
     """Training attempts consumed by the run's updates (the last version's x): 0 before the first, None where
     its record does not say."""
-    updates = update_records(records)
-    if not updates:
-        return 0
-    return max(updates, key=lambda r: r["version"]).get("samples")
+    newest = newest_update(update_records(records))
+    return 0 if newest is None else newest.get("samples")
 
 
 def plot_runs(

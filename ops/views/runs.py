@@ -30,6 +30,7 @@ from streams.run_dir import (
     REPORT,
     eval_records,
     holds_run,
+    newest_update,
     read_json,
     read_records,
     update_records,
@@ -167,11 +168,6 @@ async def from_redis(redis: Redis, keys: Keys, run_dir: Path | None = None) -> d
     )
     out["dir"] = str(run_dir) if run_dir else None
     return out
-
-
-def newest_update(updates: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The update record of the highest version, None where there is none."""
-    return max(updates, key=lambda r: int(r["version"]), default=None)
 
 
 # -- a folder of runs -----------------------------------------------------------------------------------
