@@ -31,7 +31,7 @@ import numpy as np
 from streams.schema import Member, PolicyUpdate, WorkOrder
 from trainer.config import ROWS_PER_ORDER, TrainerSettings
 from trainer.loop import Run
-from trainer.orders import Order, rotation, split_fresh, work_order
+from trainer.orders import Order, bundled, rotation, split_fresh, work_order
 from weights.step import ESStep
 
 # ------------------------------------------------------------------------------------------------ config
@@ -174,7 +174,11 @@ class ESRun(Run):
     # -- orders: `population` members in flight around the newest center ---------------------------------
 
     async def top_up(self) -> int:
-        """Issue members around the newest center until `population` are in flight (`_room`). Returns how many."""
+        """Issue members around the newest center until `population` are in flight (`_room`), a bundle at a
+        time while members wait for the generator (trainer/orders.py `bundled`). Returns how many."""
+        waiting = any(not o.rewards for o in self.orders.values())
+        if not bundled(self._room(self.settings.population), es_config(self.settings).members_per_order, waiting):
+            return 0
         return await self._issue(self.settings.population, self._new_member, "members_issued")
 
     def _new_member(self, center: int, index: int) -> Order:

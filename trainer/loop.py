@@ -164,10 +164,12 @@ class Run(RunState):
     async def _publish_orders(self, orders: list[Order]) -> None:
         if not orders:
             return
+        works = self.work_orders(orders)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for work in self.work_orders(orders):
+            for work in works:
                 pipe.xadd(self.keys.work, encode(work))
             await pipe.execute()
+        self.counts["work_orders"] += len(works)  # engine calls asked for: beside members_issued, how they bundled
 
     def work_orders(self, orders: list[Order]) -> list[WorkOrder]:
         """The work orders that ask for `orders` (trainer/orders.py `work_order`): one each, at the run's

@@ -150,6 +150,16 @@ def room(size: int, orders: Iterable[Order], version: int, quorum: float, usable
     return size - sum(1 for o in orders if not usable(o))
 
 
+def bundled(room: int, bundle: int, waiting: bool) -> int:
+    """How much of `room` top-up issues now when members go out `bundle` to a work order (one engine call
+    each): all of it once it makes a whole bundle, or when none of the run's orders still waits for the
+    generator (`waiting`: issued, no verdict yet), which would otherwise idle; else nothing yet, and the room
+    grows. On a GPU an engine call costs about the same for one member as for 32 (64 decoding steps of a
+    small model: docs/results/gpu/README.md, 2026-11-29); issuing each member as its room appeared split a
+    population into one-member calls, 8 versions in 4.5 minutes where a version was one call."""
+    return room if room >= bundle or not waiting else 0
+
+
 def at_quorum(
     usable: list[Order], size: int, at_least: int, version: int, max_staleness: int, quorum: float, past_deadline: bool
 ) -> str | None:

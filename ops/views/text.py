@@ -240,6 +240,7 @@ def run(report: dict[str, Any]) -> str:
         keys = (
             "samples",
             "members_issued",
+            "work_orders",
             "members_used",
             "members_stale_dropped",
             "groups_issued",

@@ -376,6 +376,52 @@ async def test_low_rank_members_go_out_in_bundles_and_a_dead_bundle_cuts_every_m
     assert (step["noise"], step["rank"]) == ("lowrank", 2)
 
 
+async def test_room_goes_out_a_bundle_at_a_time_while_members_wait_for_the_generator(one_redis, tmp_path):
+    """With `members_per_order` 4 of 8 at quorum 0.75: after an update the room of the members it used goes out
+    at once (bundles of 4 and 2); a straggler that finishes while the new members still wait for the generator
+    (no verdict yet) makes room that is held back, and issued once nothing waits (the generator would idle).
+    Without the hold, each finished member went out as a one-member work order: one engine call each, which on
+    a GPU costs about as much as a call of 32 (docs/results/gpu/README.md)."""
+    from trainer.config import TrainerSettings
+    from trainer.metrics import MetricsSink
+
+    settings = TrainerSettings(
+        run="hold",
+        population=8,
+        quorum=0.75,
+        es_noise="lowrank",
+        es_rank=2,
+        members_per_order=4,
+        batch=2,
+        problems=6,
+        held_out=2,
+        eval_every=0,
+    )
+    keys = Keys("hold")
+    run = ESRun(settings, one_redis, *_split(settings), MetricsSink(tmp_path))
+    await run.resume()
+
+    def verdicts(order: Order, n: int) -> None:
+        order.rewards = {f"{order.work_id}:{i}:0": 0.1 * i for i in range(n)}
+
+    async def bundles() -> list[int]:
+        return [len(decode(WorkOrder, f).members or [1]) for _, f in await one_redis.xrange(keys.work)]
+
+    assert await run.top_up() == 8 and await bundles() == [4, 4]
+    for i in range(6):
+        verdicts(run.orders[f"es-v0-m{i}"], 2)
+    await run.update(run._ready())
+    assert run.version == 1 and sorted(run.orders) == ["es-v0-m6", "es-v0-m7"]  # two stragglers, no verdict yet
+    assert await run.top_up() == 6 and await bundles() == [4, 4, 4, 2]
+    verdicts(run.orders["es-v0-m6"], 2)  # a straggler finishes: room 1, six members wait for the generator
+    assert await run.top_up() == 0
+    for work_id, order in run.orders.items():
+        if work_id != "es-v0-m6":
+            verdicts(order, 1)  # every member generated, verification under way: nothing waits
+    assert await run.top_up() == 1 and await bundles() == [4, 4, 4, 2, 1]
+    assert run.counts["work_orders"] == 5 and run.counts["members_issued"] == 15
+
+
 def _split(settings):
     from trainer.data import load_theorems
 
