@@ -10,10 +10,11 @@ A GPU box is lent rarely and for about 15 minutes, so the experiment is one comm
 2. **Sizing** (`size`, pure): what fits `--minutes` a run. Start-up first; then `--evals` evaluations of the
    held-out split at the probe's seconds a row, halving the held-out problems (down to `--min-held-out`) while
    they would take more than a quarter of what is left; then the versions the rest buys at the target shape,
-   at most `--versions`. Below `--min-versions` it halves the problems a member (down to `--min-batch`), then
-   the population (down to `--min-population`). A version's cost is scaled from the probe by its rows
-   (members x problems): exact at the probe's shape (on a GPU, the target's), an overestimate for smaller
-   shapes where a call's cost does not fall with its rows.
+   at most `--versions`. On a CPU, where a version's cost follows its rows (members x problems) and is scaled
+   from the probe's by them, below `--min-versions` it halves the problems a member (down to `--min-batch`),
+   then the population (down to `--min-population`). On a GPU it keeps the shape: there a version's cost
+   hardly falls with its rows (the first H200 run: 28.2 s a version at 32 x 64, 18-42 s at 32 x 32), so
+   halving them buys no versions.
 3. **The runs.** ES at the sized shape: low-rank members (`--es-noise lowrank`, rank 4) served a whole
    population in one hf engine call (`--members-per-order` = population), greedy, the `cpu` preset's sigma and
    alpha, the sized versions, evaluated every versions / (evals - 1) versions and at the end, `--max-minutes`
@@ -97,8 +98,13 @@ class Probe:
         return self.version_s / (self.population * self.batch)
 
 
-def size(minutes: float, target: Shape, probe: Probe, floors: Floors = Floors()) -> dict[str, Any]:
-    """The shape that fits `minutes` a run (module doc, step 2), with the figures it was decided on and why."""
+def size(
+    minutes: float, target: Shape, probe: Probe, floors: Floors = Floors(), follows_rows: bool = True
+) -> dict[str, Any]:
+    """The shape that fits `minutes` a run (module doc, step 2), with the figures it was decided on and why.
+    `follows_rows` (a CPU): a version's cost scales with its rows, so a smaller shape buys versions. False (a
+    GPU): it does not (an H200 took 28.2 s a version at 32 x 64 and 18-42 s at 32 x 32, docs/results/gpu/),
+    so the shape stays and the versions are what the time buys at the probe's seconds a version."""
     why = []
     left_s = 60 * minutes - probe.startup_s
     held_out = target.held_out
@@ -110,10 +116,17 @@ def size(minutes: float, target: Shape, probe: Probe, floors: Floors = Floors())
     train_s = left_s - eval_s
     population, batch = target.population, target.batch
 
-    def versions_at(p: int, b: int) -> int:
-        return max(0, min(target.versions, math.floor(train_s / (p * b * probe.row_s))))
+    def version_cost(p: int, b: int) -> float:
+        return p * b * probe.row_s if follows_rows else probe.version_s
 
-    while versions_at(population, batch) < floors.versions and (batch > floors.batch or population > floors.population):
+    def versions_at(p: int, b: int) -> int:
+        return max(0, min(target.versions, math.floor(train_s / version_cost(p, b))))
+
+    while (
+        follows_rows
+        and versions_at(population, batch) < floors.versions
+        and (batch > floors.batch or population > floors.population)
+    ):
         if batch > floors.batch:
             batch = max(floors.batch, batch // 2)
         else:
@@ -125,9 +138,11 @@ def size(minutes: float, target: Shape, probe: Probe, floors: Floors = Floors())
     versions = versions_at(population, batch)
     if versions < target.versions and (population, batch) == (target.population, target.batch):
         why.append(f"{target.versions} versions -> {versions}: what the time buys")
+    if not follows_rows and versions < floors.versions:
+        why.append(f"shape kept below {floors.versions} versions: on a GPU a version's cost does not follow its rows")
     versions = max(1, versions)
     shape = replace(target, population=population, batch=batch, versions=versions, held_out=held_out)
-    version_s = shape.rows * probe.row_s
+    version_s = version_cost(population, batch)
     return {
         "shape": asdict(shape),
         "eval_every": eval_every(versions, target.evals),
@@ -232,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
             full._write(out, result)
             print(json.dumps(result["errors"]), file=sys.stderr)
             return 1
-        sizing = size(args.minutes, target, probe, floors)
+        sizing = size(args.minutes, target, probe, floors, follows_rows=device == "cpu")
         result |= {"probe": {**asdict(probe), "row_s": round(probe.row_s, 4)}, "sizing": sizing}
     sizing = result["sizing"]
     full._write(out, result)

@@ -40,6 +40,20 @@ def test_below_the_fewest_versions_the_problems_a_member_halve_first():
     assert sized["why"] == ["32 x 64 -> 32 x 32: 10 versions at least"]
 
 
+def test_on_a_gpu_the_shape_stays_and_gets_the_versions_the_time_buys_however_few():
+    # the H200's probe (docs/results/gpu/): 28.166 s a version of 32 x 64, start-up 0; 3 minutes. Held-out:
+    # 5 x 128 rows at 28.166 / 2048 s = 8.80 s, within a quarter of 180 s. (180 - 8.80) // 28.166 = 6
+    # versions at 32 x 64: halving the problems would not buy more there, where a version's cost does not
+    # follow its rows (32 x 32 took 18-42 s a version)
+    sized = size(3, TARGET, Probe(32, 64, startup_s=0, version_s=28.166), follows_rows=False)
+    assert sized["shape"] == {"population": 32, "batch": 64, "versions": 6, "held_out": 128, "evals": 5}
+    assert sized["version_s"] == 28.166 and sized["fits"]
+    assert sized["why"] == [
+        "100 versions -> 6: what the time buys",
+        "shape kept below 10 versions: on a GPU a version's cost does not follow its rows",
+    ]
+
+
 def test_on_a_cpu_held_out_then_problems_then_population_shrink_to_their_floors():
     # probe 4 x 8 at 32 s a version: 1 s a row; 180 s less 60 s of start-up leaves 120 s. Held-out: 5
     # evaluations of 128, 64, 32 rows all take more than a quarter (30 s); 16 is the floor (80 s). 40 s train:
