@@ -156,7 +156,7 @@ def bundled(room: int, bundle: int, waiting: bool) -> int:
     generator (`waiting`: issued, no verdict yet), which would otherwise idle; else nothing yet, and the room
     grows. On a GPU an engine call costs about the same for one member as for 32 (64 decoding steps of a
     small model: docs/results/gpu/README.md, 2026-11-29); issuing each member as its room appeared split a
-    population into one-member calls, 8 versions in 4.5 minutes where a version was one call."""
+    population of 32 into up to ~30 calls a version there (8 versions in 4.5 minutes)."""
     return room if room >= bundle or not waiting else 0
 
 
