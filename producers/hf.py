@@ -19,14 +19,17 @@ processors) and a row leaves the batch at the step it writes EOS: its KV-cache r
 go, and in a low-rank call its slot in its member's group (`_LowRankRows.select`; a member whose rows have
 all ended leaves the low-rank term's computation), so every later step runs on the rows still writing. The
 loop's KV cache is written in place (`_InPlaceLayer`: room for the whole call, where transformers'
-DynamicLayer concatenates the whole cache again at every step). Greedy answers are those of `generate`;
-sampling draws `torch.multinomial`'s exponential noise for the call's whole batch at every step as
-`generate` does, so a seed gives the same samples and logprobs whichever rows have left
-(tests/producers/test_hf_engine.py). `drop_finished=False`
-(and the static cache) use transformers' `generate`, every row decoding until the longest ends. transformers'
-own continuous batching (`generate_batch`, paged attention) is not used: it packs every request's tokens
-into one flat sequence on a thread of its own, where a member's rows could no longer be told apart by the
-low-rank hooks, and it samples with its own generator.
+DynamicLayer concatenates the whole cache again at every step). A greedy call's last rows (up to eight)
+look ahead: a step feeds up to `lookahead` tokens drafted from the row's own text (prompt lookup) after its
+last one and keeps those the model chooses itself, so a member that runs on in a loop after the others ended
+writes several tokens a step, where a step on a few rows costs about what a step on eight does. Greedy answers
+are those of `generate` (with the look-ahead, up to float rounding: tested token for token); sampling
+draws `torch.multinomial`'s exponential noise for the call's whole batch at every step as `generate` does,
+so a seed gives the same samples and logprobs whichever rows have left (tests/producers/test_hf_engine.py).
+`drop_finished=False` (and the static cache) use transformers' `generate`, every row decoding until the
+longest ends. transformers' own continuous batching (`generate_batch`, paged attention) is not used: it
+packs every request's tokens into one flat sequence on a thread of its own, where a member's rows could no
+longer be told apart by the low-rank hooks, and it samples with its own generator.
 `kv_cache="static"` preallocates the KV cache to the call's full length (transformers' StaticCache), which
 lets transformers compile the decoding step with torch.compile on a GPU (its auto-compile criteria: a
 compilable cache on cuda): the overhead that dominates short sequences of a small model. Whether it pays
@@ -48,6 +51,9 @@ from producers.engine import EngineStats, Sample, Sampling, checked_dtype
 from streams import faults
 from weights.es import ESWeights, member_factors
 from weights.io import digest, load_master
+
+LOOKAHEAD = 8  # drafted tokens a step feeds after a row's last one at most, once a greedy call has few rows left
+LOOKAHEAD_POSITIONS = 16  # "few": a step of 16 positions or fewer is bound by reading the weights on a CPU (NOTES)
 
 
 class _RawLogprobs(transformers.LogitsProcessor):
@@ -105,6 +111,35 @@ class _InPlaceLayer(transformers.cache_utils.DynamicLayer):
         if self.length:
             self._keys, self._values = self._keys[indices], self._values[indices]
             self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
+    def reserve(self, length: int) -> None:
+        """Room for `length` entries: the look-ahead's drafted tokens take room beyond the call's tokens
+        (`_decode`); the buffers grow, the filled part copied, while few rows are left."""
+        if length > self.capacity:
+            self.capacity = max(length, 2 * self.capacity)
+            grown = (*self._keys.shape[:2], self.capacity, self._keys.shape[3])
+            keys, values = self._keys.new_empty(grown), self._values.new_empty(grown)
+            keys[:, :, : self.length], values[:, :, : self.length] = self.keys, self.values
+            self._keys, self._values = keys, values
+
+
+def lookup_draft(history: list[int], most: int, longest: int = 3, shortest: int = 2) -> list[int]:
+    """Prompt-lookup drafting (transformers' `prompt_lookup_num_tokens`, vLLM's `ngram` speculator): the
+    tokens that followed the latest earlier occurrence of the history's last n tokens, n from `longest` down to
+    `shortest`, `most` of them at most. The copy may run into the tokens it copies (a loop of period p drafts
+    the loop on, as LZ77 copies): a row repeating itself gets its whole look-ahead. [] where nothing matches."""
+    for n in range(longest, shortest - 1, -1):
+        if len(history) <= n:
+            continue
+        tail = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start : start + n] == tail:
+                source, draft = start + n, []
+                while len(draft) < most:
+                    at = source + len(draft)
+                    draft.append(history[at] if at < len(history) else draft[at - len(history)])
+                return draft
+    return []
 
 
 class _LowRankRows:
@@ -198,11 +233,13 @@ class HFEngine:
         threads: int = 0,
         kv_cache: str = "dynamic",
         drop_finished: bool = True,
+        lookahead: int = LOOKAHEAD,
     ) -> None:
         if kv_cache not in ("dynamic", "static"):
             raise ValueError(f"kv_cache {kv_cache!r}: use dynamic or static")
         self.kv_cache = kv_cache
         self.drop_finished = drop_finished  # our decoding loop (rows leave as they end); False: transformers' generate
+        self.lookahead = lookahead  # drafted tokens a greedy call's last rows feed a step (`_decode`); 0: none
         dtype = checked_dtype(("float32" if device == "cpu" else "bfloat16") if dtype == "auto" else dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -235,7 +272,8 @@ class HFEngine:
         )
         self._params: dict[str, torch.Tensor] | None = None
         self._rows: _LowRankRows | None = None  # the low-rank hooks of an `es_members` call, while it runs
-        self.row_steps = 0  # rows x steps the model computed a next token for (a row that wrote n tokens: n)
+        self.row_steps = 0  # rows x positions the model computed a next token for (a row of n tokens: n, or
+        # more where the look-ahead fed drafted tokens the model did not choose)
 
     # -- weights ---------------------------------------------------------------------------------------
 
@@ -382,7 +420,19 @@ class HFEngine:
         `generate`: greedy is argmax of the same logits; sampling draws the exponential noise of
         `torch.multinomial` (argmax of p / q, q ~ Exp(1)) for the call's full batch at every step, as
         `generate` does, and each kept row reads its own row of it, so a seed gives the same samples whichever
-        rows have left. (rows, steps) tokens (pad after EOS) and raw logprobs, on the host."""
+        rows have left.
+
+        The tail of a greedy call looks ahead: once a step's rows times the tokens fed fit in
+        `LOOKAHEAD_POSITIONS`, each row feeds its last token and up to `lookahead` drafted ones (`lookup_draft`:
+        a row repeating itself drafts its own loop), and keeps the drafted tokens the model chooses itself, up
+        to the first it would not, and the model's choice there: at least one token a step, each row its own
+        number. The KV entries of the drafted tokens a row did not keep stay in the cache, masked out of its
+        attention for good, and each row's position follows its own tokens. A step on five rows costs about
+        half a step on sixty (the weights are read once a step), so members that run on in loops after the
+        others ended write several tokens a step. The tokens are the argmax of the same model's logits,
+        computed several positions at a time: those of one at a time up to float rounding
+        (tests/producers/test_hf_engine.py checks them token for token). (rows, steps) tokens (pad after EOS)
+        and raw logprobs, on the host."""
         rows, steps = ids.shape[0], sampling.max_new_tokens
         pad = self.tokenizer.pad_token_id
         eos = torch.tensor([] if sampling.ignore_eos else self._eos_ids(), dtype=torch.long, device=ids.device)
@@ -399,8 +449,10 @@ class HFEngine:
         alive = torch.arange(rows, device=ids.device)  # the call's row of each row of the batch
         position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = transformers.DynamicCache(config=self.model.config)
-        if all(type(layer) is transformers.cache_utils.DynamicLayer for layer in cache.layers):  # not sliding windows
+        in_place = all(type(layer) is transformers.cache_utils.DynamicLayer for layer in cache.layers)
+        if in_place:  # not sliding windows
             cache.layers = [_InPlaceLayer(ids.shape[1] + steps) for _ in cache.layers]
+        look = self.lookahead if greedy and in_place else 0
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -409,40 +461,87 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        position = position[:, -1:]
-        for step in range(steps):
-            self.row_steps += alive.shape[0]
-            logits = out.logits[:, -1].to(dtype=torch.float32)
-            raw = torch.log_softmax(logits, dim=-1) if logprobs is not None else None
+        position = position[:, -1:]  # of the first token fed last (the prompt's last)
+        lengths = mask.sum(dim=-1).cpu().tolist()  # each row's prompt (left-padded): what drafting looks up in
+        written = torch.zeros(rows, dtype=torch.long, device=ids.device)  # tokens each row of the batch wrote
+        drafts = ids.new_empty((rows, 0))  # the drafted tokens fed after each row's last one
+        while True:
+            fed = drafts.shape[1] + 1
+            logits = out.logits[:, -fed:].to(dtype=torch.float32)  # (alive, fed, vocab)
+            self.row_steps += logits.shape[0] * fed
             if greedy:
-                chosen = torch.argmax(logits, dim=-1)
+                chosen = torch.argmax(logits, dim=-1)  # (alive, fed): the model's token after each fed one
+                count = (drafts == chosen[:, :-1]).int().cumprod(dim=1).sum(dim=1) + 1  # drafts it chose itself, +1
             else:
-                probs = torch.softmax(warpers(None, logits), dim=-1)
+                probs = torch.softmax(warpers(None, logits[:, -1]), dim=-1)
                 noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
-                chosen = torch.argmax(probs / noise[alive], dim=-1)
-            tokens[alive, step] = chosen
+                chosen = torch.argmax(probs / noise[alive], dim=-1)[:, None]
+                count = torch.ones_like(written)
+            count = torch.minimum(count, steps - written)
+            place = torch.arange(fed, device=ids.device)
+            ended = torch.isin(chosen, eos) & (place < count[:, None])
+            first = torch.where(ended.any(dim=1), ended.int().argmax(dim=1), fed)
+            count = torch.minimum(count, first + 1)  # a row's EOS is its last token
+            row, col = (place < count[:, None]).nonzero(as_tuple=True)
+            tokens[alive[row], written[row] + col] = chosen[row, col]
             if logprobs is not None:
-                logprobs[alive, step] = raw.gather(1, chosen[:, None]).squeeze(1)
-            going = ~torch.isin(chosen, eos)
-            if step == steps - 1 or not bool(going.any()):
+                raw = torch.log_softmax(logits, dim=-1).gather(2, chosen[..., None]).squeeze(2)
+                logprobs[alive[row], written[row] + col] = raw[row, col]
+            written = written + count
+            going = (first >= count) & (written < steps)
+            if not bool(going.any()):
                 break
+            if fed > 1:  # the KV entries of drafted tokens a row did not keep stay in the cache, masked out
+                mask[:, -fed:] = (place < count[:, None]).to(mask.dtype)
             if not bool(going.all()):
                 keep = going.nonzero().squeeze(1)
-                alive, chosen, position, mask = alive[keep], chosen[keep], position[keep], mask[keep]
+                alive, chosen, count, written = alive[keep], chosen[keep], count[keep], written[keep]
+                position, mask = position[keep], mask[keep]
                 for layer in cache.layers:
                     layer.batch_select_indices(keep)
                 if self._rows is not None:
                     self._rows.select(keep)
-            position = position + 1
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            position = position + count[:, None]  # of each row's last token: fed next
+            drafts = self._drafts(ids, lengths, tokens, alive, written, steps, look)
+            fed_ids = torch.cat([chosen.gather(1, (count - 1)[:, None]), drafts], dim=1)
+            mask = torch.cat([mask, mask.new_ones(fed_ids.shape)], dim=-1)
+            if in_place and mask.shape[1] > cache.layers[0].capacity:  # drafted tokens took room of their own
+                for layer in cache.layers:
+                    layer.reserve(mask.shape[1])
             out = self.model(
-                input_ids=chosen[:, None],
+                input_ids=fed_ids,
                 attention_mask=mask,
-                position_ids=position,
+                position_ids=position + torch.arange(fed_ids.shape[1], device=ids.device),
                 past_key_values=cache,
                 use_cache=True,
             )
         return tokens.cpu(), logprobs.cpu() if logprobs is not None else None
+
+    def _drafts(
+        self,
+        ids: torch.Tensor,
+        lengths: list[int],
+        tokens: torch.Tensor,
+        alive: torch.Tensor,
+        written: torch.Tensor,
+        steps: int,
+        look: int,
+    ) -> torch.Tensor:
+        """(alive, d) drafted tokens to feed after each row's last one: `lookup_draft` of each row's prompt and
+        answer so far, d the longest any row drafted (shorter drafts padded: a pad the model would not choose
+        is not kept, one it would is its choice). d keeps a step within `LOOKAHEAD_POSITIONS` positions, so
+        drafting starts once `LOOKAHEAD_POSITIONS // 2` rows or fewer are left; `look` drafted tokens at most."""
+        width = min(look, LOOKAHEAD_POSITIONS // alive.shape[0] - 1)
+        if width <= 0:
+            return ids.new_empty((alive.shape[0], 0))
+        drafts = []
+        for row, done in zip(alive.cpu().tolist(), written.cpu().tolist(), strict=True):
+            history = ids[row, ids.shape[1] - lengths[row] :].cpu().tolist() + tokens[row, :done].cpu().tolist()
+            drafts.append(lookup_draft(history, min(width, steps - done - 1)))
+        width = max(map(len, drafts))
+        pad = self.tokenizer.pad_token_id
+        padded = [d + [pad] * (width - len(d)) for d in drafts]
+        return torch.tensor(padded, dtype=torch.long, device=ids.device).reshape(len(drafts), width)
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id

@@ -21,7 +21,9 @@ work and `ratio` is what the low-rank terms themselves cost. `useful` is the sha
 steps that wrote a token: the hf engine counts the row-steps it computed (`row_steps`); a row leaves its
 call's batch at the step it ends (producers/hf.py), so `useful` is 1 there, and was tokens / (rows x steps)
 when a call decoded every row until its longest ended (the hf engine with `drop_finished=False` or a static
-cache; the estimate for an engine that counts nothing). `longest`: the longest answer of the way, in tokens.
+cache; the estimate for an engine that counts nothing), and is below 1 where the hf engine's look-ahead fed
+drafted tokens the model did not choose (`lookahead`: its last rows feed drafts, `--lookahead 0` none).
+`longest`: the longest answer of the way, in tokens.
 Last line of output: one JSON object.
 """
 
@@ -45,7 +47,10 @@ def bench(args: argparse.Namespace) -> dict:
 
     device = devices.resolve(args.device)
     engine_name = choose(args.engine)
-    engine = make_engine(engine_name, resolve_model(args.model), threads=args.threads, device=device, dtype="auto")
+    options = {"lookahead": args.lookahead} if args.lookahead is not None and engine_name == "hf" else {}
+    engine = make_engine(
+        engine_name, resolve_model(args.model), threads=args.threads, device=device, dtype="auto", **options
+    )
     problems = countdown_problems(args.problems, seed=args.seed, curriculum="easy")
     members = [(1000 + i // 2, (1, -1)[i % 2]) for i in range(args.population)]  # antithetic pairs
     sampling = Sampling(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length)
@@ -106,6 +111,7 @@ def bench(args: argparse.Namespace) -> dict:
         "fixed_length": args.fixed_length,
         "rank": args.rank,
         "sigma": args.sigma,
+        "lookahead": getattr(engine, "lookahead", None),
         **out,
         "ratio": round(out["lowrank"]["tokens_per_s"] / base, 3),
         "full_ratio": round(out["full"]["tokens_per_s"] / base, 3) if "full" in out else None,
@@ -144,6 +150,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every row writes --max-new-tokens tokens, EOS not stopped at: every way does the same work, so "
         "the ratio is the low-rank terms' own cost (default: the rows end at their EOS, as in a run)",
+    )
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=None,
+        help="hf: drafted tokens a greedy call's last rows feed a step (default: the engine's, "
+        "producers/hf.py LOOKAHEAD; 0: one token a step)",
     )
     common.add_threads(p)
     common.add_ending(p)

@@ -4,6 +4,7 @@ engine's worker holds (its extension's figures, asked over vLLM's RPC as the eng
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from producers.engine import Sampling
@@ -51,6 +52,17 @@ def decoded_rows(engine, call):
     finally:
         handle.remove()
     return out, sum(sizes[1:])
+
+
+@contextlib.contextmanager
+def one_token_a_step(engine):
+    """The hf engine without its look-ahead (`lookahead` 0): every step writes one token a row, so the rows a
+    call decoded are the tokens its rows wrote (what the row-dropping tests count)."""
+    engine.lookahead, kept = 0, engine.lookahead
+    try:
+        yield engine
+    finally:
+        engine.lookahead = kept
 
 
 def tokens(rows) -> list[list[list[int]]]:

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="the hf engine needs torch (make tes
 
 from producers.engine import Sampling  # noqa: E402
 from producers.engines import choose  # noqa: E402
+from producers.hf import lookup_draft  # noqa: E402
 from streams.theorems import Theorem  # noqa: E402
 from tasks import prompts  # noqa: E402
 from tests.producers import cases  # noqa: E402
@@ -76,7 +77,8 @@ def _without_dropping(engine, call):
 def test_rows_leave_the_batch_as_they_end_and_greedy_answers_stay_token_identical(hf_engine):
     ids = cases.mixed_ids(hf_engine.tokenizer)
     kept, kept_rows = _without_dropping(hf_engine, lambda: hf_engine.generate(ids, cases.MIXED))
-    dropped, rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, cases.MIXED))
+    with cases.one_token_a_step(hf_engine):  # the look-ahead has a test of its own, below
+        dropped, rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, cases.MIXED))
     lengths = [len(samples[0].token_ids) for samples in dropped]
     assert max(lengths) - min(lengths) >= 16, lengths  # rows that end far apart
     assert [[s.token_ids for s in row] for row in dropped] == [[s.token_ids for s in row] for row in kept]
@@ -89,6 +91,40 @@ def test_rows_leave_the_batch_as_they_end_and_greedy_answers_stay_token_identica
     assert worst < 1e-4, worst  # the same fp32 model; only the batch's size differs between the steps
     assert rows == sum(n - 1 for n in lengths)  # each row decoded for its own tokens only
     assert kept_rows == len(ids) * (max(lengths) - 1)
+
+
+def test_lookup_draft_copies_what_followed_the_latest_match_of_the_longest_ngram():
+    assert lookup_draft([1, 2, 3, 9, 1, 2, 3], 5) == [9, 1, 2, 3, 9]  # a loop drafted on past the history's end
+    assert lookup_draft([1, 2, 7, 1, 2, 8, 1, 2], 2) == [8, 1]  # the latest earlier [1, 2], not the first
+    assert lookup_draft([3, 1, 2, 7, 5, 1, 2, 8, 3, 1, 2], 1) == [7]  # [3, 1, 2] before the later [1, 2]
+    assert lookup_draft([4, 5, 6, 5, 4], 3) == []  # no 2-gram repeats (one token is too weak a match)
+    assert lookup_draft([1, 2, 1, 2], 0) == []
+
+
+def test_the_last_rows_of_a_greedy_call_look_ahead_and_write_the_tokens_of_one_at_a_time(hf_engine):
+    """Once two rows or fewer are left, a greedy step feeds drafted tokens after each row's last one and keeps
+    those the model chooses itself: a row that repeats itself writes several tokens a step. Its tokens are
+    those of one token a step and of transformers' generate; the forward passes' rows are fewer."""
+    loop = "Repeat the word apple 40 times, separated by spaces."
+    chats = [c for c in cases.MIXED_CHATS if not c.startswith("Count")] + [loop]
+    ids = [prompts.tokenize(hf_engine.tokenizer, [{"role": "user", "content": c}]) for c in chats]
+    sampling = dataclasses.replace(cases.MIXED, max_new_tokens=64)
+    with cases.one_token_a_step(hf_engine):
+        one, one_rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, sampling))
+    ahead, ahead_rows = cases.decoded_rows(hf_engine, lambda: hf_engine.generate(ids, sampling))
+    generated, _ = _without_dropping(hf_engine, lambda: hf_engine.generate(ids, sampling))
+    lengths = [len(samples[0].token_ids) for samples in one]
+    assert sorted(lengths)[-2] < max(lengths) == 64, lengths  # the loop runs to the cap, alone at the end
+    assert "apple, apple, apple" in one[-1][0].text.lower()
+    assert cases.tokens(ahead) == cases.tokens(one) == cases.tokens(generated)
+    assert [s[0].finish_reason for s in ahead] == [s[0].finish_reason for s in one]
+    worst = max(
+        abs(a - b) for x, y in zip(ahead, one, strict=True) for a, b in zip(x[0].logprobs, y[0].logprobs, strict=True)
+    )
+    assert worst < 1e-4, worst
+    assert one_rows == sum(n - 1 for n in lengths)
+    alone = 64 - sorted(lengths)[-2]  # the loop's steps alone at the end (where another row is left, it drafts
+    assert alone >= 16 and ahead_rows <= one_rows - alone // 2, (ahead_rows, one_rows, alone)  # only what both do)
 
 
 def test_ignore_eos_writes_every_row_to_the_cap_through_its_eos(hf_engine):

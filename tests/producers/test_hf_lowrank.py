@@ -47,9 +47,10 @@ def test_members_whose_rows_end_far_apart_answer_as_their_weights_written_in_ful
     later steps: each kept row must keep its own member's term."""
     ids = cases.mixed_ids(hf_engine.tokenizer)
     try:
-        batched, rows = cases.decoded_rows(
-            hf_engine, lambda: hf_engine.es_members(0, MEMBERS, SIGMA, RANK, ids, cases.MIXED)
-        )
+        with cases.one_token_a_step(hf_engine):  # rows counted one token a step
+            batched, rows = cases.decoded_rows(
+                hf_engine, lambda: hf_engine.es_members(0, MEMBERS, SIGMA, RANK, ids, cases.MIXED)
+            )
     finally:
         hf_engine.es_use(0, None)
     written = cases.written_in_turn(hf_engine, MEMBERS, ids, cases.MIXED)
