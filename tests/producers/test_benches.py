@@ -21,6 +21,13 @@ def _bench(*argv: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _es_throughput(*argv: str) -> dict:
+    """`bench es-throughput` on 2 members x 2 problems, one token a row a step (`--lookahead 0`), so the rows
+    decoded follow from the tokens (the look-ahead feeds drafted tokens to calls of 8 rows or fewer; it has a
+    test of its own in tests/producers/test_hf_engine.py)."""
+    return _bench("es-throughput", "--population", "2", "--problems", "2", "--lookahead", "0", *argv)
+
+
 @needs_model
 def test_bench_generator_prints_its_figures_and_both_sides_made_the_same_tokens():
     out = _bench("generator", "--orders", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "6", "--rounds", "1")
@@ -40,21 +47,7 @@ def test_bench_es_prints_its_figures():
 
 @needs_model
 def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
-    # --lookahead 0: one token a row a step, so the rows decoded follow from the tokens (the look-ahead feeds
-    # drafted tokens to calls of 8 rows or fewer: tests/producers/test_hf_engine.py)
-    out = _bench(
-        "es-throughput",
-        "--population",
-        "2",
-        "--problems",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--rank",
-        "2",
-        "--lookahead",
-        "0",
-    )
+    out = _es_throughput("--max-new-tokens", "4", "--rank", "2")
     assert out["lookahead"] == 0
     assert out["bench"] == "es-throughput" and out["device"] == "cpu" and out["rows"] == 4
     for way in ("inference", "lowrank", "full"):
@@ -70,18 +63,7 @@ def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
 def test_bench_es_throughput_at_fixed_length_gives_every_way_the_same_work():
     """`--fixed-length`: every row writes --max-new-tokens tokens whatever it writes (EOS not stopped at), so
     each way's tokens are rows x tokens, whichever answers the members give."""
-    out = _bench(
-        "es-throughput",
-        "--population",
-        "2",
-        "--problems",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--fixed-length",
-        "--lookahead",
-        "0",
-    )
+    out = _es_throughput("--max-new-tokens", "6", "--fixed-length")
     assert out["fixed_length"] is True
     for way in ("inference", "lowrank", "full"):
         assert (out[way]["tokens"], out[way]["longest"], out[way]["useful"]) == (4 * 6, 6, 1.0), way

@@ -102,9 +102,10 @@ def test_lookup_draft_copies_what_followed_the_latest_match_of_the_longest_ngram
 
 
 def test_the_last_rows_of_a_greedy_call_look_ahead_and_write_the_tokens_of_one_at_a_time(hf_engine):
-    """Once two rows or fewer are left, a greedy step feeds drafted tokens after each row's last one and keeps
-    those the model chooses itself: a row that repeats itself writes several tokens a step. Its tokens are
-    those of one token a step and of transformers' generate; the forward passes' rows are fewer."""
+    """Once few rows are left (a step within 16 positions), a greedy step feeds drafted tokens after each row's
+    last one and each row keeps those the model chooses itself: a row that repeats itself writes several
+    tokens a step. Its tokens are those of one token a step and of transformers' generate; the forward
+    passes' rows are fewer."""
     loop = "Repeat the word apple 40 times, separated by spaces."
     chats = [c for c in cases.MIXED_CHATS if not c.startswith("Count")] + [loop]
     ids = [prompts.tokenize(hf_engine.tokenizer, [{"role": "user", "content": c}]) for c in chats]
@@ -123,8 +124,8 @@ def test_the_last_rows_of_a_greedy_call_look_ahead_and_write_the_tokens_of_one_a
     )
     assert worst < 1e-4, worst
     assert one_rows == sum(n - 1 for n in lengths)
-    alone = 64 - sorted(lengths)[-2]  # the loop's steps alone at the end (where another row is left, it drafts
-    assert alone >= 16 and ahead_rows <= one_rows - alone // 2, (ahead_rows, one_rows, alone)  # only what both do)
+    alone = 64 - sorted(lengths)[-2]  # the loop's steps alone at the end: it saves at least half of them
+    assert alone >= 16 and ahead_rows <= one_rows - alone // 2, (ahead_rows, one_rows, alone)
 
 
 def test_ignore_eos_writes_every_row_to_the_cap_through_its_eos(hf_engine):
