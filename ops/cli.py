@@ -19,7 +19,7 @@
     python -m ops samples [--version V] [--verdict X] [--theorem ID] [--text REGEX] [-n N]
                                                judged attempts: problem, text, proof, verdict (the run dir's
                                                traces with --run-dir, else the streams' history)
-    python -m ops bench NAME [--json]          wire, generator, es, es-throughput, grpo, pipeline, verifier
+    python -m ops bench NAME [--json] [--out F] wire, generator, es, es-throughput, grpo, pipeline, verifier
                                                (ops/bench/NAME.py; --help after NAME for its flags)
 
 Shared flags (`--run`, `--redis-url`, `--run-dir`, `--config`, `--json`, ...) go before or after the command.

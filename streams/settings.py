@@ -308,7 +308,10 @@ class SettingsParser(argparse.ArgumentParser):
             given = message.split(": ", 1)[1].split()
             flag = next((w.split("=", 1)[0] for w in given if w.startswith("-")), None)
             if flag is not None:
-                return f"unknown flag {flag}{_did_you_mean(flag, self._flags())}"
+                flags = self._flags()
+                if flag in flags:  # a flag of another command: "did you mean" would name the flag itself
+                    return f"unknown flag {flag} (only {', '.join(sorted(flags[flag]))} take it)"
+                return f"unknown flag {flag}{_did_you_mean(flag, flags)}"
             return f"unexpected argument {given[0]!r}"
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
@@ -317,13 +320,17 @@ class SettingsParser(argparse.ArgumentParser):
             return message.split(" (choose", 1)[0] + (near or f" (choose from {', '.join(options)})")
         return message
 
-    def _flags(self) -> set[str]:
-        """Every long flag of this parser and of its commands (a misspelled flag may be any command's)."""
-        found, todo = set(), [self]
+    def _flags(self) -> dict[str, set[str]]:
+        """Every long flag of this parser and of its commands (a misspelled flag may be any command's), with
+        the commands (their `prog`) that take it."""
+        found: dict[str, set[str]] = {}
+        todo: list[argparse.ArgumentParser] = [self]
         while todo:
             parser = todo.pop()
             for action in parser._actions:
-                found |= {o for o in action.option_strings if o.startswith("--")}
+                for flag in action.option_strings:
+                    if flag.startswith("--"):
+                        found.setdefault(flag, set()).add(parser.prog)
                 if isinstance(action, argparse._SubParsersAction):
                     todo += list(action.choices.values())
         return found

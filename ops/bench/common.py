@@ -2,7 +2,7 @@
 comes from, and its ending.
 
 The ending is the same for all: a one-line summary on stderr (left out under `--json`), then the result as one
-JSON object on the last line of stdout (also written to `--out` where the bench takes it), exit status 0. A
+JSON object on the last line of stdout (and in the file `--out` names, if any), exit status 0. A
 bench that cannot run as asked says why on stderr as `bench NAME: ...` and exits 2 (bad usage) or 1 (it
 failed while measuring); stopped by Ctrl-C, 130. A bench module holds `bench` (the measurement; `measure`
 around it where it needs a Redis, or a signal turned into Ctrl-C), `summary` (its line) and `add_parser` (its
@@ -90,12 +90,11 @@ def add_threads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library's default)")
 
 
-def add_ending(p: argparse.ArgumentParser, *, redis: bool = False, out: bool = False) -> None:
-    """The flags every bench ends with: `--out` (where it takes one), `--redis-url` (where it uses a Redis),
-    `--json`. SUPPRESS: a `--redis-url` or `--json` given before the command (`python -m ops --json bench
-    wire`) is kept rather than reset by the command's default."""
-    if out:
-        p.add_argument("--out", default="", help="also write the JSON line here")
+def add_ending(p: argparse.ArgumentParser, *, redis: bool = False) -> None:
+    """The flags every bench ends with: `--out`, `--redis-url` (where it uses a Redis), `--json`. SUPPRESS: a
+    `--redis-url` or `--json` given before the command (`python -m ops --json bench wire`) is kept rather than
+    reset by the command's default."""
+    p.add_argument("--out", default="", help="also write the JSON line to this file (e.g. under docs/results)")
     if redis:
         p.add_argument("--redis-url", default=argparse.SUPPRESS, help="a Redis to use (default: a private one)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the JSON line")

@@ -110,4 +110,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, default=8, help="completions per theorem (the GRPO default)")
     p.add_argument("--completion-tokens", type=int, default=64, help="tokens a completion")
     p.add_argument("--rounds", type=int, default=3, help="steps of each precision measured; medians are reported")
-    common.add_ending(p, out=True)
+    common.add_ending(p)

@@ -319,4 +319,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-timeout-ms", type=float, default=200.0, help="the limit each hanging request gets")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up on a phase after this long")
     p.add_argument("--log-level", default="warning", help="of the pool and its sandboxes")
-    common.add_ending(p, redis=True, out=True)
+    common.add_ending(p, redis=True)

@@ -60,10 +60,13 @@ def test_bench_es_throughput_prints_the_three_ways_and_their_ratios():
     assert out["full_ratio"] == round(out["full"]["tokens_per_s"] / out["inference"]["tokens_per_s"], 3)
 
 
-def test_bench_es_throughput_at_fixed_length_gives_every_way_the_same_work():
+def test_bench_es_throughput_at_fixed_length_gives_every_way_the_same_work(tmp_path):
     """`--fixed-length`: every row writes --max-new-tokens tokens whatever it writes (EOS not stopped at), so
-    each way's tokens are rows x tokens, whichever answers the members give."""
-    out = _es_throughput("--max-new-tokens", "6", "--fixed-length")
+    each way's tokens are rows x tokens, whichever answers the members give. `--out`: the same JSON in a file
+    (every bench takes it; es-throughput once did not)."""
+    written = tmp_path / "es-throughput.json"
+    out = _es_throughput("--max-new-tokens", "6", "--fixed-length", "--out", str(written))
+    assert json.loads(written.read_text()) == out
     assert out["fixed_length"] is True
     for way in ("inference", "lowrank", "full"):
         assert (out[way]["tokens"], out[way]["longest"], out[way]["useful"]) == (4 * 6, 6, 1.0), way

@@ -188,6 +188,24 @@ def test_a_misspelled_flag_is_one_line_with_the_closest_flag(capsys):
     )
 
 
+def test_a_flag_of_another_command_names_the_commands_that_take_it(capsys):
+    """Not "did you mean --out?" for --out itself (session 26 saw it): where the flag belongs."""
+    from streams.settings import SettingsParser
+
+    parser = SettingsParser(prog="p")
+    commands = parser.add_subparsers(dest="command")
+    a, b, c = (commands.add_parser(name) for name in "abc")
+    a.add_argument("--out")
+    b.add_argument("--out")
+    c.add_argument("--limit")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["c", "--out", "f"])
+    assert capsys.readouterr().err == "p: unknown flag --out (only p a, p b take it) (see p --help)\n"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["c", "--outt", "f"])
+    assert capsys.readouterr().err == "p: unknown flag --outt (did you mean --out?) (see p --help)\n"
+
+
 def test_an_invalid_choice_names_the_closest_or_lists_them_all(capsys):
     from streams.settings import SettingsParser
 
