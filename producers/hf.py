@@ -462,7 +462,10 @@ class HFEngine:
             logits_to_keep=1,
         )
         position = position[:, -1:]  # of the first token fed last (the prompt's last)
-        lengths = mask.sum(dim=-1).cpu().tolist()  # each row's prompt (left-padded): what drafting looks up in
+        prompts = []  # each row's prompt (left-padded) on the host, what drafting looks up in: read once a call
+        if look:
+            lengths = mask.sum(dim=-1).cpu().tolist()
+            prompts = [r[len(r) - n :] for r, n in zip(ids.cpu().tolist(), lengths, strict=True)]
         written = torch.zeros(rows, dtype=torch.long, device=ids.device)  # tokens each row of the batch wrote
         drafts = ids.new_empty((rows, 0))  # the drafted tokens fed after each row's last one
         while True:
@@ -502,7 +505,7 @@ class HFEngine:
                 if self._rows is not None:
                     self._rows.select(keep)
             position = position + count[:, None]  # of each row's last token: fed next
-            drafts = self._drafts(ids, lengths, tokens, alive, written, steps, look)
+            drafts = self._drafts(prompts, tokens, alive, written, steps, look)
             fed_ids = torch.cat([chosen.gather(1, (count - 1)[:, None]), drafts], dim=1)
             mask = torch.cat([mask, mask.new_ones(fed_ids.shape)], dim=-1)
             if in_place and mask.shape[1] > cache.layers[0].capacity:  # drafted tokens took room of their own
@@ -519,8 +522,7 @@ class HFEngine:
 
     def _drafts(
         self,
-        ids: torch.Tensor,
-        lengths: list[int],
+        prompts: list[list[int]],
         tokens: torch.Tensor,
         alive: torch.Tensor,
         written: torch.Tensor,
@@ -533,15 +535,17 @@ class HFEngine:
         drafting starts once `LOOKAHEAD_POSITIONS // 2` rows or fewer are left; `look` drafted tokens at most."""
         width = min(look, LOOKAHEAD_POSITIONS // alive.shape[0] - 1)
         if width <= 0:
-            return ids.new_empty((alive.shape[0], 0))
-        drafts = []
-        for row, done in zip(alive.cpu().tolist(), written.cpu().tolist(), strict=True):
-            history = ids[row, ids.shape[1] - lengths[row] :].cpu().tolist() + tokens[row, :done].cpu().tolist()
-            drafts.append(lookup_draft(history, min(width, steps - done - 1)))
+            return tokens.new_empty((alive.shape[0], 0))
+        done = written.cpu().tolist()
+        answers = tokens[alive, : max(done)].cpu().tolist()  # the rows' answers so far, in one copy to the host
+        drafts = [
+            lookup_draft(prompts[row] + answer[:n], min(width, steps - n - 1))
+            for row, n, answer in zip(alive.cpu().tolist(), done, answers, strict=True)
+        ]
         width = max(map(len, drafts))
         pad = self.tokenizer.pad_token_id
         padded = [d + [pad] * (width - len(d)) for d in drafts]
-        return torch.tensor(padded, dtype=torch.long, device=ids.device).reshape(len(drafts), width)
+        return torch.tensor(padded, dtype=torch.long, device=tokens.device).reshape(len(drafts), width)
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
