@@ -58,7 +58,7 @@ def run(
 ) -> int:
     """A bench from its flags to its ending (module docstring). Ctrl-C (or a SIGTERM a bench turns into one)
     ends it with 130; a RuntimeError but NoDevice (the cli's: usage, 2) is a failure while measuring, 1."""
-    if usage is not None and (why := usage(args)):
+    if why := (usage(args) if usage is not None else None) or _unwritable(getattr(args, "out", "")):
         return refuse(name, why, 2)
     try:
         result = measure(args)
@@ -69,6 +69,21 @@ def run(
     except RuntimeError as e:
         return refuse(name, str(e), 1)
     return finish(args, result, summary)
+
+
+def _unwritable(out: str) -> str | None:
+    """Why the file `--out` names cannot be written, or None: asked before measuring, so that a mistyped
+    folder costs no measurement."""
+    if not out:
+        return None
+    path = Path(out)
+    if path.is_dir():
+        return f"--out {out} is a folder: name a file in it"
+    if not path.parent.is_dir():
+        return f"--out {out}: there is no folder {path.parent}"
+    if not os.access(path.parent, os.W_OK):
+        return f"--out {out}: the folder {path.parent} is not writable"
+    return None
 
 
 def add_device(p: argparse.ArgumentParser, what: str) -> None:

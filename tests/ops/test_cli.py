@@ -296,6 +296,17 @@ def test_unreachable_redis_and_bad_flags_fail_in_one_line(capsys):
         assert err.count("\n") == 1 and "Traceback" not in err, err
 
 
+def test_a_bench_refuses_an_out_it_could_not_write_before_measuring(tmp_path, capsys):
+    """`--out` in a folder that is not there: refused at once (exit 2, one line), not after minutes of
+    measuring; nothing is written."""
+    missing = tmp_path / "no-such-folder" / "wire.json"
+    assert main(["bench", "wire", "--out", str(missing)]) == 2
+    assert capsys.readouterr().err == f"bench wire: --out {missing}: there is no folder {missing.parent}\n"
+    assert main(["bench", "wire", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"bench wire: --out {tmp_path} is a folder: name a file in it\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_subcommands_come_from_bench_wire(capsys):
     assert main(["bench", "wire", "--help"]) == 0
     assert "--rounds" in capsys.readouterr().out
